@@ -1,0 +1,303 @@
+package streamq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/streamq/streamq/internal/scripts"
+)
+
+// releaseIdle is the idle time given to released entries: far above any
+// sensible MinIdle, so the next XAUTOCLAIM of any consumer takes them.
+const releaseIdle = 365 * 24 * time.Hour
+
+// feed is the feeder goroutine: it fills the ring. It first resumes this
+// consumer's own pending entries (left by an earlier process with the same
+// name), then alternates between claim passes (every ClaimInterval) and reads of
+// new entries. It reads only as many entries as the ring has room for, and
+// waits for room on a signal. Reads are never interrupted halfway (their context
+// is not cancelled), so entries a read returns are always admitted: at shutdown
+// they are released rather than stranded.
+func (r *run[Req, Resp]) feed(ctx context.Context) {
+	defer r.feeder.Done()
+	defer close(r.ring.slots)
+	o := &r.c.opts
+	read := context.WithoutCancel(ctx)
+	history, cursor := true, "0"
+	claimCursor, nextClaim := "0-0", time.Now()
+	var b backoff
+	for ctx.Err() == nil {
+		n, err := r.ring.waitFree(ctx)
+		if err != nil {
+			return
+		}
+		switch {
+		case history:
+			var got int
+			got, cursor, err = r.readHistory(read, n, cursor)
+			if err == nil && got == 0 {
+				history = false
+			}
+		case !time.Now().Before(nextClaim):
+			claimCursor, err = r.claim(read, n, claimCursor)
+			if err == nil && claimCursor == "0-0" {
+				nextClaim = time.Now().Add(o.ClaimInterval)
+			}
+		default:
+			block := min(o.ReadBlock, time.Until(nextClaim))
+			err = r.readNew(read, n, max(block, time.Millisecond))
+		}
+		if err != nil {
+			if isNoGroup(err) {
+				r.c.log.Warn("streamq: consumer group vanished (Redis restarted without persistence, or the stream was deleted); recreating it", "err", err)
+				err = r.c.ensureGroup(read)
+				history, cursor = true, "0"
+			}
+			if err != nil {
+				r.c.log.Error("streamq: reading the stream failed; retrying", "err", err)
+				if sleepCtx(ctx, b.next()) != nil {
+					return
+				}
+			}
+			continue
+		}
+		b = backoff{}
+	}
+}
+
+func isNoGroup(err error) bool { return err != nil && strings.Contains(err.Error(), "NOGROUP") }
+
+// readNew reads up to n new entries, blocking up to block.
+func (r *run[Req, Resp]) readNew(ctx context.Context, n int, block time.Duration) error {
+	res, err := r.c.client.XReadGroup(ctx, &redis.XReadGroupArgs{
+		Group:    r.c.opts.Group,
+		Consumer: r.c.opts.Name,
+		Streams:  []string{r.c.keys.Stream, ">"},
+		Count:    int64(n),
+		Block:    block,
+	}).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, st := range res {
+		r.admit(st.Messages, func(int) int { return 1 })
+	}
+	return nil
+}
+
+// readHistory reads up to n of this consumer's own pending entries after
+// cursor, with their delivery counts. Entries deleted while pending come back
+// without fields; they are acknowledged so they leave the PEL.
+func (r *run[Req, Resp]) readHistory(ctx context.Context, n int, cursor string) (int, string, error) {
+	o := &r.c.opts
+	res, err := r.c.client.XReadGroup(ctx, &redis.XReadGroupArgs{
+		Group:    o.Group,
+		Consumer: o.Name,
+		Streams:  []string{r.c.keys.Stream, cursor},
+		Count:    int64(n),
+		Block:    -1,
+	}).Result()
+	if errors.Is(err, redis.Nil) || (err == nil && (len(res) == 0 || len(res[0].Messages) == 0)) {
+		return 0, cursor, nil
+	}
+	if err != nil {
+		return 0, cursor, err
+	}
+	msgs := res[0].Messages
+	cursor = msgs[len(msgs)-1].ID
+	live := msgs[:0:0]
+	var gone []string
+	for _, m := range msgs {
+		if m.Values == nil {
+			gone = append(gone, m.ID)
+		} else {
+			live = append(live, m)
+		}
+	}
+	if len(gone) > 0 {
+		if err := r.c.client.XAck(ctx, r.c.keys.Stream, o.Group, gone...).Err(); err != nil {
+			return 0, cursor, err
+		}
+		r.c.log.Info("streamq: dropped pending entries whose stream entries were deleted", "count", len(gone))
+	}
+	if len(live) == 0 {
+		return len(msgs), cursor, nil
+	}
+	pend, err := r.c.client.XPendingExt(ctx, &redis.XPendingExtArgs{
+		Stream: r.c.keys.Stream, Group: o.Group, Consumer: o.Name,
+		Start: live[0].ID, End: live[len(live)-1].ID, Count: int64(len(msgs)),
+	}).Result()
+	if err != nil {
+		return 0, cursor, err
+	}
+	counts := make(map[string]int, len(pend))
+	for _, p := range pend {
+		counts[p.ID] = int(p.RetryCount)
+	}
+	r.admit(live, func(i int) int { return max(counts[live[i].ID], 1) })
+	r.c.log.Info("streamq: resumed own pending entries", "count", len(live))
+	return len(msgs), cursor, nil
+}
+
+// claim runs one XAUTOCLAIM step for up to n entries idle for MinIdle, from
+// cursor, and returns the next cursor ("0-0" when the pass is over). Claimed
+// entries go through the ring like read ones, with their Redis delivery count.
+func (r *run[Req, Resp]) claim(ctx context.Context, n int, cursor string) (string, error) {
+	o := &r.c.opts
+	res, err := scripts.Claim.Run(ctx, r.c.client, []string{r.c.keys.Stream},
+		o.Group, o.Name, o.MinIdle.Milliseconds(), cursor, n).Slice()
+	if err != nil {
+		return cursor, err
+	}
+	if len(res) != 4 {
+		return "0-0", fmt.Errorf("streamq: claim: unexpected reply of %d elements", len(res))
+	}
+	next, _ := res[0].(string)
+	msgs := parseEntries(res[1])
+	counts, _ := res[2].([]any)
+	if gone, _ := res[3].([]any); len(gone) > 0 {
+		r.c.log.Info("streamq: dropped claimed entries whose stream entries were deleted", "count", len(gone))
+	}
+	if len(msgs) > 0 {
+		r.c.log.Info("streamq: claimed idle entries", "count", len(msgs))
+		r.admit(msgs, func(i int) int {
+			if i < len(counts) {
+				if c, ok := counts[i].(int64); ok {
+					return int(c)
+				}
+			}
+			return 1
+		})
+	}
+	if next == "" {
+		next = "0-0"
+	}
+	return next, nil
+}
+
+// parseEntries converts entries in a script reply ({id, {field, value, ...}}) to XMessages.
+func parseEntries(v any) []redis.XMessage {
+	list, _ := v.([]any)
+	msgs := make([]redis.XMessage, 0, len(list))
+	for _, e := range list {
+		pair, _ := e.([]any)
+		if len(pair) != 2 {
+			continue
+		}
+		id, _ := pair[0].(string)
+		fields, _ := pair[1].([]any)
+		values := make(map[string]any, len(fields)/2)
+		for i := 0; i+1 < len(fields); i += 2 {
+			if k, ok := fields[i].(string); ok {
+				values[k] = fields[i+1]
+			}
+		}
+		msgs = append(msgs, redis.XMessage{ID: id, Values: values})
+	}
+	return msgs
+}
+
+// leaseLoop renews the leases of every owned entry (in the ring, in a handler
+// or awaiting completion) every MinIdle/3, so they are not claimed while this
+// consumer lives. Entries found claimed by another consumer are marked lost and
+// their handlers cancelled. It runs until the end of shutdown.
+func (r *run[Req, Resp]) leaseLoop() {
+	defer r.loops.Done()
+	t := time.NewTicker(r.c.opts.MinIdle / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.stopLoops:
+			return
+		case <-t.C:
+		}
+		r.mu.Lock()
+		ids := make([]string, 0, len(r.owned))
+		for id := range r.owned {
+			ids = append(ids, id)
+		}
+		r.mu.Unlock()
+		lost, err := r.setIdle(r.bg, ids, 0)
+		if err != nil {
+			r.c.log.Warn("streamq: renewing leases failed; will retry", "entries", len(ids), "err", err)
+			continue
+		}
+		for _, id := range lost {
+			r.mu.Lock()
+			s := r.owned[id]
+			r.mu.Unlock()
+			if s != nil {
+				r.c.log.Warn("streamq: lost a message to another consumer", "id", s.entry.ID, "entry", id)
+				s.markLost()
+			}
+		}
+	}
+}
+
+// setIdle sets the idle time of the given entries that this consumer still
+// owns, in chunks, and returns those it no longer owns.
+func (r *run[Req, Resp]) setIdle(ctx context.Context, ids []string, idle time.Duration) ([]string, error) {
+	o := &r.c.opts
+	var lost []string
+	const chunk = 500
+	for len(ids) > 0 {
+		n := min(chunk, len(ids))
+		args := make([]any, 0, 3+n)
+		args = append(args, o.Group, o.Name, idle.Milliseconds())
+		for _, id := range ids[:n] {
+			args = append(args, id)
+		}
+		ids = ids[n:]
+		res, err := scripts.Lease.Run(ctx, r.c.client, []string{r.c.keys.Stream}, args...).StringSlice()
+		if err != nil {
+			return lost, err
+		}
+		lost = append(lost, res...)
+	}
+	return lost, nil
+}
+
+// retryAfter leaves a failed entry pending and makes it claimable after delay,
+// by setting its idle time to MinIdle-delay. The next delivery goes to whichever
+// consumer's claim pass comes first, and Redis counts it.
+func (r *run[Req, Resp]) retryAfter(s *slot, delay time.Duration) {
+	idle := max(r.c.opts.MinIdle-delay, 0)
+	if _, err := r.setIdle(r.bg, []string{s.entry.EntryID}, idle); err != nil {
+		r.c.log.Warn("streamq: scheduling a retry failed; the entry will be retried after MinIdle",
+			"id", s.entry.ID, "entry", s.entry.EntryID, "err", err)
+	}
+	r.forget(s)
+}
+
+// releaseUnstarted makes the entries that were prefetched but never started
+// claimable at once by any consumer.
+func (r *run[Req, Resp]) releaseUnstarted() {
+	r.releaseMu.Lock()
+	slots := r.unstarted
+	r.unstarted = nil
+	r.releaseMu.Unlock()
+	if len(slots) == 0 {
+		return
+	}
+	ids := make([]string, len(slots))
+	for i, s := range slots {
+		ids[i] = s.entry.EntryID
+	}
+	ctx, cancel := context.WithTimeout(r.bg, r.c.opts.ShutdownTimeout)
+	defer cancel()
+	if _, err := r.setIdle(ctx, ids, releaseIdle); err != nil {
+		r.c.log.Warn("streamq: releasing prefetched entries failed; they will be claimed after MinIdle",
+			"entries", len(ids), "err", err)
+	} else {
+		r.c.log.Info("streamq: released prefetched entries that had not started", "entries", len(ids))
+	}
+	r.forget(slots...)
+}

@@ -1,0 +1,296 @@
+package streamq
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/streamq/streamq/internal/scripts"
+)
+
+// Job is one request of a ProduceBatch call.
+type Job[Req any] struct {
+	// ID identifies the request: jobs with one id are done once.
+	ID string
+	// Request is the request value, encoded with the producer's codec.
+	Request Req
+}
+
+// ProduceBatch appends jobs in one atomic step: either every job is recorded
+// (appended, or attached to an earlier request with the same id) or none is.
+// Each job gets its own stream entry and its own promise, in input order; jobs
+// sharing an id within the batch share one entry.
+//
+// The batch is validated before anything is written: more than MaxBatchItems
+// jobs or more than MaxBatchBytes of encoded requests gives ErrBatchTooLarge, an
+// invalid id ErrInvalidID, an oversized request ErrPayloadTooLarge. A batch is
+// never split. Retrying a batch whose outcome is unknown (a timeout, a dropped
+// connection) is safe: ids already appended attach to their existing entries.
+func (p *Producer[Req, Resp]) ProduceBatch(ctx context.Context, jobs []Job[Req]) ([]*Promise[Resp], error) {
+	if len(jobs) == 0 {
+		return nil, nil
+	}
+	if len(jobs) > p.opts.MaxBatchItems {
+		return nil, fmt.Errorf("%w: %d jobs, the limit is MaxBatchItems=%d; split the batch", ErrBatchTooLarge, len(jobs), p.opts.MaxBatchItems)
+	}
+	items := make([]*produceItem, len(jobs))
+	total := 0
+	for i, j := range jobs {
+		it, err := p.newItem(ctx, j.ID, j.Request)
+		if err != nil {
+			return nil, fmt.Errorf("job %d: %w", i, err)
+		}
+		items[i] = it
+		total += it.size()
+	}
+	if total > p.opts.MaxBatchBytes {
+		return nil, fmt.Errorf("%w: %d bytes, the limit is MaxBatchBytes=%d; split the batch", ErrBatchTooLarge, total, p.opts.MaxBatchBytes)
+	}
+	if err := p.checkOpen(); err != nil {
+		return nil, err
+	}
+	if err := p.ensureSubscribed(ctx); err != nil {
+		return nil, err
+	}
+	calls := make([]*call, len(items))
+	for i, it := range items {
+		calls[i] = p.waiters.acquire(it.id)
+	}
+	outs, err := p.runProduce(ctx, items, true)
+	if err != nil {
+		for i, it := range items {
+			p.waiters.release(it.id, calls[i])
+		}
+		return nil, err
+	}
+	promises := make([]*Promise[Resp], len(items))
+	for i, it := range items {
+		promises[i], err = p.settle(it.id, calls[i], outs[i])
+		if err != nil { // cannot happen in atomic mode; kept for safety
+			return nil, fmt.Errorf("job %d: %w", i, err)
+		}
+	}
+	return promises, nil
+}
+
+// produceItem is one request on its way to Redis.
+type produceItem struct {
+	ctx     context.Context
+	id      string
+	payload []byte
+	out     chan produceOutcome // buffered: the sender never blocks
+}
+
+func (it *produceItem) size() int { return len(it.id) + len(it.payload) }
+
+// produceOutcome is the reply of produce.lua for one item.
+type produceOutcome struct {
+	code int64  // outcomeAppended, outcomeInflight, outcomeDone, outcomeRejected
+	data string // entry id, record, or reason
+	err  error  // the round trip failed
+}
+
+const (
+	outcomeAppended = 0
+	outcomeInflight = 1
+	outcomeDone     = 2
+	outcomeRejected = -1
+)
+
+// runProduce appends items with one script call and returns one outcome per item.
+func (p *Producer[Req, Resp]) runProduce(ctx context.Context, items []*produceItem, atomic bool) ([]produceOutcome, error) {
+	keys := make([]string, 1, len(items)+1)
+	keys[0] = p.keys.Stream
+	args := make([]any, 2, 2+2*len(items))
+	args[0] = p.opts.InflightTTL.Milliseconds()
+	args[1] = "0"
+	if atomic {
+		args[1] = "1"
+	}
+	for _, it := range items {
+		keys = append(keys, p.keys.Record(it.id))
+		args = append(args, it.id, it.payload)
+	}
+	res, err := scripts.Produce.Run(ctx, p.client, keys, args...).Slice()
+	if err != nil {
+		if strings.HasPrefix(err.Error(), "WRONGTYPE") {
+			return nil, fmt.Errorf("%w: %v", ErrWrongType, err)
+		}
+		return nil, fmt.Errorf("streamq: append to %s: %w", p.keys.Stream, err)
+	}
+	if len(res) != 2*len(items) {
+		return nil, fmt.Errorf("streamq: append to %s: unexpected reply of %d elements for %d items", p.keys.Stream, len(res), len(items))
+	}
+	outs := make([]produceOutcome, len(items))
+	for i := range items {
+		code, _ := res[2*i].(int64)
+		data, _ := res[2*i+1].(string)
+		outs[i] = produceOutcome{code: code, data: data}
+	}
+	return outs, nil
+}
+
+// sendCoalesced is the coalescer's send function for single Produce calls.
+func (p *Producer[Req, Resp]) sendCoalesced(batch []*produceItem) {
+	live := batch[:0:0]
+	for _, it := range batch {
+		if err := it.ctx.Err(); err != nil {
+			it.out <- produceOutcome{err: err}
+			continue
+		}
+		live = append(live, it)
+	}
+	if len(live) > 0 {
+		outs, err := p.runProduce(p.lifetime, live, false)
+		for i, it := range live {
+			if err != nil {
+				it.out <- produceOutcome{err: err}
+			} else {
+				it.out <- outs[i]
+			}
+		}
+	}
+	for _, it := range batch {
+		p.budget.release(it.size())
+	}
+}
+
+// coalescer sends items in batches with zero linger: each sender blocks for the
+// first item, takes whatever else is already waiting without blocking, up to
+// the limits, and sends at once. Under load batches grow by themselves; at idle
+// every item goes alone, with no added latency.
+type coalescer[T any] struct {
+	in       chan T
+	maxItems int
+	maxBytes int
+	linger   time.Duration
+	size     func(T) int
+	send     func([]T)
+	wg       sync.WaitGroup
+}
+
+func newCoalescer[T any](senders, maxItems, maxBytes int, linger time.Duration, size func(T) int, send func([]T)) *coalescer[T] {
+	c := &coalescer[T]{
+		in:       make(chan T, maxItems*senders),
+		maxItems: maxItems,
+		maxBytes: maxBytes,
+		linger:   linger,
+		size:     size,
+		send:     send,
+	}
+	c.wg.Add(senders)
+	for range senders {
+		go c.loop()
+	}
+	return c
+}
+
+// close stops accepting items and returns once every accepted item was sent.
+// The caller guarantees that nobody sends on in after close.
+func (c *coalescer[T]) close() {
+	close(c.in)
+	c.wg.Wait()
+}
+
+func (c *coalescer[T]) loop() {
+	defer c.wg.Done()
+	var (
+		carry    T
+		hasCarry bool
+		batch    []T
+	)
+	for {
+		var first T
+		if hasCarry {
+			first, hasCarry = carry, false
+		} else {
+			v, ok := <-c.in
+			if !ok {
+				return
+			}
+			first = v
+		}
+		batch = append(batch[:0], first)
+		bytes := c.size(first)
+		var (
+			deadline <-chan time.Time
+			timer    *time.Timer
+		)
+		if c.linger > 0 {
+			timer = time.NewTimer(c.linger)
+			deadline = timer.C
+		}
+	fill:
+		for len(batch) < c.maxItems {
+			var v T
+			var ok bool
+			if deadline != nil {
+				select {
+				case v, ok = <-c.in:
+				case <-deadline:
+					break fill
+				}
+			} else {
+				select {
+				case v, ok = <-c.in:
+				default:
+					break fill
+				}
+			}
+			if !ok {
+				break fill
+			}
+			if s := c.size(v); bytes+s > c.maxBytes {
+				carry, hasCarry = v, true
+				break fill
+			} else {
+				bytes += s
+			}
+			batch = append(batch, v)
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		c.send(batch)
+		clear(batch)
+	}
+}
+
+// byteBudget bounds the bytes accepted but not yet sent.
+type byteBudget struct {
+	mu    sync.Mutex
+	free  int
+	freed chan struct{} // closed and replaced on every release
+}
+
+func newByteBudget(n int) *byteBudget {
+	return &byteBudget{free: n, freed: make(chan struct{})}
+}
+
+func (b *byteBudget) acquire(ctx context.Context, n int) error {
+	for {
+		b.mu.Lock()
+		if b.free >= n {
+			b.free -= n
+			b.mu.Unlock()
+			return nil
+		}
+		ch := b.freed
+		b.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (b *byteBudget) release(n int) {
+	b.mu.Lock()
+	b.free += n
+	close(b.freed)
+	b.freed = make(chan struct{})
+	b.mu.Unlock()
+}

@@ -1,0 +1,102 @@
+package streamq
+
+import (
+	"errors"
+	"time"
+)
+
+// Sentinel errors. Match them with errors.Is.
+var (
+	// ErrClosed is returned by calls on a closed Producer.
+	ErrClosed = errors.New("streamq: producer is closed")
+	// ErrInvalidID is returned when a request id is empty or longer than MaxIDLen.
+	ErrInvalidID = errors.New("streamq: invalid request id")
+	// ErrPayloadTooLarge is returned when an encoded request exceeds MaxPayloadBytes.
+	ErrPayloadTooLarge = errors.New("streamq: payload too large")
+	// ErrBatchTooLarge is returned when a batch exceeds MaxBatchItems or MaxBatchBytes.
+	// Nothing of such a batch is written; split it and retry.
+	ErrBatchTooLarge = errors.New("streamq: batch too large")
+	// ErrInvalidOptions wraps every option validation error.
+	ErrInvalidOptions = errors.New("streamq: invalid options")
+	// ErrFailed matches a request whose handler returned an error (see RequestError).
+	ErrFailed = errors.New("streamq: request failed")
+	// ErrDeadLettered matches a request that was moved to the dead-letter stream.
+	// Such errors also match ErrFailed.
+	ErrDeadLettered = errors.New("streamq: request dead-lettered")
+	// ErrNoResult is returned by Wait when the request completed but the consumer
+	// does not store results (ConsumerOptions.DiscardResults) and the completion
+	// notice was missed.
+	ErrNoResult = errors.New("streamq: request completed, result not stored")
+	// ErrRecordLost is returned by Wait when the request's record vanished before
+	// it completed: it expired (ProducerOptions.InflightTTL) or Redis lost data.
+	// Producing the same id again enqueues it again.
+	ErrRecordLost = errors.New("streamq: request record vanished; produce the id again")
+	// ErrWrongType is returned when a key the queue needs holds a value of another
+	// kind, usually because another program wrote it. Delete or rename that key.
+	ErrWrongType = errors.New("streamq: key holds a value streamq did not write")
+	// ErrLeaseLost is the cause of a handler context cancelled because another
+	// consumer claimed the message.
+	ErrLeaseLost = errors.New("streamq: message claimed by another consumer")
+)
+
+// RequestError is the error a waiting caller receives when a request failed.
+// It matches ErrFailed, and ErrDeadLettered when the request was dead-lettered.
+type RequestError struct {
+	// Message is the handler's error text (or the reason for dead-lettering).
+	Message string
+	// DeadLettered reports whether the request was moved to the dead-letter stream.
+	DeadLettered bool
+}
+
+// Error implements error.
+func (e *RequestError) Error() string {
+	if e.DeadLettered {
+		return "streamq: request dead-lettered: " + e.Message
+	}
+	return "streamq: request failed: " + e.Message
+}
+
+// Is makes errors.Is match ErrFailed, and ErrDeadLettered when dead-lettered.
+func (e *RequestError) Is(target error) bool {
+	return target == ErrFailed || (e.DeadLettered && target == ErrDeadLettered)
+}
+
+// permanentError marks an error that must not be retried.
+type permanentError struct{ err error }
+
+func (e permanentError) Error() string { return e.err.Error() }
+func (e permanentError) Unwrap() error { return e.err }
+
+// Permanent wraps err so that the consumer does not retry the message: it is
+// dead-lettered at once and its callers receive err. Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanentError{err}
+}
+
+// IsPermanent reports whether err was wrapped by Permanent.
+func IsPermanent(err error) bool {
+	var p permanentError
+	return errors.As(err, &p)
+}
+
+// retryAfterError asks for a retry after a given delay.
+type retryAfterError struct {
+	err   error
+	delay time.Duration
+}
+
+func (e retryAfterError) Error() string { return e.err.Error() }
+func (e retryAfterError) Unwrap() error { return e.err }
+
+// RetryAfter wraps err so that the next delivery of the message happens no sooner
+// than d (capped at ConsumerOptions.MinIdle) instead of after the exponential
+// back-off. The delivery still counts toward MaxDeliveries. RetryAfter(nil, d) is nil.
+func RetryAfter(err error, d time.Duration) error {
+	if err == nil {
+		return nil
+	}
+	return retryAfterError{err, d}
+}

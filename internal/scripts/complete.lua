@@ -1,0 +1,57 @@
+-- complete.lua: record outcomes, acknowledge and delete entries, notify waiters.
+--
+-- Recording is first-writer-wins: when a request id already has an outcome (a
+-- redelivered duplicate finished second), the stored outcome is kept and
+-- re-announced, and the entry is still acknowledged and deleted.
+--
+-- KEYS[1]          the stream
+-- KEYS[2]          the dead-letter stream
+-- KEYS[2+i]        the record key of item i; the dead-letter key when the item has no id
+-- ARGV[1]          consumer group
+-- ARGV[2]          notification channel
+-- ARGV[3]          record TTL in milliseconds
+-- ARGV[4]          "1": store successful results; "0": store only a done marker "N"
+-- ARGV[5]          dead-letter stream length cap (approximate)
+-- ARGV[6]          consumer name (recorded in dead letters)
+-- ARGV[7]          time in milliseconds (recorded in dead letters)
+-- ARGV[8+6(i-1) .. 13+6(i-1)]  item i: entry id, request id, code, value, payload, deliveries
+--   code "R": value is the encoded response
+--   code "E": value is an error message
+--   code "L": value is an error message; the item is also appended to the dead-letter stream
+--
+-- Returns the number of items.
+local group, channel, ttl, store = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == "1"
+local n = #KEYS - 2
+local ids = {}
+local notice = {}
+for i = 1, n do
+  local b = 8 + 6 * (i - 1)
+  local eid, rid, code, value = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
+  ids[i] = eid
+  local outcome = code .. value
+  if rid ~= "" then
+    local key = KEYS[2 + i]
+    local cur = redis.pcall("GET", key)
+    if type(cur) == "string" and string.sub(cur, 1, 1) ~= "P" then
+      outcome = cur
+    else
+      local rec = outcome
+      if code == "R" and not store then
+        rec = "N"
+      end
+      redis.call("SET", key, rec, "PX", ttl)
+    end
+    notice[#notice + 1] = #rid .. ":" .. rid .. #outcome .. ":" .. outcome
+  end
+  if code == "L" then
+    redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[5], "*",
+      "id", rid, "entry", eid, "p", ARGV[b + 4], "error", value,
+      "deliveries", ARGV[b + 5], "consumer", ARGV[6], "at", ARGV[7])
+  end
+end
+redis.call("XACK", KEYS[1], group, unpack(ids))
+redis.call("XDEL", KEYS[1], unpack(ids))
+if #notice > 0 then
+  redis.call("PUBLISH", channel, table.concat(notice))
+end
+return n

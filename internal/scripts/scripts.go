@@ -1,0 +1,38 @@
+// Package scripts holds the Lua scripts that make each multi-step change to a
+// queue atomic. Each .lua file starts with a header naming its KEYS, ARGV and
+// reply; all KEYS of one call belong to one queue, so one hash slot.
+package scripts
+
+import (
+	_ "embed"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed produce.lua
+	produceSrc string
+	//go:embed complete.lua
+	completeSrc string
+	//go:embed claim.lua
+	claimSrc string
+	//go:embed lease.lua
+	leaseSrc string
+	//go:embed trim.lua
+	trimSrc string
+	//go:embed prune.lua
+	pruneSrc string
+	//go:embed requeue.lua
+	requeueSrc string
+)
+
+// The scripts. Run uses EVALSHA and falls back to EVAL when the server lacks the script.
+var (
+	Produce  = redis.NewScript(produceSrc)
+	Complete = redis.NewScript(completeSrc)
+	Claim    = redis.NewScript(claimSrc)
+	Lease    = redis.NewScript(leaseSrc)
+	Trim     = redis.NewScript(trimSrc)
+	Prune    = redis.NewScript(pruneSrc)
+	Requeue  = redis.NewScript(requeueSrc)
+)

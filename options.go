@@ -1,0 +1,332 @@
+package streamq
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+)
+
+// Limits and defaults. Each option's doc names the constant it defaults to.
+const (
+	// MaxIDLen is the longest request id accepted, in bytes.
+	MaxIDLen = 512
+
+	DefaultMaxPayloadBytes     = 1 << 20
+	DefaultInflightTTL         = 24 * time.Hour
+	DefaultMaxBatchItems       = 512
+	DefaultMaxBatchBytes       = 8 << 20
+	DefaultMaxPendingBytes     = 64 << 20
+	DefaultProduceConcurrency  = 4
+	DefaultBackstopInterval    = 5 * time.Second
+	DefaultGroup               = "streamq"
+	DefaultWorkers             = 1
+	DefaultMinPrefetch         = 16
+	DefaultResultTTL           = time.Hour
+	DefaultReadBlock           = time.Second
+	DefaultMinIdle             = 30 * time.Second
+	DefaultClaimInterval       = time.Second
+	DefaultMaxDeliveries       = 5
+	DefaultRetryBackoff        = time.Second
+	DefaultFetchRetries        = 3
+	DefaultFetchBackoff        = 50 * time.Millisecond
+	DefaultShutdownTimeout     = 30 * time.Second
+	DefaultMaxCompleteBatch    = 256
+	DefaultTrimInterval        = 30 * time.Second
+	DefaultConsumerIdleTimeout = 24 * time.Hour
+	DefaultDeadLetterMaxLen    = 100_000
+)
+
+// ProducerOptions configure a Producer. The zero value is valid: every field
+// has a default, applied by NewProducer.
+type ProducerOptions struct {
+	// Codec encodes requests and decodes responses.
+	// Defaults to JSONCodec. []byte values bypass it.
+	Codec Codec
+
+	// MaxPayloadBytes is the largest encoded request accepted.
+	// Defaults to DefaultMaxPayloadBytes (1 MiB).
+	MaxPayloadBytes int
+
+	// InflightTTL is how long the record of a request that has not completed yet
+	// lives. While it lives, producing the same id attaches to the queued request.
+	// It must outlast the time a request can spend in the queue.
+	// Defaults to DefaultInflightTTL (24h).
+	InflightTTL time.Duration
+
+	// MaxBatchItems caps the requests in one ProduceBatch call and in one
+	// coalesced round trip. Defaults to DefaultMaxBatchItems (512).
+	MaxBatchItems int
+
+	// MaxBatchBytes caps the encoded bytes in one ProduceBatch call and in one
+	// coalesced round trip. Defaults to DefaultMaxBatchBytes (8 MiB).
+	MaxBatchBytes int
+
+	// MaxPendingBytes bounds the encoded bytes of Produce calls accepted but not yet
+	// sent; further calls block (respecting their context) until bytes are sent.
+	// Defaults to DefaultMaxPendingBytes (64 MiB).
+	MaxPendingBytes int
+
+	// Concurrency is how many coalesced round trips may be in flight at once.
+	// Defaults to DefaultProduceConcurrency (4).
+	Concurrency int
+
+	// Linger is how long the coalescer waits for more calls after the first one
+	// before sending. Zero sends at once with whatever is already waiting, which is
+	// the right choice almost always. Defaults to 0.
+	Linger time.Duration
+
+	// BackstopInterval is how often waiting promises are checked against Redis,
+	// to recover results whose notification was lost to a reconnect. The check
+	// also runs after every resubscription. Defaults to DefaultBackstopInterval (5s).
+	BackstopInterval time.Duration
+
+	// Logger receives the producer's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+func (o *ProducerOptions) resolve() error {
+	if o.Codec == nil {
+		o.Codec = JSONCodec{}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	setDefault(&o.MaxPayloadBytes, DefaultMaxPayloadBytes)
+	setDefault(&o.InflightTTL, DefaultInflightTTL)
+	setDefault(&o.MaxBatchItems, DefaultMaxBatchItems)
+	setDefault(&o.MaxBatchBytes, DefaultMaxBatchBytes)
+	setDefault(&o.MaxPendingBytes, DefaultMaxPendingBytes)
+	setDefault(&o.Concurrency, DefaultProduceConcurrency)
+	setDefault(&o.BackstopInterval, DefaultBackstopInterval)
+	return firstError(
+		positive("MaxPayloadBytes", o.MaxPayloadBytes),
+		atLeast("InflightTTL", o.InflightTTL, time.Millisecond),
+		positive("MaxBatchItems", o.MaxBatchItems),
+		atLeastInt("MaxBatchBytes", o.MaxBatchBytes, o.MaxPayloadBytes, "MaxPayloadBytes"),
+		atLeastInt("MaxPendingBytes", o.MaxPendingBytes, o.MaxBatchBytes, "MaxBatchBytes"),
+		positive("Concurrency", o.Concurrency),
+		atLeast("Linger", o.Linger, 0),
+		atLeast("BackstopInterval", o.BackstopInterval, 10*time.Millisecond),
+	)
+}
+
+// ConsumerOptions configure a Consumer. The zero value is valid: every field
+// has a default, applied by NewConsumer.
+type ConsumerOptions struct {
+	// Group is the consumer group. Consumers of one group share the work; each
+	// group sees every request. Defaults to DefaultGroup ("streamq").
+	Group string
+
+	// Name identifies this consumer inside its group. A consumer restarted with
+	// the same name resumes its own pending entries at once; a new name leaves
+	// them to be claimed after MinIdle. Use a name stable per process slot
+	// (a pod name, a systemd instance) when you have one.
+	// Defaults to "<hostname>-<pid>-<random>".
+	Name string
+
+	// Workers is how many handlers run at once. With one worker, messages are
+	// handled in stream order. Defaults to DefaultWorkers (1).
+	Workers int
+
+	// Prefetch is the depth of the prefetch ring: how many messages are held at
+	// once, read ahead and fetched, waiting or in a handler. It bounds the
+	// consumer's memory. It must be at least Workers.
+	// Defaults to max(DefaultMinPrefetch (16), 2*Workers).
+	Prefetch int
+
+	// Codec decodes requests and encodes responses. Defaults to JSONCodec.
+	Codec Codec
+
+	// Fetcher produces each message's payload bytes from its stream entry.
+	// Defaults to InlineFetcher: the entry carries the payload.
+	Fetcher Fetcher
+
+	// FetchRetries is how many times a failed fetch is retried, with exponential
+	// back-off from FetchBackoff, before the message takes the failure path.
+	// Defaults to DefaultFetchRetries (3); -1 disables retries.
+	FetchRetries int
+
+	// FetchBackoff is the first delay between fetch attempts.
+	// Defaults to DefaultFetchBackoff (50ms).
+	FetchBackoff time.Duration
+
+	// ResultTTL is how long a completed request's record (its result, and so its
+	// deduplication) is kept. Defaults to DefaultResultTTL (1h).
+	ResultTTL time.Duration
+
+	// DiscardResults stores only a "done" marker instead of each result, for
+	// fire-and-forget queues. Callers waiting at completion still receive the
+	// result through the notification. Defaults to false.
+	DiscardResults bool
+
+	// ReadBlock is the longest a read waits for new entries. It bounds how long
+	// shutdown waits for the reader. Defaults to DefaultReadBlock (1s).
+	ReadBlock time.Duration
+
+	// MinIdle is how long an entry must be idle before another consumer may claim
+	// it. Entries this consumer holds have their lease renewed every MinIdle/3, so
+	// handlers may run longer than MinIdle. Defaults to DefaultMinIdle (30s).
+	MinIdle time.Duration
+
+	// ClaimInterval is how often idle entries of other consumers are looked for.
+	// Defaults to DefaultClaimInterval (1s).
+	ClaimInterval time.Duration
+
+	// MaxDeliveries is how many times a message is delivered before it is
+	// dead-lettered. Deliveries are counted by Redis, so crashes count too.
+	// Defaults to DefaultMaxDeliveries (5).
+	MaxDeliveries int
+
+	// RetryBackoff is the delay before the second delivery of a failed message;
+	// it doubles with each delivery, with jitter, capped at MinIdle.
+	// Defaults to DefaultRetryBackoff (1s).
+	RetryBackoff time.Duration
+
+	// ShutdownTimeout is how long Run waits, after its context ends, for running
+	// handlers to finish before cancelling their contexts.
+	// Defaults to DefaultShutdownTimeout (30s).
+	ShutdownTimeout time.Duration
+
+	// MaxCompleteBatch caps the completions recorded in one round trip.
+	// Defaults to DefaultMaxCompleteBatch (256).
+	MaxCompleteBatch int
+
+	// TrimInterval is how often the stream is trimmed of entries every group is
+	// done with, and idle consumers are pruned. It is jittered by ±20%.
+	// Defaults to DefaultTrimInterval (30s); -1 disables.
+	TrimInterval time.Duration
+
+	// ConsumerIdleTimeout is how long a consumer of the group with no pending
+	// entries may stay idle before it is deleted from the group.
+	// Defaults to DefaultConsumerIdleTimeout (24h).
+	ConsumerIdleTimeout time.Duration
+
+	// DeadLetterMaxLen caps the dead-letter stream's length (approximately; the
+	// oldest go first). Defaults to DefaultDeadLetterMaxLen (100,000).
+	DeadLetterMaxLen int
+
+	// Logger receives the consumer's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+func (o *ConsumerOptions) resolve() error {
+	if o.Group == "" {
+		o.Group = DefaultGroup
+	}
+	if o.Name == "" {
+		o.Name = defaultConsumerName()
+	}
+	if o.Codec == nil {
+		o.Codec = JSONCodec{}
+	}
+	if o.Fetcher == nil {
+		o.Fetcher = InlineFetcher{}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	setDefault(&o.Workers, DefaultWorkers)
+	setDefault(&o.Prefetch, max(DefaultMinPrefetch, 2*o.Workers))
+	setDefault(&o.FetchRetries, DefaultFetchRetries)
+	setDefault(&o.FetchBackoff, DefaultFetchBackoff)
+	setDefault(&o.ResultTTL, DefaultResultTTL)
+	setDefault(&o.ReadBlock, DefaultReadBlock)
+	setDefault(&o.MinIdle, DefaultMinIdle)
+	setDefault(&o.ClaimInterval, DefaultClaimInterval)
+	setDefault(&o.MaxDeliveries, DefaultMaxDeliveries)
+	setDefault(&o.RetryBackoff, DefaultRetryBackoff)
+	setDefault(&o.ShutdownTimeout, DefaultShutdownTimeout)
+	setDefault(&o.MaxCompleteBatch, DefaultMaxCompleteBatch)
+	setDefault(&o.TrimInterval, DefaultTrimInterval)
+	setDefault(&o.ConsumerIdleTimeout, DefaultConsumerIdleTimeout)
+	setDefault(&o.DeadLetterMaxLen, DefaultDeadLetterMaxLen)
+	var trimErr error
+	if o.TrimInterval != -1 {
+		trimErr = atLeast("TrimInterval", o.TrimInterval, 10*time.Millisecond)
+	}
+	var fetchErr error
+	if o.FetchRetries != -1 {
+		fetchErr = positive("FetchRetries", o.FetchRetries)
+	}
+	return firstError(
+		positive("Workers", o.Workers),
+		atLeastInt("Prefetch", o.Prefetch, o.Workers, "Workers"),
+		fetchErr,
+		atLeast("FetchBackoff", o.FetchBackoff, time.Millisecond),
+		atLeast("ResultTTL", o.ResultTTL, time.Millisecond),
+		atLeast("ReadBlock", o.ReadBlock, time.Millisecond),
+		atLeast("MinIdle", o.MinIdle, 10*time.Millisecond),
+		atLeast("ClaimInterval", o.ClaimInterval, time.Millisecond),
+		positive("MaxDeliveries", o.MaxDeliveries),
+		atLeast("RetryBackoff", o.RetryBackoff, time.Millisecond),
+		atLeast("ShutdownTimeout", o.ShutdownTimeout, time.Millisecond),
+		positive("MaxCompleteBatch", o.MaxCompleteBatch),
+		trimErr,
+		atLeast("ConsumerIdleTimeout", o.ConsumerIdleTimeout, time.Second),
+		positive("DeadLetterMaxLen", o.DeadLetterMaxLen),
+		validName("Group", o.Group),
+		validName("Name", o.Name),
+	)
+}
+
+func defaultConsumerName() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "host"
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+// setDefault sets *p to def when it is the zero value.
+func setDefault[T comparable](p *T, def T) {
+	var zero T
+	if *p == zero {
+		*p = def
+	}
+}
+
+func firstError(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func optionError(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...)
+}
+
+func positive(name string, v int) error {
+	if v <= 0 {
+		return optionError("%s is %d; it must be positive (leave it 0 for the default)", name, v)
+	}
+	return nil
+}
+
+func atLeastInt(name string, v, min int, minName string) error {
+	if v < min {
+		return optionError("%s is %d; it must be at least %s (%d)", name, v, minName, min)
+	}
+	return nil
+}
+
+func atLeast(name string, v, min time.Duration) error {
+	if v < min {
+		return optionError("%s is %v; it must be at least %v (leave it 0 for the default)", name, v, min)
+	}
+	return nil
+}
+
+func validName(name, v string) error {
+	if len(v) > 256 {
+		return optionError("%s is %d bytes; the limit is 256", name, len(v))
+	}
+	return nil
+}

@@ -1,0 +1,278 @@
+package streamq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Entry is what a Fetcher sees of a stream entry.
+type Entry struct {
+	// ID is the request id.
+	ID string
+	// EntryID is the stream entry id.
+	EntryID string
+	// Data is the entry's payload field: the encoded request itself, or a
+	// reference to it (a cache key, an object key) when payloads live elsewhere.
+	Data []byte
+	// Deliveries counts the deliveries of the entry, this one included.
+	Deliveries int
+}
+
+// Fetcher produces the encoded request of an entry. The consumer calls it ahead
+// of the workers, for up to Prefetch entries at once, so fetch latency overlaps
+// handling. Fetch must be safe for concurrent use; it is retried on error (see
+// ConsumerOptions.FetchRetries).
+type Fetcher interface {
+	Fetch(ctx context.Context, e Entry) ([]byte, error)
+}
+
+// FetchCompleter is implemented by Fetchers that want to hear about entries that
+// completed successfully, for instance to delete a cache key.
+type FetchCompleter interface {
+	// Completed is called after the results of entries were recorded.
+	// Errors are logged; they do not affect the entries.
+	Completed(ctx context.Context, entries []Entry) error
+}
+
+// FetcherFunc adapts a function to the Fetcher interface.
+type FetcherFunc func(ctx context.Context, e Entry) ([]byte, error)
+
+// Fetch calls f.
+func (f FetcherFunc) Fetch(ctx context.Context, e Entry) ([]byte, error) { return f(ctx, e) }
+
+// InlineFetcher is the default Fetcher: the entry carries the encoded request.
+// It costs nothing: the consumer recognises it and skips the fetch step.
+type InlineFetcher struct{}
+
+// Fetch returns e.Data.
+func (InlineFetcher) Fetch(_ context.Context, e Entry) ([]byte, error) { return e.Data, nil }
+
+// Source is an object store, such as an S3-compatible bucket.
+type Source interface {
+	// Get returns the object stored under key.
+	Get(ctx context.Context, key string) ([]byte, error)
+}
+
+// ErrCacheMiss is returned by CacheFetcher when the cache key is missing and no
+// Source is configured.
+var ErrCacheMiss = errors.New("streamq: payload not in cache and no source configured")
+
+// CacheFetcher reads each payload from a Redis cache key written by an upstream
+// service and falls back to a Source on a miss. The entry's Data is the
+// reference: by default the cache key and the source key are both string(Data).
+type CacheFetcher struct {
+	// Client reads the cache. Required.
+	Client redis.UniversalClient
+	// CacheKey maps an entry to its cache key. Defaults to string(e.Data).
+	CacheKey func(e Entry) string
+	// SourceKey maps an entry to its key in Source. Defaults to string(e.Data).
+	SourceKey func(e Entry) string
+	// Source is read on a cache miss. Defaults to nil: a miss is an error
+	// (ErrCacheMiss), retried like any fetch error.
+	Source Source
+	// DeleteOnComplete deletes the cache key once the entry's result is recorded.
+	// Defaults to false.
+	DeleteOnComplete bool
+}
+
+// Fetch reads the cache key, then the Source on a miss.
+func (f *CacheFetcher) Fetch(ctx context.Context, e Entry) ([]byte, error) {
+	key := f.cacheKey(e)
+	b, err := f.Client.Get(ctx, key).Bytes()
+	if err == nil {
+		return b, nil
+	}
+	if !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("streamq: read cache key %q: %w", key, err)
+	}
+	if f.Source == nil {
+		return nil, fmt.Errorf("%w: key %q", ErrCacheMiss, key)
+	}
+	skey := string(e.Data)
+	if f.SourceKey != nil {
+		skey = f.SourceKey(e)
+	}
+	b, err = f.Source.Get(ctx, skey)
+	if err != nil {
+		return nil, fmt.Errorf("streamq: read %q from source: %w", skey, err)
+	}
+	return b, nil
+}
+
+// Completed deletes the cache keys of completed entries when DeleteOnComplete is set.
+func (f *CacheFetcher) Completed(ctx context.Context, entries []Entry) error {
+	if !f.DeleteOnComplete || len(entries) == 0 {
+		return nil
+	}
+	// One DEL per key: cache keys need not share a cluster slot.
+	pipe := f.Client.Pipeline()
+	for _, e := range entries {
+		pipe.Del(ctx, f.cacheKey(e))
+	}
+	_, err := pipe.Exec(ctx)
+	return err
+}
+
+func (f *CacheFetcher) cacheKey(e Entry) string {
+	if f.CacheKey != nil {
+		return f.CacheKey(e)
+	}
+	return string(e.Data)
+}
+
+// slot is one message in the prefetch ring.
+//
+// The feeder goroutine creates it; its fetch goroutine writes data and fetchErr
+// and then closes ready; after ready, the worker that took the slot owns it.
+// lost and cancel are shared with the lease loop and guarded by mu.
+type slot struct {
+	entry Entry
+	dead  string // non-empty: dead-letter with this reason instead of handling
+
+	ready    chan struct{}
+	data     []byte
+	fetchErr error
+
+	mu     sync.Mutex
+	lost   bool
+	cancel context.CancelCauseFunc // the running handler's, or nil
+}
+
+// markLost records that another consumer owns the entry now, and cancels its handler.
+func (s *slot) markLost() {
+	s.mu.Lock()
+	s.lost = true
+	cancel := s.cancel
+	s.mu.Unlock()
+	if cancel != nil {
+		cancel(ErrLeaseLost)
+	}
+}
+
+func (s *slot) isLost() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lost
+}
+
+// setCancel installs the handler's cancel function; it reports false when the
+// slot was lost already.
+func (s *slot) setCancel(cancel context.CancelCauseFunc) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cancel = cancel
+	return !s.lost
+}
+
+// ring is the bounded, ordered prefetch ring. The feeder pushes slots in stream
+// order into a buffered channel (the ring's storage) and workers take them in
+// that order. A slot holds its place in the budget from push until its entry is
+// completed, released or retried, so memory is bounded by the depth even when
+// workers finish out of order. Waiting for room uses a signal, never a sleep.
+type ring struct {
+	slots chan *slot
+
+	mu    sync.Mutex
+	free  int
+	freed chan struct{} // capacity 1: "free went up"
+}
+
+func newRing(depth int) *ring {
+	return &ring{slots: make(chan *slot, depth), free: depth, freed: make(chan struct{}, 1)}
+}
+
+// waitFree blocks until at least one place is free and returns how many are.
+func (r *ring) waitFree(ctx context.Context) (int, error) {
+	for {
+		r.mu.Lock()
+		n := r.free
+		r.mu.Unlock()
+		if n > 0 {
+			return n, nil
+		}
+		select {
+		case <-r.freed:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+}
+
+// push appends a slot; the caller checked with waitFree that there is room.
+func (r *ring) push(s *slot) {
+	r.mu.Lock()
+	r.free--
+	r.mu.Unlock()
+	r.slots <- s
+}
+
+// give returns n places to the ring.
+func (r *ring) give(n int) {
+	r.mu.Lock()
+	r.free += n
+	r.mu.Unlock()
+	select {
+	case r.freed <- struct{}{}:
+	default:
+	}
+}
+
+// startFetch fills s.data, calling the fetcher in its own goroutine unless the
+// payload is inline. Failed fetches are retried with back-off; the last error
+// is kept in s.fetchErr and the message takes the failure path. A failure is
+// never remembered beyond this slot, so a redelivery fetches afresh.
+func (r *run[Req, Resp]) startFetch(ctx context.Context, s *slot) {
+	if _, inline := r.c.opts.Fetcher.(InlineFetcher); inline || s.dead != "" {
+		s.data = s.entry.Data
+		close(s.ready)
+		return
+	}
+	r.fetches.Add(1)
+	go func() {
+		defer r.fetches.Done()
+		defer close(s.ready)
+		s.data, s.fetchErr = r.fetch(ctx, s.entry)
+	}()
+}
+
+func (r *run[Req, Resp]) fetch(ctx context.Context, e Entry) ([]byte, error) {
+	o := &r.c.opts
+	delay := o.FetchBackoff
+	attempts := 1 + max(o.FetchRetries, 0)
+	var err error
+	for i := range attempts {
+		var b []byte
+		b, err = o.Fetcher.Fetch(ctx, e)
+		if err == nil {
+			return b, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if i+1 < attempts {
+			r.c.log.Debug("streamq: fetch failed; retrying", "id", e.ID, "entry", e.EntryID, "attempt", i+1, "err", err)
+			if sleepCtx(ctx, jitter(delay)) != nil {
+				return nil, ctx.Err()
+			}
+			delay *= 2
+		}
+	}
+	return nil, fmt.Errorf("streamq: fetch failed after %d attempts: %w", attempts, err)
+}
+
+// sleepCtx waits for d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,69 @@
+package streamq
+
+import (
+	"context"
+	"math/rand/v2"
+	"time"
+
+	"github.com/streamq/streamq/internal/scripts"
+)
+
+// trimLoop trims the stream and prunes idle consumers every TrimInterval ±20%.
+// Every consumer runs it; it needs no leader, because each step is one atomic
+// script whose result is safe whoever runs it and however often.
+func (r *run[Req, Resp]) trimLoop() {
+	defer r.loops.Done()
+	o := &r.c.opts
+	for {
+		d := o.TrimInterval*4/5 + rand.N(o.TrimInterval*2/5+1)
+		t := time.NewTimer(d)
+		select {
+		case <-r.stopLoops:
+			t.Stop()
+			return
+		case <-r.runCtx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		if _, err := trimStream(r.runCtx, r.c); err != nil && r.runCtx.Err() == nil {
+			r.c.log.Warn("streamq: trimming the stream failed; will retry", "err", err)
+		}
+		deleted, err := pruneConsumers(r.runCtx, r.c)
+		if err != nil && r.runCtx.Err() == nil {
+			r.c.log.Warn("streamq: pruning idle consumers failed; will retry", "err", err)
+		} else if len(deleted) > 0 {
+			r.c.log.Info("streamq: pruned idle consumers with no pending entries", "consumers", deleted)
+		}
+	}
+}
+
+// trimStream removes the entries every group is done with (MINID ~ the safe
+// point) and returns how many were removed.
+func trimStream[Req, Resp any](ctx context.Context, c *Consumer[Req, Resp]) (int64, error) {
+	res, err := scripts.Trim.Run(ctx, c.client, []string{c.keys.Stream}).Slice()
+	if err != nil || len(res) == 0 {
+		return 0, err
+	}
+	n, _ := res[0].(int64)
+	return n, nil
+}
+
+// pruneConsumers deletes consumers of the group, other than c, that hold no
+// pending entries and have been idle for ConsumerIdleTimeout.
+func pruneConsumers[Req, Resp any](ctx context.Context, c *Consumer[Req, Resp]) ([]string, error) {
+	return scripts.Prune.Run(ctx, c.client, []string{c.keys.Stream},
+		c.opts.Group, c.opts.ConsumerIdleTimeout.Milliseconds(), c.opts.Name).StringSlice()
+}
+
+// Trim removes the stream entries that every consumer group has acknowledged,
+// as the consumer's periodic trim does, and returns how many were removed.
+// It never removes an entry a group has not acknowledged.
+func (c *Consumer[Req, Resp]) Trim(ctx context.Context) (int64, error) { return trimStream(ctx, c) }
+
+// PruneConsumers deletes consumers of the group, other than c, that hold no
+// pending entries and have been idle for ConsumerIdleTimeout, as the periodic
+// maintenance does, and returns their names.
+func (c *Consumer[Req, Resp]) PruneConsumers(ctx context.Context) ([]string, error) {
+	return pruneConsumers(ctx, c)
+}
