@@ -474,7 +474,7 @@ func waitReady(ctx context.Context, addr string, pid int, exited <-chan struct{}
 			return errors.New("redis-server exited during start")
 		default:
 		}
-		lastErr = probe(addr, pid)
+		lastErr = probe(ctx, addr, pid, exited)
 		if lastErr == nil {
 			return nil
 		}
@@ -490,13 +490,25 @@ func waitReady(ctx context.Context, addr string, pid int, exited <-chan struct{}
 }
 
 // probe checks that the server on addr answers PING and is the process pid,
-// not another server that happens to hold the port.
-func probe(addr string, pid int) error {
-	conn, err := net.DialTimeout("tcp", addr, time.Second)
+// not another server or listener that happens to hold the port. It gives up
+// as soon as the process exits or ctx ends.
+func probe(ctx context.Context, addr string, pid int, exited <-chan struct{}) error {
+	conn, err := (&net.Dialer{Timeout: time.Second}).DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
+	probed := make(chan struct{})
+	defer close(probed)
+	go func() {
+		select {
+		case <-exited:
+		case <-ctx.Done():
+		case <-probed:
+			return
+		}
+		conn.Close() // unblocks the read below
+	}()
 	_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
 	if _, err := io.WriteString(conn, "PING\r\nINFO server\r\n"); err != nil {
 		return err

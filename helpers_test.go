@@ -1,0 +1,129 @@
+package streamq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/streamq/streamq/internal/redistest"
+)
+
+// shared is one real redis-server for the package's tests; each test uses its
+// own queue names, so tests run in parallel against it.
+var shared struct {
+	once sync.Once
+	proc *redistest.Process
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if shared.proc != nil {
+		_ = shared.proc.Stop()
+	}
+	if code == 0 {
+		if err := goleak.Find(goleak.IgnoreCurrent()); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// realRedis returns a client of the shared real redis-server. Without
+// redis-server the test is skipped, except under CI where it fails.
+func realRedis(t testing.TB) *redis.Client {
+	t.Helper()
+	shared.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		shared.proc, shared.err = redistest.StartProcess(ctx)
+	})
+	if shared.err != nil {
+		if errors.Is(shared.err, exec.ErrNotFound) && os.Getenv("CI") == "" {
+			t.Skipf("real Redis tests need redis-server (apt-get install redis-server, or make test): %v", shared.err)
+		}
+		t.Fatalf("cannot start redis-server: %v", shared.err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: shared.proc.Addr(), PoolSize: 64})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// miniRedis returns a client of a fresh in-process miniredis.
+func miniRedis(t testing.TB) (*redis.Client, *miniredis.Miniredis) {
+	t.Helper()
+	m := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	return c, m
+}
+
+// backends runs fn against miniredis and against a real redis-server.
+func backends(t *testing.T, fn func(t *testing.T, client *redis.Client)) {
+	t.Run("miniredis", func(t *testing.T) {
+		t.Parallel()
+		c, _ := miniRedis(t)
+		fn(t, c)
+	})
+	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
+		fn(t, realRedis(t))
+	})
+}
+
+var queueSeq atomic.Int64
+
+// queueName returns a queue name unique to this test run.
+func queueName(t testing.TB) string {
+	return fmt.Sprintf("t%d-%d", time.Now().UnixNano()%1e9, queueSeq.Add(1))
+}
+
+// runConsumer runs c until the test ends and checks that Run returned.
+func runConsumer[Req, Resp any](t testing.TB, c *Consumer[Req, Resp]) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(30 * time.Second):
+				t.Errorf("consumer did not stop within 30s")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// eventually waits for cond, polling; it is for states held in Redis, which
+// offer no signal to wait on.
+func eventually(t testing.TB, timeout time.Duration, cond func() bool, msg string, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v: "+msg, append([]any{timeout}, args...)...)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// testLogger returns a logger that writes to the test log under -v.
+func testLogger(t testing.TB) *slogLogger { return newTestLogger(t) }
