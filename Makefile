@@ -43,5 +43,5 @@ bench: redis-server
 	$(GO) run ./cmd/streamq-bench -scenario all
 
 ## quickstart: run the quickstart example.
-quickstart: redis-server
+quickstart:
 	$(GO) run ./examples/quickstart

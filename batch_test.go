@@ -1,0 +1,278 @@
+package streamq
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+)
+
+// countingHook counts the commands sent, and EVALSHA/EVAL calls separately.
+type countingHook struct{ cmds, scripts atomic.Int64 }
+
+func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.count(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			h.count(c)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (h *countingHook) count(cmd redis.Cmder) {
+	h.cmds.Add(1)
+	if name := strings.ToLower(cmd.Name()); name == "evalsha" || name == "eval" {
+		h.scripts.Add(1)
+	}
+}
+
+func TestConcurrentProduceCallsShareRoundTrips(t *testing.T) {
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	pc := redis.NewClient(client.Options())
+	defer pc.Close()
+	hook := &countingHook{}
+	pc.AddHook(hook)
+	p, err := NewProducer[int, int](pc, q, &ProducerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+
+	const callers = 1000
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, callers)
+	for i := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			if err := p.Enqueue(ctx, fmt.Sprintf("job-%d", i), i); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.EqualValues(t, callers, client.XLen(ctx, "streamq:{"+q+"}:stream").Val())
+	trips := hook.scripts.Load()
+	t.Logf("%d concurrent Enqueue calls took %d script round trips (%.1f calls per trip)",
+		callers, trips, float64(callers)/float64(trips))
+	require.Less(t, trips, int64(callers/4), "coalescing should share round trips")
+}
+
+func TestProduceBatch(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		stream := "streamq:{" + q + "}:stream"
+		p, err := NewProducer[string, string](client, q, &ProducerOptions{
+			MaxBatchItems: 10, MaxPayloadBytes: 64, MaxBatchBytes: 256, Logger: testLogger(t)})
+		require.NoError(t, err)
+		defer p.Close()
+
+		t.Run("one oversized item writes nothing", func(t *testing.T) {
+			_, err := p.ProduceBatch(ctx, []Job[string]{{"a", "x"}, {"b", strings.Repeat("y", 100)}})
+			require.ErrorIs(t, err, ErrPayloadTooLarge)
+			require.Contains(t, err.Error(), "job 1")
+			require.Zero(t, client.XLen(ctx, stream).Val())
+		})
+		t.Run("too many items or bytes", func(t *testing.T) {
+			jobs := make([]Job[string], 11)
+			for i := range jobs {
+				jobs[i] = Job[string]{fmt.Sprint(i), "x"}
+			}
+			_, err := p.ProduceBatch(ctx, jobs)
+			require.ErrorIs(t, err, ErrBatchTooLarge)
+			jobs = jobs[:8]
+			for i := range jobs {
+				jobs[i].Request = strings.Repeat("z", 60)
+			}
+			_, err = p.ProduceBatch(ctx, jobs)
+			require.ErrorIs(t, err, ErrBatchTooLarge)
+			require.Zero(t, client.XLen(ctx, stream).Val())
+		})
+		t.Run("invalid id writes nothing", func(t *testing.T) {
+			_, err := p.ProduceBatch(ctx, []Job[string]{{"a", "x"}, {"", "y"}})
+			require.ErrorIs(t, err, ErrInvalidID)
+			require.Zero(t, client.XLen(ctx, stream).Val())
+		})
+		t.Run("a wrong key type fails the whole batch before any write", func(t *testing.T) {
+			require.NoError(t, client.LPush(ctx, "streamq:{"+q+"}:id:bad", "x").Err())
+			_, err := p.ProduceBatch(ctx, []Job[string]{{"w1", "x"}, {"bad", "y"}})
+			require.ErrorIs(t, err, ErrWrongType)
+			require.Zero(t, client.XLen(ctx, stream).Val())
+			require.Zero(t, client.Exists(ctx, "streamq:{"+q+"}:id:w1").Val())
+		})
+		t.Run("duplicates share one entry, retries give the same entries", func(t *testing.T) {
+			jobs := []Job[string]{{"d1", "a"}, {"d2", "b"}, {"d1", "c"}, {"d3", "d"}}
+			prs, err := p.ProduceBatch(ctx, jobs)
+			require.NoError(t, err)
+			require.Len(t, prs, 4)
+			require.Equal(t, prs[0].EntryID(), prs[2].EntryID())
+			require.EqualValues(t, 3, client.XLen(ctx, stream).Val())
+			for i, pr := range prs {
+				require.Equal(t, jobs[i].ID, pr.ID())
+			}
+			// Entries are in input order.
+			require.Less(t, prs[0].EntryID(), prs[1].EntryID())
+			require.Less(t, prs[1].EntryID(), prs[3].EntryID())
+
+			again, err := p.ProduceBatch(ctx, jobs)
+			require.NoError(t, err)
+			for i := range jobs {
+				require.Equal(t, prs[i].EntryID(), again[i].EntryID())
+			}
+			require.EqualValues(t, 3, client.XLen(ctx, stream).Val())
+		})
+	})
+}
+
+func TestProduceBatchResultsInOrder(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		p, err := NewProducer[int, int](client, q, &ProducerOptions{Logger: testLogger(t)})
+		require.NoError(t, err)
+		defer p.Close()
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[int]) (int, error) {
+			return m.Payload * m.Payload, nil
+		}, &ConsumerOptions{Workers: 4, ReadBlock: 100 * time.Millisecond, Logger: testLogger(t)})
+		require.NoError(t, err)
+		runConsumer(t, c)
+		jobs := make([]Job[int], 100)
+		for i := range jobs {
+			jobs[i] = Job[int]{fmt.Sprintf("sq-%d", i), i}
+		}
+		prs, err := p.ProduceBatch(ctx, jobs)
+		require.NoError(t, err)
+		for i, pr := range prs {
+			got, err := pr.Wait(ctx)
+			require.NoError(t, err)
+			require.Equal(t, i*i, got)
+		}
+	})
+}
+
+// TestBatchRetriedAfterLostReply cuts the connection after the request was
+// sent, so the reply is lost; the retry must yield the same entries.
+func TestBatchRetriedAfterLostReply(t *testing.T) {
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	stream := "streamq:{" + q + "}:stream"
+	var cut atomic.Bool
+	lossy := redis.NewClient(&redis.Options{
+		Addr:       client.Options().Addr,
+		MaxRetries: -1,
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := net.Dial(network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return &replyDropConn{Conn: c, drop: &cut}, nil
+		},
+	})
+	defer lossy.Close()
+	p, err := NewProducer[string, string](lossy, q, &ProducerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	jobs := []Job[string]{{"r1", "a"}, {"r2", "b"}, {"r3", "c"}}
+	// Subscribe and load the script first, so the cut hits the batch itself.
+	_, err = p.ProduceBatch(ctx, []Job[string]{{"warm-up", "w"}})
+	require.NoError(t, err)
+	require.NoError(t, client.Del(ctx, stream).Err())
+
+	cut.Store(true)
+	_, err = p.ProduceBatch(ctx, jobs)
+	require.Error(t, err, "the reply was dropped, so the outcome is unknown")
+	cut.Store(false)
+	require.EqualValues(t, 3, client.XLen(ctx, stream).Val(), "the batch reached Redis")
+	before, err := client.XRange(ctx, stream, "-", "+").Result()
+	require.NoError(t, err)
+
+	prs, err := p.ProduceBatch(ctx, jobs)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, client.XLen(ctx, stream).Val(), "the retry appended nothing")
+	for i, pr := range prs {
+		require.Equal(t, before[i].ID, pr.EntryID())
+	}
+}
+
+// replyDropConn closes the connection instead of reading a reply while drop is set.
+type replyDropConn struct {
+	net.Conn
+	drop *atomic.Bool
+}
+
+func (c *replyDropConn) Read(b []byte) (int, error) {
+	if c.drop.Load() {
+		// Give the server time to execute the request already written, then cut.
+		time.Sleep(50 * time.Millisecond)
+		_ = c.Conn.Close()
+		return 0, net.ErrClosed
+	}
+	return c.Conn.Read(b)
+}
+
+func TestProducerClose(t *testing.T) {
+	client, _ := miniRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	p, err := NewProducer[string, string](client, q, &ProducerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	pr, err := p.Produce(ctx, "pending", "x")
+	require.NoError(t, err)
+	require.NoError(t, p.Close())
+	require.NoError(t, p.Close(), "Close is idempotent")
+	_, err = pr.Wait(ctx)
+	require.ErrorIs(t, err, ErrClosed)
+	_, err = p.Produce(ctx, "later", "x")
+	require.ErrorIs(t, err, ErrClosed)
+	require.ErrorIs(t, p.Enqueue(ctx, "later", "x"), ErrClosed)
+	_, err = p.ProduceBatch(ctx, []Job[string]{{"later", "x"}})
+	require.ErrorIs(t, err, ErrClosed)
+}
+
+func TestProducerCloseFlushesAccepted(t *testing.T) {
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	p, err := NewProducer[int, int](client, q, &ProducerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	var ok atomic.Int64
+	for i := range 500 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if p.Enqueue(ctx, fmt.Sprint(i), i) == nil {
+				ok.Add(1)
+			}
+		}()
+	}
+	// Close while calls are in flight: every call that returned nil is in Redis.
+	require.NoError(t, p.Close())
+	wg.Wait()
+	require.Equal(t, ok.Load(), client.XLen(ctx, "streamq:{"+q+"}:stream").Val())
+}
