@@ -3,6 +3,7 @@ package streamq
 import (
 	"context"
 	"errors"
+	"strings"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -59,7 +60,11 @@ func TestConcurrentProducersSameIDsRunOnce(t *testing.T) {
 	backends(t, func(t *testing.T, client *redis.Client) {
 		ctx := context.Background()
 		q := queueName(t)
-		const shared, unique, producers = 500, 500, 4
+		// The issue's figures on real Redis; fewer on miniredis, which is slower.
+		shared, unique, producers := 2000, 2000, 4
+		if strings.Contains(t.Name(), "miniredis") {
+			shared, unique = 300, 300
+		}
 		var mu sync.Mutex
 		runs := map[string]int{}
 		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
@@ -165,5 +170,211 @@ func TestHandlerErrorAndPanicReachWaiters(t *testing.T) {
 		got, err := pr.Wait(ctx)
 		require.NoError(t, err)
 		require.Equal(t, "ok", got)
+	})
+}
+
+func TestRestartedProducerGetsResultsOfInflightIDs(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		ids := make([]string, 200)
+		for i := range ids {
+			ids[i] = fmt.Sprintf("inflight-%d", i)
+		}
+		first, err := NewProducer[string, string](client, q, &ProducerOptions{Logger: testLogger(t)})
+		require.NoError(t, err)
+		var old []*Promise[string]
+		for _, id := range ids {
+			pr, err := first.Produce(ctx, id, id)
+			require.NoError(t, err)
+			old = append(old, pr)
+		}
+		require.NoError(t, first.Close()) // no consumer yet: everything is in flight
+		for _, pr := range old {
+			_, err := pr.Wait(ctx)
+			require.ErrorIs(t, err, ErrClosed)
+		}
+
+		second, err := NewProducer[string, string](client, q, &ProducerOptions{Logger: testLogger(t)})
+		require.NoError(t, err)
+		defer second.Close()
+		var again []*Promise[string]
+		for _, id := range ids {
+			pr, err := second.Produce(ctx, id, "ignored: the id is in flight")
+			require.NoError(t, err)
+			again = append(again, pr)
+		}
+		var runs atomic.Int64
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+			runs.Add(1)
+			return "done:" + m.Payload, nil
+		}, &ConsumerOptions{Workers: 4, ReadBlock: 100 * time.Millisecond, Logger: testLogger(t)})
+		require.NoError(t, err)
+		runConsumer(t, c)
+		for i, pr := range again {
+			wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			got, err := pr.Wait(wctx)
+			cancel()
+			require.NoError(t, err)
+			require.Equal(t, "done:"+ids[i], got)
+		}
+		require.EqualValues(t, len(ids), runs.Load())
+	})
+}
+
+func TestBackstopRecoversLostNotice(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		p, err := NewProducer[string, string](client, q, &ProducerOptions{
+			BackstopInterval: 20 * time.Millisecond, Logger: testLogger(t)})
+		require.NoError(t, err)
+		defer p.Close()
+		pr, err := p.Produce(ctx, "quiet", "x")
+		require.NoError(t, err)
+		// A result recorded without a notice, as when the notice was lost.
+		require.NoError(t, client.Set(ctx, "streamq:{"+q+"}:id:quiet", `R"from the record"`, time.Minute).Err())
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		got, err := pr.Wait(wctx)
+		require.NoError(t, err)
+		require.Equal(t, "from the record", got)
+
+		// A record that vanished resolves the promise with ErrRecordLost.
+		pr, err = p.Produce(ctx, "vanishing", "x")
+		require.NoError(t, err)
+		require.NoError(t, client.Del(ctx, "streamq:{"+q+"}:id:vanishing").Err())
+		_, err = pr.Wait(wctx)
+		require.ErrorIs(t, err, ErrRecordLost)
+	})
+}
+
+func TestResultsArriveAfterSubscriptionIsCut(t *testing.T) {
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	pc := redis.NewClient(client.Options())
+	defer pc.Close()
+	require.NoError(t, pc.Do(ctx, "CLIENT", "SETNAME", "victim").Err())
+	p, err := NewProducer[string, string](pc, q, &ProducerOptions{
+		BackstopInterval: time.Hour, Logger: testLogger(t)}) // only a resubscription can trigger the check
+	require.NoError(t, err)
+	defer p.Close()
+	pr, err := p.Produce(ctx, "cut", "x")
+	require.NoError(t, err)
+	// Cut every pub/sub connection, then complete the request at once.
+	require.NoError(t, client.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err())
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		return "ok", nil
+	}, &ConsumerOptions{ReadBlock: 100 * time.Millisecond, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, c)
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	got, err := pr.Wait(wctx)
+	require.NoError(t, err)
+	require.Equal(t, "ok", got)
+}
+
+func TestBadInputIsRejectedBeforeWriting(t *testing.T) {
+	client, m := miniRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	p, err := NewProducer[string, string](client, q, &ProducerOptions{MaxPayloadBytes: 10, MaxBatchBytes: 10, Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	_, err = p.Produce(ctx, "", "x")
+	require.ErrorIs(t, err, ErrInvalidID)
+	_, err = p.Produce(ctx, strings.Repeat("i", MaxIDLen+1), "x")
+	require.ErrorIs(t, err, ErrInvalidID)
+	_, err = p.Produce(ctx, "big", strings.Repeat("x", 20))
+	require.ErrorIs(t, err, ErrPayloadTooLarge)
+	require.Empty(t, m.Keys(), "nothing was written")
+
+	// A record key of the wrong type is reported, not overwritten.
+	require.NoError(t, client.HSet(ctx, "streamq:{"+q+"}:id:h", "f", "v").Err())
+	_, err = p.Produce(ctx, "h", "x")
+	require.ErrorIs(t, err, ErrWrongType)
+	require.ErrorIs(t, p.Enqueue(ctx, "h", "x"), ErrWrongType)
+
+	// A cancelled context returns at once.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = p.Produce(cctx, "c", "x")
+	require.ErrorIs(t, err, context.Canceled)
+}
+
+func TestOptionsAreValidated(t *testing.T) {
+	client, _ := miniRedis(t)
+	h := func(context.Context, *Message[string]) (string, error) { return "", nil }
+	for name, o := range map[string]*ConsumerOptions{
+		"Workers":       {Workers: -1},
+		"Prefetch":      {Workers: 8, Prefetch: 4},
+		"MinIdle":       {MinIdle: time.Microsecond},
+		"MaxDeliveries": {MaxDeliveries: -2},
+	} {
+		_, err := NewConsumer(client, "q", h, o)
+		require.ErrorIs(t, err, ErrInvalidOptions, name)
+		require.Contains(t, err.Error(), name)
+	}
+	_, err := NewConsumer(client, "bad{name}", h, nil)
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	_, err = NewConsumer[string, string](client, "q", nil, nil)
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	_, err = NewProducer[string, string](client, "", nil)
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	_, err = NewProducer[string, string](client, "q", &ProducerOptions{MaxPayloadBytes: 100, MaxBatchBytes: 10})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	require.Contains(t, err.Error(), "MaxBatchBytes")
+	_, err = NewProducer[string, string](nil, "q", nil)
+	require.ErrorIs(t, err, ErrInvalidOptions)
+}
+
+func TestRawBytesSkipTheCodec(t *testing.T) {
+	client, _ := miniRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	p, err := NewProducer[[]byte, []byte](client, q, &ProducerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[[]byte]) ([]byte, error) {
+		return append([]byte("echo:"), m.Payload...), nil
+	}, &ConsumerOptions{ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, c)
+	pr, err := p.Produce(ctx, "raw", []byte{0, 1, 2, 0xff})
+	require.NoError(t, err)
+	got, err := pr.Wait(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []byte("echo:\x00\x01\x02\xff"), got)
+	require.Equal(t, "R"+"echo:\x00\x01\x02\xff", client.Get(ctx, "streamq:{"+q+"}:id:raw").Val(),
+		"the record holds the bytes as they are")
+}
+
+func TestDiscardResultsKeepsDedupOnly(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		p, err := NewProducer[string, string](client, q, &ProducerOptions{Logger: testLogger(t)})
+		require.NoError(t, err)
+		defer p.Close()
+		var runs atomic.Int64
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+			runs.Add(1)
+			return "fresh", nil
+		}, &ConsumerOptions{DiscardResults: true, ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+		require.NoError(t, err)
+		runConsumer(t, c)
+		pr, err := p.Produce(ctx, "ff", "x")
+		require.NoError(t, err)
+		got, err := pr.Wait(ctx)
+		require.NoError(t, err, "a caller waiting at completion still gets the result")
+		require.Equal(t, "fresh", got)
+		require.Equal(t, "N", client.Get(ctx, "streamq:{"+q+"}:id:ff").Val())
+		pr, err = p.Produce(ctx, "ff", "x")
+		require.NoError(t, err)
+		_, err = pr.Wait(ctx)
+		require.ErrorIs(t, err, ErrNoResult)
+		require.EqualValues(t, 1, runs.Load())
 	})
 }
