@@ -63,6 +63,11 @@ func run() error {
 	defer cleanup()
 	queue := fmt.Sprintf("quickstart-%d", time.Now().UnixNano())
 	fmt.Printf("Redis: %s, queue %q\n", where, queue)
+	defer func() {
+		if err := deleteQueue(context.Background(), client, queue); err != nil {
+			fmt.Fprintln(os.Stderr, "quickstart: cleaning up:", err)
+		}
+	}()
 
 	// Library logs at warning level and above go to stderr; the dead-lettered
 	// order would log one, which is expected here, so keep errors only.
@@ -184,9 +189,6 @@ func run() error {
 	if distinct != len(orders) || ok.Load()+failed.Load() != submitted.Load() {
 		return fmt.Errorf("expected %d ids handled and every caller answered", len(orders))
 	}
-	if err := deleteQueue(ctx, client, admin); err != nil {
-		return err
-	}
 	return nil
 }
 
@@ -214,23 +216,16 @@ func connect() (client *redis.Client, where string, cleanup func(), err error) {
 	return client, "embedded miniredis at " + srv.Addr(), func() { _ = client.Close(); srv.Close() }, nil
 }
 
-// deleteQueue removes the run's keys, so a shared server is left as it was.
-func deleteQueue(ctx context.Context, client *redis.Client, admin *streamq.Admin) error {
-	stream, dead, _, recordPattern := admin.Keys()
-	keys := []string{stream, dead}
-	iter := client.Scan(ctx, 0, recordPattern, 500).Iterator()
+// deleteQueue removes the keys of a run's queue, so a shared server is left
+// as it was. The queue name is unique to the run, so every key that contains
+// it is the run's own.
+func deleteQueue(ctx context.Context, client *redis.Client, queue string) error {
+	iter := client.Scan(ctx, 0, "*"+queue+"*", 500).Iterator()
 	for iter.Next(ctx) {
-		keys = append(keys, iter.Val())
-	}
-	if err := iter.Err(); err != nil {
-		return err
-	}
-	// One DEL per key: the record keys of a queue share a hash slot with its
-	// stream, but a plain loop keeps this example independent of that.
-	for _, k := range keys {
-		if err := client.Del(ctx, k).Err(); err != nil {
+		// One DEL per key: under Redis Cluster a multi-key DEL must stay in one slot.
+		if err := client.Del(ctx, iter.Val()).Err(); err != nil {
 			return err
 		}
 	}
-	return nil
+	return iter.Err()
 }
