@@ -1,0 +1,382 @@
+package streamq
+
+// Recovery tests: lease renewal, retries and their delays, dead letters and
+// requeue, entries deleted while pending, graceful shutdown with a full ring,
+// undecodable entries and lost leases. Everything that depends on idle times
+// runs against a real redis-server; miniredis only where it is faithful.
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamq/streamq/internal/scripts"
+)
+
+// scriptCalls counts the successful runs of each Lua script through a client,
+// and keeps their arguments.
+type scriptCalls struct {
+	mu   sync.Mutex
+	runs map[string][][]any // script sha -> args of each successful run
+}
+
+func newScriptCalls(c *redis.Client) *scriptCalls {
+	h := &scriptCalls{runs: map[string][][]any{}}
+	c.AddHook(h)
+	return h
+}
+
+func (h *scriptCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *scriptCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		args := cmd.Args()
+		if err != nil || len(args) < 2 {
+			return err
+		}
+		name, _ := args[0].(string)
+		body, _ := args[1].(string)
+		var sha string
+		switch strings.ToLower(name) {
+		case "evalsha":
+			sha = body
+		case "eval":
+			sum := sha1.Sum([]byte(body))
+			sha = hex.EncodeToString(sum[:])
+		default:
+			return err
+		}
+		h.mu.Lock()
+		h.runs[sha] = append(h.runs[sha], args)
+		h.mu.Unlock()
+		return err
+	}
+}
+
+func (h *scriptCalls) count(s *redis.Script) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.runs[s.Hash()])
+}
+
+// runsWith counts the runs of s that had arg among their arguments.
+func (h *scriptCalls) runsWith(s *redis.Script, arg string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, args := range h.runs[s.Hash()] {
+		for _, a := range args {
+			if a == arg {
+				n++
+				break
+			}
+		}
+	}
+	return n
+}
+
+// ownClient returns a new client of the same server as c, closed at the end of the test.
+func ownClient(t *testing.T, c *redis.Client) *redis.Client {
+	oc := redis.NewClient(c.Options())
+	t.Cleanup(func() { _ = oc.Close() })
+	return oc
+}
+
+// fastOpts are consumer options with short recovery timings.
+func fastOpts(t *testing.T, name string, minIdle time.Duration) *ConsumerOptions {
+	return &ConsumerOptions{
+		Name: name, MinIdle: minIdle, ClaimInterval: 100 * time.Millisecond,
+		ReadBlock: 100 * time.Millisecond, RetryBackoff: 50 * time.Millisecond,
+		TrimInterval: -1, Logger: testLogger(t),
+	}
+}
+
+func waitCtx(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func newStringProducer(t *testing.T, client *redis.Client, q string) *Producer[string, string] {
+	p, err := NewProducer[string, string](client, q, &ProducerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+func TestRecoveryLongHandlerKeepsItsLease(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	q := queueName(t)
+	const minIdle = time.Second
+	p := newStringProducer(t, client, q)
+
+	var runsA, runsB atomic.Int64
+	started := make(chan struct{})
+	var ctxErr error
+	a, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		runsA.Add(1)
+		close(started)
+		select {
+		case <-time.After(3 * minIdle): // the work itself: three times MinIdle
+		case <-ctx.Done():
+		}
+		ctxErr = context.Cause(ctx)
+		return "A:" + m.Payload, nil
+	}, fastOpts(t, "A", minIdle))
+	require.NoError(t, err)
+	runConsumer(t, a)
+	b, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		runsB.Add(1)
+		return "B:" + m.Payload, nil
+	}, fastOpts(t, "B", minIdle))
+	require.NoError(t, err)
+
+	pr, err := p.Produce(context.Background(), "long", "x")
+	require.NoError(t, err)
+	<-started
+	runConsumer(t, b) // B claims every 100ms while A's handler runs for 3s
+	begin := time.Now()
+	got, err := pr.Wait(waitCtx(t, 30*time.Second))
+	require.NoError(t, err)
+	t.Logf("handler ran %v with MinIdle %v while another consumer ran claim passes", time.Since(begin).Round(time.Millisecond), minIdle)
+	require.Equal(t, "A:x", got)
+	require.NoError(t, ctxErr, "the long handler's context was cancelled")
+	require.EqualValues(t, 1, runsA.Load())
+	require.Zero(t, runsB.Load(), "the second consumer stole the entry")
+	requireDrained(t, client, q)
+}
+
+func TestRecoveryRetriesCountDeliveries(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	q := queueName(t)
+	p := newStringProducer(t, client, q)
+	var mu sync.Mutex
+	var seen []int
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		mu.Lock()
+		seen = append(seen, m.Deliveries)
+		mu.Unlock()
+		if m.Deliveries < 3 {
+			return "", fmt.Errorf("transient failure %d", m.Deliveries)
+		}
+		return "ok:" + m.Payload, nil
+	}, fastOpts(t, "retrier", 2*time.Second))
+	require.NoError(t, err)
+	runConsumer(t, c)
+
+	pr, err := p.Produce(context.Background(), "flaky", "x")
+	require.NoError(t, err)
+	got, err := pr.Wait(waitCtx(t, 30*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, "ok:x", got)
+	mu.Lock()
+	require.Equal(t, []int{1, 2, 3}, seen, "delivery counts seen by the handler")
+	mu.Unlock()
+	admin, err := NewAdmin(client, q)
+	require.NoError(t, err)
+	dls, err := admin.DeadLetters(context.Background(), "", 10)
+	require.NoError(t, err)
+	require.Empty(t, dls)
+	requireDrained(t, client, q)
+}
+
+func TestRecoveryRetryAfterSetsTheDelay(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	q := queueName(t)
+	p := newStringProducer(t, client, q)
+	const minIdle, retryAfter = 5 * time.Second, 400 * time.Millisecond
+	var mu sync.Mutex
+	var failedAt, retriedAt time.Time
+	opts := fastOpts(t, "retrier", minIdle)
+	// Without RetryAfter the second delivery would wait the back-off: at least
+	// RetryBackoff/2 after jitter.
+	opts.RetryBackoff = minIdle
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if m.Deliveries == 1 {
+			failedAt = time.Now()
+			return "", RetryAfter(errors.New("rate limited"), retryAfter)
+		}
+		retriedAt = time.Now()
+		return fmt.Sprintf("ok after %d", m.Deliveries), nil
+	}, opts)
+	require.NoError(t, err)
+	runConsumer(t, c)
+
+	pr, err := p.Produce(context.Background(), "limited", "x")
+	require.NoError(t, err)
+	got, err := pr.Wait(waitCtx(t, 30*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, "ok after 2", got)
+	mu.Lock()
+	gap := retriedAt.Sub(failedAt)
+	mu.Unlock()
+	t.Logf("RetryAfter %v: second delivery %v after the failure (back-off would be >= %v)", retryAfter, gap.Round(time.Millisecond), opts.RetryBackoff/2)
+	// Redis keeps idle times in whole milliseconds.
+	require.GreaterOrEqual(t, gap, retryAfter-2*time.Millisecond)
+	require.Less(t, gap, opts.RetryBackoff/2)
+	requireDrained(t, client, q)
+}
+
+func TestRecoveryPermanentErrorDeadLettersAtOnce(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		p := newStringProducer(t, client, q)
+		var runs atomic.Int64
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+			runs.Add(1)
+			return "", Permanent(errors.New("bad input: " + m.Payload))
+		}, fastOpts(t, "strict", 2*time.Second))
+		require.NoError(t, err)
+		runConsumer(t, c)
+
+		pr, err := p.Produce(ctx, "doomed", "x")
+		require.NoError(t, err)
+		_, err = pr.Wait(waitCtx(t, 30*time.Second))
+		require.ErrorIs(t, err, ErrDeadLettered)
+		require.ErrorContains(t, err, "bad input: x")
+		require.EqualValues(t, 1, runs.Load())
+		admin, err := NewAdmin(client, q)
+		require.NoError(t, err)
+		dls, err := admin.DeadLetters(ctx, "", 10)
+		require.NoError(t, err)
+		require.Len(t, dls, 1)
+		require.Equal(t, "doomed", dls[0].ID)
+		require.Equal(t, 1, dls[0].Deliveries)
+		require.Equal(t, "bad input: x", dls[0].Error)
+		require.Equal(t, "strict", dls[0].Consumer)
+		requireDrained(t, client, q)
+	})
+}
+
+// TestRecoveryEntryDeletedWhilePending deletes some entries (XDEL) while a
+// consumer that has died holds them, then lets another consumer (claim pass)
+// or the same name (own-PEL resume) recover the rest.
+func TestRecoveryEntryDeletedWhilePending(t *testing.T) {
+	for _, sameName := range []bool{false, true} {
+		mode := "claimed by another consumer"
+		if sameName {
+			mode = "resumed by the same name"
+		}
+		t.Run(mode, func(t *testing.T) {
+			backendsWithServer(t, func(t *testing.T, client *redis.Client, m *miniredis.Miniredis) {
+				testDeletedWhilePending(t, client, m, sameName)
+			})
+		})
+	}
+}
+
+// pelOf returns the size of the default group's PEL.
+func pelOf(t *testing.T, client *redis.Client, q string) int64 {
+	t.Helper()
+	sum, err := client.XPending(context.Background(), streamKey(q), DefaultGroup).Result()
+	require.NoError(t, err)
+	return sum.Count
+}
+
+// backendsWithServer is backends that also hands over the miniredis server
+// (nil for real Redis), for tests that move its clock.
+func backendsWithServer(t *testing.T, fn func(t *testing.T, client *redis.Client, m *miniredis.Miniredis)) {
+	t.Run("miniredis", func(t *testing.T) {
+		t.Parallel()
+		c, m := miniRedis(t)
+		fn(t, c, m)
+	})
+	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
+		fn(t, realRedis(t), nil)
+	})
+}
+
+func testDeletedWhilePending(t *testing.T, client *redis.Client, m *miniredis.Miniredis, sameName bool) {
+	ctx := context.Background()
+	q := queueName(t)
+	const n, minIdle = 60, 300 * time.Millisecond
+	p := newStringProducer(t, client, q)
+	require.NoError(t, client.XGroupCreateMkStream(ctx, streamKey(q), DefaultGroup, "0").Err())
+	ids := seqIDs("job", n)
+	prs := produceAll(t, p, ids)
+
+	// A consumer reads everything, then dies (it never acknowledges).
+	res, err := client.XReadGroup(ctx, &redis.XReadGroupArgs{
+		Group: DefaultGroup, Consumer: "dead", Streams: []string{streamKey(q), ">"}, Count: n, Block: -1,
+	}).Result()
+	require.NoError(t, err)
+	require.Len(t, res[0].Messages, n)
+	// Every third entry is deleted while pending.
+	var live []string
+	var livePrs []*Promise[string]
+	deleted := map[string]bool{}
+	for i, msg := range res[0].Messages {
+		if i%3 == 0 {
+			require.EqualValues(t, 1, client.XDel(ctx, streamKey(q), msg.ID).Val())
+			deleted[ids[i]] = true
+		} else {
+			live = append(live, ids[i])
+			livePrs = append(livePrs, prs[i])
+		}
+	}
+	if m == nil {
+		require.EqualValues(t, n, pelOf(t, client, q), "real Redis: XDEL leaves the PEL alone")
+	} else {
+		// miniredis v2.40.0 differs: its XDEL also removes the ids from every
+		// PEL, so the deleted-while-pending state never arises there.
+		require.EqualValues(t, n-len(deleted), pelOf(t, client, q), "miniredis: XDEL cleans the PEL")
+		m.FastForward(time.Minute)
+	}
+
+	cc := ownClient(t, client)
+	calls := newScriptCalls(cc)
+	h := newCountingHandler()
+	name := "rescuer"
+	if sameName {
+		name = "dead"
+	}
+	opts := fastOpts(t, name, minIdle)
+	opts.Prefetch = 4 // deleted entries count against XAUTOCLAIM's COUNT: several passes
+	opts.ClaimInterval = 50 * time.Millisecond
+	c, err := NewConsumer(cc, q, h.handle, opts)
+	require.NoError(t, err)
+	runConsumer(t, c)
+
+	requireResults(t, client, q, live, livePrs, time.Now().Add(30*time.Second))
+	h.requireOnceEach(t, live)
+	for id := range deleted {
+		require.Zero(t, h.runs[id], "handler called for deleted entry %s", id)
+	}
+	require.Zero(t, client.XLen(ctx, streamKey(q)).Val())
+
+	// Real Redis: XAUTOCLAIM reports deleted ids and claim.lua acknowledges
+	// them; the own-PEL read returns them without fields and readHistory
+	// acknowledges them. Either way the PEL ends empty.
+	eventually(t, 10*time.Second, func() bool { return pelOf(t, client, q) == 0 }, "deleted entries stay in the PEL")
+
+	// No loop: claim passes run about once per ClaimInterval, not back to back.
+	before := calls.count(scripts.Claim)
+	window := 20 * opts.ClaimInterval
+	time.Sleep(window) // measuring a rate: the window is the measurement
+	passes := calls.count(scripts.Claim) - before
+	t.Logf("claim script runs in %v with ClaimInterval %v: %d", window, opts.ClaimInterval, passes)
+	require.Less(t, passes, 60, "claim passes do not end")
+}
