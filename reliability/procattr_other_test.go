@@ -1,0 +1,8 @@
+//go:build !linux
+
+package reliability
+
+import "syscall"
+
+// childAttr has nothing to add outside Linux.
+func childAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{} }
