@@ -120,26 +120,34 @@ func newStringProducer(t *testing.T, client *redis.Client, q string) *Producer[s
 	return p
 }
 
-func TestRecoveryLongHandlerKeepsItsLease(t *testing.T) {
+// TestRecoveryLongHandlersKeepTheirLeases runs four handlers at once, each for
+// three times MinIdle, while another consumer runs claim passes: every lease
+// is renewed, so each runs once and nothing is stolen.
+func TestRecoveryLongHandlersKeepTheirLeases(t *testing.T) {
 	t.Parallel()
 	client := realRedis(t)
 	q := queueName(t)
-	const minIdle = time.Second
+	const minIdle, workers = time.Second, 4
 	p := newStringProducer(t, client, q)
 
 	var runsA, runsB atomic.Int64
-	started := make(chan struct{})
-	var ctxErr error
+	started := make(chan struct{}, workers)
+	var mu sync.Mutex
+	var ctxErrs []error
+	optsA := fastOpts(t, "A", minIdle)
+	optsA.Workers = workers
 	a, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
 		runsA.Add(1)
-		close(started)
+		started <- struct{}{}
 		select {
 		case <-time.After(3 * minIdle): // the work itself: three times MinIdle
 		case <-ctx.Done():
 		}
-		ctxErr = context.Cause(ctx)
+		mu.Lock()
+		ctxErrs = append(ctxErrs, context.Cause(ctx))
+		mu.Unlock()
 		return "A:" + m.Payload, nil
-	}, fastOpts(t, "A", minIdle))
+	}, optsA)
 	require.NoError(t, err)
 	runConsumer(t, a)
 	b, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
@@ -148,18 +156,26 @@ func TestRecoveryLongHandlerKeepsItsLease(t *testing.T) {
 	}, fastOpts(t, "B", minIdle))
 	require.NoError(t, err)
 
-	pr, err := p.Produce(context.Background(), "long", "x")
-	require.NoError(t, err)
-	<-started
-	runConsumer(t, b) // B claims every 100ms while A's handler runs for 3s
+	ids := seqIDs("long", workers)
+	prs := produceAll(t, p, ids)
+	for range workers {
+		<-started
+	}
+	runConsumer(t, b) // B claims every 100ms while A's handlers run for 3s
 	begin := time.Now()
-	got, err := pr.Wait(waitCtx(t, 30*time.Second))
-	require.NoError(t, err)
-	t.Logf("handler ran %v with MinIdle %v while another consumer ran claim passes", time.Since(begin).Round(time.Millisecond), minIdle)
-	require.Equal(t, "A:x", got)
-	require.NoError(t, ctxErr, "the long handler's context was cancelled")
-	require.EqualValues(t, 1, runsA.Load())
-	require.Zero(t, runsB.Load(), "the second consumer stole the entry")
+	ctx := waitCtx(t, 30*time.Second)
+	for i, pr := range prs {
+		got, err := pr.Wait(ctx)
+		require.NoError(t, err)
+		require.Equal(t, "A:p-"+ids[i], got)
+	}
+	t.Logf("%d handlers ran %v with MinIdle %v while another consumer ran claim passes",
+		workers, time.Since(begin).Round(time.Millisecond), minIdle)
+	mu.Lock()
+	require.Equal(t, make([]error, workers), ctxErrs, "a long handler's context was cancelled")
+	mu.Unlock()
+	require.EqualValues(t, workers, runsA.Load())
+	require.Zero(t, runsB.Load(), "the second consumer stole entries")
 	requireDrained(t, client, q)
 }
 
@@ -379,4 +395,286 @@ func testDeletedWhilePending(t *testing.T, client *redis.Client, m *miniredis.Mi
 	passes := calls.count(scripts.Claim) - before
 	t.Logf("claim script runs in %v with ClaimInterval %v: %d", window, opts.ClaimInterval, passes)
 	require.Less(t, passes, 60, "claim passes do not end")
+}
+
+func TestRecoveryGracefulShutdownReleasesTheRing(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	const n, prefetch, minIdle = 60, 50, 10 * time.Second
+	p := newStringProducer(t, client, q)
+	ids := seqIDs("job", n)
+	prs := produceAll(t, p, ids)
+
+	started, release := make(chan string, 1), make(chan struct{})
+	var runsA atomic.Int64
+	var ctxErr error
+	optsA := fastOpts(t, "leaving", minIdle)
+	optsA.Workers, optsA.Prefetch = 1, prefetch
+	a, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		runsA.Add(1)
+		started <- m.ID
+		<-release // a slow handler
+		ctxErr = context.Cause(ctx)
+		return "r:" + m.Payload, nil
+	}, optsA)
+	require.NoError(t, err)
+	runCtx, stopA := context.WithCancel(ctx)
+	defer stopA()
+	returned := make(chan error, 1)
+	go func() { returned <- a.Run(runCtx) }()
+
+	first := <-started
+	require.Equal(t, ids[0], first)
+	eventually(t, 10*time.Second, func() bool { return pendingOf(t, client, q, "leaving") == prefetch },
+		"the ring never filled")
+	stopA()
+	select {
+	case err := <-returned:
+		t.Fatalf("Run returned (%v) while its handler was still running", err)
+	case <-time.After(200 * time.Millisecond): // Run must keep waiting for the handler
+	}
+	close(release)
+	select {
+	case err := <-returned:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return after its handler finished")
+	}
+	stoppedAt := time.Now()
+	require.NoError(t, ctxErr, "the in-flight handler was cancelled by a graceful shutdown")
+	require.EqualValues(t, 1, runsA.Load())
+	got, err := prs[0].Wait(waitCtx(t, 5*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, "r:p-"+ids[0], got)
+	require.EqualValues(t, prefetch-1, pendingOf(t, client, q, "leaving"), "released entries stay pending until claimed")
+
+	h := newCountingHandler()
+	b, err := NewConsumer(client, q, h.handle, fastOpts(t, "arriving", minIdle))
+	require.NoError(t, err)
+	runConsumer(t, b)
+	requireResults(t, client, q, ids[1:], prs[1:], stoppedAt.Add(minIdle-time.Second))
+	elapsed := time.Since(stoppedAt)
+	t.Logf("%d released entries completed by another consumer %v after Run returned (MinIdle %v)",
+		prefetch-1, elapsed.Round(time.Millisecond), minIdle)
+	require.Less(t, elapsed, minIdle)
+	h.requireOnceEach(t, ids[1:])
+	// Claimed released entries count a second delivery; unread ones a first.
+	require.Equal(t, map[int]int{2: prefetch - 1, 1: n - prefetch}, h.deliveries)
+	requireDrained(t, client, q)
+}
+
+func TestRecoveryShutdownTimeoutCancelsAStuckHandler(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	q := queueName(t)
+	const shutdownTimeout = 300 * time.Millisecond
+	p := newStringProducer(t, client, q)
+	started := make(chan struct{})
+	var cause error
+	opts := fastOpts(t, "stuck", time.Second)
+	opts.ShutdownTimeout = shutdownTimeout
+	a, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		close(started)
+		<-ctx.Done() // ignores the shutdown until its own context ends
+		cause = context.Cause(ctx)
+		return "", ctx.Err()
+	}, opts)
+	require.NoError(t, err)
+	runCtx, stopA := context.WithCancel(context.Background())
+	defer stopA()
+	returned := make(chan error, 1)
+	go func() { returned <- a.Run(runCtx) }()
+
+	pr, err := p.Produce(context.Background(), "stuck", "x")
+	require.NoError(t, err)
+	<-started
+	stopA()
+	stoppedAt := time.Now()
+	select {
+	case err := <-returned:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return after ShutdownTimeout")
+	}
+	took := time.Since(stoppedAt)
+	t.Logf("Run returned %v after its context ended (ShutdownTimeout %v)", took.Round(time.Millisecond), shutdownTimeout)
+	require.GreaterOrEqual(t, took, shutdownTimeout)
+	require.ErrorContains(t, cause, "ShutdownTimeout")
+	select {
+	case <-pr.Done():
+		t.Fatal("the cancelled attempt resolved the caller")
+	default:
+	}
+
+	// The cancelled attempt is a failed delivery: the entry stays pending and
+	// the next consumer completes it.
+	h := newCountingHandler()
+	b, err := NewConsumer(client, q, h.handle, fastOpts(t, "next", time.Second))
+	require.NoError(t, err)
+	runConsumer(t, b)
+	got, err := pr.Wait(waitCtx(t, 30*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, "r:x", got)
+	require.Equal(t, map[int]int{2: 1}, h.deliveries)
+	requireDrained(t, client, q)
+}
+
+func TestRecoveryRequeueRunsTheRequestAgain(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		p := newStringProducer(t, client, q)
+		var fixed atomic.Bool
+		var runs atomic.Int64
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+			runs.Add(1)
+			if !fixed.Load() {
+				return "", Permanent(errors.New("upstream rejected " + m.Payload))
+			}
+			return "v2:" + m.Payload, nil
+		}, fastOpts(t, "c", 2*time.Second))
+		require.NoError(t, err)
+		runConsumer(t, c)
+
+		pr, err := p.Produce(ctx, "order-1", "x")
+		require.NoError(t, err)
+		_, err = pr.Wait(waitCtx(t, 30*time.Second))
+		require.ErrorIs(t, err, ErrDeadLettered)
+		// Until it is requeued, a new caller gets the dead-letter error.
+		again, err := p.Produce(ctx, "order-1", "x")
+		require.NoError(t, err)
+		require.Empty(t, again.EntryID())
+		_, err = again.Wait(ctx)
+		require.ErrorIs(t, err, ErrDeadLettered)
+
+		admin, err := NewAdmin(client, q)
+		require.NoError(t, err)
+		dls, err := admin.DeadLetters(ctx, "", 10)
+		require.NoError(t, err)
+		require.Len(t, dls, 1)
+		fixed.Store(true)
+		eid, err := admin.Requeue(ctx, dls[0].DeadLetterID)
+		require.NoError(t, err)
+		require.NotEmpty(t, eid)
+		_, err = admin.Requeue(ctx, dls[0].DeadLetterID)
+		require.ErrorIs(t, err, ErrNotFound, "a dead letter is requeued once")
+
+		fresh, err := p.Produce(ctx, "order-1", "ignored: the id is in flight or done")
+		require.NoError(t, err)
+		got, err := fresh.Wait(waitCtx(t, 30*time.Second))
+		require.NoError(t, err)
+		require.Equal(t, "v2:x", got)
+		require.EqualValues(t, 2, runs.Load())
+		require.Equal(t, `R"v2:x"`, client.Get(ctx, recordKey(q, "order-1")).Val())
+		dls, err = admin.DeadLetters(ctx, "", 10)
+		require.NoError(t, err)
+		require.Empty(t, dls)
+		requireDrained(t, client, q)
+	})
+}
+
+func TestRecoveryUndecodableEntriesAreDeadLettered(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		p := newStringProducer(t, client, q)
+		h := newCountingHandler()
+		opts := fastOpts(t, "c", 2*time.Second)
+		opts.Workers = 2
+		c, err := NewConsumer(client, q, h.handle, opts)
+		require.NoError(t, err)
+		runConsumer(t, c)
+
+		good := seqIDs("good", 40)
+		prs := produceAll(t, p, good[:20])
+		bad := []map[string]any{
+			{"p": `"no id"`},
+			{"id": "no-payload"},
+			{"foo": "bar"},
+			{"id": "bad-json", "p": "{not json"},
+		}
+		for _, v := range bad {
+			require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: streamKey(q), Values: v}).Err())
+		}
+		prs = append(prs, produceAll(t, p, good[20:])...)
+
+		requireResults(t, client, q, good, prs, time.Now().Add(30*time.Second))
+		h.requireOnceEach(t, good)
+		admin, err := NewAdmin(client, q)
+		require.NoError(t, err)
+		var dls []DeadLetter
+		eventually(t, 10*time.Second, func() bool {
+			dls, err = admin.DeadLetters(ctx, "", 10)
+			require.NoError(t, err)
+			return len(dls) == len(bad)
+		}, "undecodable entries not dead-lettered")
+		reasons := map[string]string{}
+		for _, d := range dls {
+			require.Contains(t, d.Error, "undecodable", "dead letter %+v", d)
+			require.Equal(t, 1, d.Deliveries)
+			reasons[d.ID] += d.Error + "\n"
+		}
+		require.Contains(t, reasons["no-payload"], `"p"`)
+		require.Contains(t, reasons["bad-json"], "undecodable request")
+		require.Len(t, strings.Split(strings.TrimSpace(reasons[""]), "\n"), 2, "two entries without an id")
+		// A caller of the undecodable request's id learns that it was dead-lettered.
+		pr, err := p.Produce(ctx, "bad-json", "x")
+		require.NoError(t, err)
+		_, err = pr.Wait(ctx)
+		require.ErrorIs(t, err, ErrDeadLettered)
+		requireDrained(t, client, q)
+	})
+}
+
+func TestRecoveryLostLeaseCancelsTheHandler(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	const minIdle = 900 * time.Millisecond // leases renewed every 300ms
+	p := newStringProducer(t, client, q)
+	cc := ownClient(t, client)
+	calls := newScriptCalls(cc)
+	var runs atomic.Int64
+	started := make(chan struct{})
+	causes := make(chan error, 1)
+	c, err := NewConsumer(cc, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		if runs.Add(1) == 1 {
+			close(started)
+			<-ctx.Done()
+			causes <- context.Cause(ctx)
+			return "stale", nil // a success after losing the lease must be dropped
+		}
+		return fmt.Sprintf("fresh after %d deliveries", m.Deliveries), nil
+	}, fastOpts(t, "owner", minIdle))
+	require.NoError(t, err)
+	runConsumer(t, c)
+
+	pr, err := p.Produce(ctx, "contested", "x")
+	require.NoError(t, err)
+	<-started
+	claimed, err := client.XClaimJustID(ctx, &redis.XClaimArgs{
+		Stream: streamKey(q), Group: DefaultGroup, Consumer: "thief", MinIdle: 0, Messages: []string{pr.EntryID()},
+	}).Result()
+	require.NoError(t, err)
+	require.Equal(t, []string{pr.EntryID()}, claimed)
+	select {
+	case cause := <-causes:
+		require.ErrorIs(t, cause, ErrLeaseLost)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler's context was not cancelled after its entry was claimed")
+	}
+
+	// The thief never finishes: the owner claims the entry back after MinIdle
+	// and completes it once.
+	got, err := pr.Wait(waitCtx(t, 30*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, "fresh after 2 deliveries", got)
+	require.EqualValues(t, 2, runs.Load())
+	require.Equal(t, `R"fresh after 2 deliveries"`, client.Get(ctx, recordKey(q, "contested")).Val())
+	eventually(t, 5*time.Second, func() bool { return calls.runsWith(scripts.Complete, pr.EntryID()) > 0 }, "no completion")
+	require.Equal(t, 1, calls.runsWith(scripts.Complete, pr.EntryID()), "outcomes recorded for the entry")
+	requireDrained(t, client, q)
 }
