@@ -23,6 +23,15 @@ for i = 4, #ARGV do
   end
 end
 if #owned > 0 then
-  redis.call("XCLAIM", KEYS[1], ARGV[1], ARGV[2], 0, unpack(owned), "IDLE", ARGV[3], "JUSTID")
+  -- unpack() must be the last argument: in the middle of a list Lua keeps only
+  -- its first value, which would renew (or release) one entry per call.
+  local args = {"XCLAIM", KEYS[1], ARGV[1], ARGV[2], 0}
+  for _, id in ipairs(owned) do
+    args[#args + 1] = id
+  end
+  args[#args + 1] = "IDLE"
+  args[#args + 1] = ARGV[3]
+  args[#args + 1] = "JUSTID"
+  redis.call(unpack(args))
 end
 return lost
