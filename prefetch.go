@@ -26,7 +26,8 @@ type Entry struct {
 // Fetcher produces the encoded request of an entry. The consumer calls it ahead
 // of the workers, for up to Prefetch entries at once, so fetch latency overlaps
 // handling. Fetch must be safe for concurrent use; it is retried on error (see
-// ConsumerOptions.FetchRetries).
+// ConsumerOptions.FetchRetries), except for an error wrapped with Permanent,
+// which dead-letters the message at once.
 type Fetcher interface {
 	Fetch(ctx context.Context, e Entry) ([]byte, error)
 }
@@ -253,6 +254,9 @@ func (r *run[Req, Resp]) fetch(ctx context.Context, e Entry) ([]byte, error) {
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
+		}
+		if IsPermanent(err) {
+			return nil, fmt.Errorf("streamq: fetch failed: %w", err)
 		}
 		if i+1 < attempts {
 			r.c.log.Debug("streamq: fetch failed; retrying", "id", e.ID, "entry", e.EntryID, "attempt", i+1, "err", err)

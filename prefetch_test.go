@@ -503,3 +503,34 @@ func TestPrefetchOverlapsFetchAndHandler(t *testing.T) {
 		n, d1, d16, float64(d1)/float64(d16))
 	require.Less(t, float64(d16), 0.75*float64(d1), "depth 16 (%v) is not much faster than depth 1 (%v)", d16, d1)
 }
+
+// A fetch error wrapped with Permanent (an object that will never exist, say)
+// is neither retried nor redelivered: the message is dead-lettered at once.
+func TestPrefetchPermanentFetchErrorNotRetried(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		p, err := NewProducer[[]byte, string](client, q, &ProducerOptions{Logger: testLogger(t)})
+		require.NoError(t, err)
+		defer p.Close()
+		var attempts atomic.Int64
+		fetcher := FetcherFunc(func(ctx context.Context, e Entry) ([]byte, error) {
+			attempts.Add(1)
+			return nil, Permanent(errors.New("no such object"))
+		})
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+			return m.Payload, nil
+		}, &ConsumerOptions{Fetcher: fetcher, FetchRetries: 3, FetchBackoff: time.Millisecond, Logger: testLogger(t)})
+		require.NoError(t, err)
+		runConsumer(t, c)
+
+		pr, err := p.Produce(ctx, "gone", []byte(`"gone"`))
+		require.NoError(t, err)
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		_, err = pr.Wait(wctx)
+		require.ErrorIs(t, err, ErrDeadLettered)
+		require.ErrorContains(t, err, "no such object")
+		require.EqualValues(t, 1, attempts.Load(), "a permanent fetch error was retried")
+	})
+}
