@@ -23,39 +23,41 @@ const releaseIdle = 365 * 24 * time.Hour
 // waits for room on a signal. Reads are never interrupted halfway (their context
 // is not cancelled), so entries a read returns are always admitted: at shutdown
 // they are released rather than stranded.
-func (r *run[Req, Resp]) feed(ctx context.Context) {
+func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 	defer r.feeder.Done()
-	defer close(r.ring.slots)
 	o := &r.c.opts
+	share := max(1, o.Prefetch/len(r.c.shards))
 	read := context.WithoutCancel(ctx)
 	history, cursor := true, "0"
 	claimCursor, nextClaim := "0-0", time.Now()
 	var b backoff
 	for ctx.Err() == nil {
-		n, err := r.ring.waitFree(ctx)
+		n, err := r.ring.reserve(ctx, share)
 		if err != nil {
 			return
 		}
+		var got int
 		switch {
 		case history:
-			var got int
-			got, cursor, err = r.readHistory(read, n, cursor)
-			if err == nil && got == 0 {
+			var seen int
+			seen, got, cursor, err = r.readHistory(read, shard, n, cursor)
+			if err == nil && seen == 0 {
 				history = false
 			}
 		case !time.Now().Before(nextClaim):
-			claimCursor, err = r.claim(read, n, claimCursor)
+			got, claimCursor, err = r.claim(read, shard, n, claimCursor)
 			if err == nil && claimCursor == "0-0" {
 				nextClaim = time.Now().Add(o.ClaimInterval)
 			}
 		default:
 			block := min(o.ReadBlock, time.Until(nextClaim))
-			err = r.readNew(read, n, max(block, time.Millisecond))
+			got, err = r.readNew(read, shard, n, max(block, time.Millisecond))
 		}
+		r.ring.give(n - got)
 		if err != nil {
 			if isNoGroup(err) {
 				r.c.log.Warn("streamq: consumer group vanished (Redis restarted without persistence, or the stream was deleted); recreating it", "err", err)
-				err = r.c.ensureGroup(read)
+				err = r.c.ensureGroup(read, shard)
 				history, cursor = true, "0"
 			}
 			if err != nil {
@@ -72,44 +74,49 @@ func (r *run[Req, Resp]) feed(ctx context.Context) {
 
 func isNoGroup(err error) bool { return err != nil && strings.Contains(err.Error(), "NOGROUP") }
 
-// readNew reads up to n new entries, blocking up to block.
-func (r *run[Req, Resp]) readNew(ctx context.Context, n int, block time.Duration) error {
+// readNew reads up to n new entries of a shard, blocking up to block, and
+// returns how many it admitted.
+func (r *run[Req, Resp]) readNew(ctx context.Context, shard, n int, block time.Duration) (int, error) {
 	res, err := r.c.client.XReadGroup(ctx, &redis.XReadGroupArgs{
 		Group:    r.c.opts.Group,
 		Consumer: r.c.opts.Name,
-		Streams:  []string{r.c.keys.Stream, ">"},
+		Streams:  []string{r.c.shards[shard].Stream, ">"},
 		Count:    int64(n),
 		Block:    block,
 	}).Result()
 	if errors.Is(err, redis.Nil) {
-		return nil
+		return 0, nil
 	}
 	if err != nil {
-		return err
+		return 0, err
 	}
+	got := 0
 	for _, st := range res {
-		r.admit(st.Messages, func(int) int { return 1 })
+		r.admit(shard, st.Messages, func(int) int { return 1 })
+		got += len(st.Messages)
 	}
-	return nil
+	return got, nil
 }
 
-// readHistory reads up to n of this consumer's own pending entries after
-// cursor, with their delivery counts. Entries deleted while pending come back
-// without fields; they are acknowledged so they leave the PEL.
-func (r *run[Req, Resp]) readHistory(ctx context.Context, n int, cursor string) (int, string, error) {
+// readHistory reads up to n of this consumer's own pending entries of a shard
+// after cursor, with their delivery counts, and returns how many it saw and
+// how many it admitted. Entries deleted while pending come back without
+// fields; they are acknowledged so they leave the PEL.
+func (r *run[Req, Resp]) readHistory(ctx context.Context, shard, n int, cursor string) (seen, got int, next string, err error) {
 	o := &r.c.opts
+	stream := r.c.shards[shard].Stream
 	res, err := r.c.client.XReadGroup(ctx, &redis.XReadGroupArgs{
 		Group:    o.Group,
 		Consumer: o.Name,
-		Streams:  []string{r.c.keys.Stream, cursor},
+		Streams:  []string{stream, cursor},
 		Count:    int64(n),
 		Block:    -1,
 	}).Result()
 	if errors.Is(err, redis.Nil) || (err == nil && (len(res) == 0 || len(res[0].Messages) == 0)) {
-		return 0, cursor, nil
+		return 0, 0, cursor, nil
 	}
 	if err != nil {
-		return 0, cursor, err
+		return 0, 0, cursor, err
 	}
 	msgs := res[0].Messages
 	cursor = msgs[len(msgs)-1].ID
@@ -123,42 +130,43 @@ func (r *run[Req, Resp]) readHistory(ctx context.Context, n int, cursor string) 
 		}
 	}
 	if len(gone) > 0 {
-		if err := r.c.client.XAck(ctx, r.c.keys.Stream, o.Group, gone...).Err(); err != nil {
-			return 0, cursor, err
+		if err := r.c.client.XAck(ctx, stream, o.Group, gone...).Err(); err != nil {
+			return 0, 0, cursor, err
 		}
 		r.c.log.Info("streamq: dropped pending entries whose stream entries were deleted", "count", len(gone))
 	}
 	if len(live) == 0 {
-		return len(msgs), cursor, nil
+		return len(msgs), 0, cursor, nil
 	}
 	pend, err := r.c.client.XPendingExt(ctx, &redis.XPendingExtArgs{
-		Stream: r.c.keys.Stream, Group: o.Group, Consumer: o.Name,
+		Stream: stream, Group: o.Group, Consumer: o.Name,
 		Start: live[0].ID, End: live[len(live)-1].ID, Count: int64(len(msgs)),
 	}).Result()
 	if err != nil {
-		return 0, cursor, err
+		return 0, 0, cursor, err
 	}
 	counts := make(map[string]int, len(pend))
 	for _, p := range pend {
 		counts[p.ID] = int(p.RetryCount)
 	}
-	r.admit(live, func(i int) int { return max(counts[live[i].ID], 1) })
+	r.admit(shard, live, func(i int) int { return max(counts[live[i].ID], 1) })
 	r.c.log.Info("streamq: resumed own pending entries", "count", len(live))
-	return len(msgs), cursor, nil
+	return len(msgs), len(live), cursor, nil
 }
 
-// claim runs one XAUTOCLAIM step for up to n entries idle for MinIdle, from
-// cursor, and returns the next cursor ("0-0" when the pass is over). Claimed
-// entries go through the ring like read ones, with their Redis delivery count.
-func (r *run[Req, Resp]) claim(ctx context.Context, n int, cursor string) (string, error) {
+// claim runs one XAUTOCLAIM step on a shard for up to n entries idle for
+// MinIdle, from cursor, and returns how many it admitted and the next cursor
+// ("0-0" when the pass is over). Claimed entries go through the ring like
+// read ones, with their Redis delivery count.
+func (r *run[Req, Resp]) claim(ctx context.Context, shard, n int, cursor string) (int, string, error) {
 	o := &r.c.opts
-	res, err := scripts.Claim.Run(ctx, r.c.client, []string{r.c.keys.Stream},
+	res, err := scripts.Claim.Run(ctx, r.c.client, []string{r.c.shards[shard].Stream},
 		o.Group, o.Name, o.MinIdle.Milliseconds(), cursor, n).Slice()
 	if err != nil {
-		return cursor, err
+		return 0, cursor, err
 	}
 	if len(res) != 4 {
-		return "0-0", fmt.Errorf("streamq: claim: unexpected reply of %d elements", len(res))
+		return 0, "0-0", fmt.Errorf("streamq: claim: unexpected reply of %d elements", len(res))
 	}
 	next, _ := res[0].(string)
 	msgs := parseEntries(res[1])
@@ -168,7 +176,7 @@ func (r *run[Req, Resp]) claim(ctx context.Context, n int, cursor string) (strin
 	}
 	if len(msgs) > 0 {
 		r.c.log.Info("streamq: claimed idle entries", "count", len(msgs))
-		r.admit(msgs, func(i int) int {
+		r.admit(shard, msgs, func(i int) int {
 			if i < len(counts) {
 				if c, ok := counts[i].(int64); ok {
 					return int(c)
@@ -180,7 +188,7 @@ func (r *run[Req, Resp]) claim(ctx context.Context, n int, cursor string) (strin
 	if next == "" {
 		next = "0-0"
 	}
-	return next, nil
+	return len(msgs), next, nil
 }
 
 // parseEntries converts entries in a script reply ({id, {field, value, ...}}) to XMessages.
@@ -219,16 +227,19 @@ func (r *run[Req, Resp]) leaseLoop() {
 			return
 		case <-t.C:
 		}
+		byShard := make([][]string, len(r.c.shards))
 		r.mu.Lock()
-		ids := make([]string, 0, len(r.owned))
-		for id := range r.owned {
-			ids = append(ids, id)
+		for id, s := range r.owned {
+			byShard[s.shard] = append(byShard[s.shard], id)
 		}
 		r.mu.Unlock()
-		lost, err := r.setIdle(r.bg, ids, 0)
-		if err != nil {
-			r.c.log.Warn("streamq: renewing leases failed; will retry", "entries", len(ids), "err", err)
-			continue
+		var lost []string
+		for shard, ids := range byShard {
+			l, err := r.setIdle(r.bg, shard, ids, 0)
+			if err != nil {
+				r.c.log.Warn("streamq: renewing leases failed; will retry", "entries", len(ids), "err", err)
+			}
+			lost = append(lost, l...)
 		}
 		for _, id := range lost {
 			r.mu.Lock()
@@ -242,9 +253,9 @@ func (r *run[Req, Resp]) leaseLoop() {
 	}
 }
 
-// setIdle sets the idle time of the given entries that this consumer still
-// owns, in chunks, and returns those it no longer owns.
-func (r *run[Req, Resp]) setIdle(ctx context.Context, ids []string, idle time.Duration) ([]string, error) {
+// setIdle sets the idle time of the given entries of a shard that this
+// consumer still owns, in chunks, and returns those it no longer owns.
+func (r *run[Req, Resp]) setIdle(ctx context.Context, shard int, ids []string, idle time.Duration) ([]string, error) {
 	o := &r.c.opts
 	var lost []string
 	const chunk = 500
@@ -256,7 +267,7 @@ func (r *run[Req, Resp]) setIdle(ctx context.Context, ids []string, idle time.Du
 			args = append(args, id)
 		}
 		ids = ids[n:]
-		res, err := scripts.Lease.Run(ctx, r.c.client, []string{r.c.keys.Stream}, args...).StringSlice()
+		res, err := scripts.Lease.Run(ctx, r.c.client, []string{r.c.shards[shard].Stream}, args...).StringSlice()
 		if err != nil {
 			return lost, err
 		}
@@ -270,7 +281,7 @@ func (r *run[Req, Resp]) setIdle(ctx context.Context, ids []string, idle time.Du
 // consumer's claim pass comes first, and Redis counts it.
 func (r *run[Req, Resp]) retryAfter(s *slot, delay time.Duration) {
 	idle := max(r.c.opts.MinIdle-delay, 0)
-	if _, err := r.setIdle(r.bg, []string{s.entry.EntryID}, idle); err != nil {
+	if _, err := r.setIdle(r.bg, s.shard, []string{s.entry.EntryID}, idle); err != nil {
 		r.c.log.Warn("streamq: scheduling a retry failed; the entry will be retried after MinIdle",
 			"id", s.entry.ID, "entry", s.entry.EntryID, "err", err)
 	}
@@ -287,17 +298,22 @@ func (r *run[Req, Resp]) releaseUnstarted() {
 	if len(slots) == 0 {
 		return
 	}
-	ids := make([]string, len(slots))
-	for i, s := range slots {
-		ids[i] = s.entry.EntryID
+	byShard := make([][]string, len(r.c.shards))
+	for _, s := range slots {
+		byShard[s.shard] = append(byShard[s.shard], s.entry.EntryID)
 	}
 	ctx, cancel := context.WithTimeout(r.bg, r.c.opts.ShutdownTimeout)
 	defer cancel()
-	if _, err := r.setIdle(ctx, ids, releaseIdle); err != nil {
-		r.c.log.Warn("streamq: releasing prefetched entries failed; they will be claimed after MinIdle",
-			"entries", len(ids), "err", err)
-	} else {
-		r.c.log.Info("streamq: released prefetched entries that had not started", "entries", len(ids))
+	for shard, ids := range byShard {
+		if len(ids) == 0 {
+			continue
+		}
+		if _, err := r.setIdle(ctx, shard, ids, releaseIdle); err != nil {
+			r.c.log.Warn("streamq: releasing prefetched entries failed; they will be claimed after MinIdle",
+				"entries", len(ids), "err", err)
+		} else {
+			r.c.log.Info("streamq: released prefetched entries that had not started", "entries", len(ids))
+		}
 	}
 	r.forget(slots...)
 }

@@ -1,6 +1,7 @@
 package streamq
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strings"
@@ -58,27 +59,72 @@ func (p *Producer[Req, Resp]) ProduceBatch(ctx context.Context, jobs []Job[Req])
 	for i, it := range items {
 		calls[i] = p.waiters.acquire(it.id)
 	}
-	outs, err := p.runProduce(ctx, items, true)
-	if err != nil {
-		for i, it := range items {
-			p.waiters.release(it.id, calls[i])
-		}
-		return nil, err
-	}
+	outs, errs := p.runShards(ctx, items, true)
+	var failed error
 	promises := make([]*Promise[Resp], len(items))
 	for i, it := range items {
-		promises[i], err = p.settle(it.id, calls[i], outs[i])
-		if err != nil { // cannot happen in atomic mode; kept for safety
-			return nil, fmt.Errorf("job %d: %w", i, err)
+		if errs[i] != nil {
+			p.waiters.release(it.id, calls[i])
+			failed = cmp.Or(failed, errs[i])
+			continue
 		}
+		promises[i], errs[i] = p.settle(it.id, calls[i], outs[i])
+		failed = cmp.Or(failed, errs[i])
+	}
+	if failed != nil {
+		if len(p.shards) > 1 {
+			return promises, fmt.Errorf("%w (with %d shards a batch is atomic per shard: jobs of other shards may be recorded; retrying the batch is safe)",
+				failed, len(p.shards))
+		}
+		return nil, failed
 	}
 	return promises, nil
+}
+
+// runShards appends items, grouped by shard, with one script call per shard
+// (concurrently when there are several), and returns each item's outcome or error.
+func (p *Producer[Req, Resp]) runShards(ctx context.Context, items []*produceItem, atomic bool) ([]produceOutcome, []error) {
+	outs := make([]produceOutcome, len(items))
+	errs := make([]error, len(items))
+	run := func(shard int, idx []int) {
+		group := make([]*produceItem, len(idx))
+		for j, i := range idx {
+			group[j] = items[i]
+		}
+		res, err := p.runProduce(ctx, shard, group, atomic)
+		for j, i := range idx {
+			if err != nil {
+				errs[i] = err
+			} else {
+				outs[i] = res[j]
+			}
+		}
+	}
+	if len(p.shards) == 1 {
+		idx := make([]int, len(items))
+		for i := range idx {
+			idx[i] = i
+		}
+		run(0, idx)
+		return outs, errs
+	}
+	groups := make(map[int][]int)
+	for i, it := range items {
+		groups[it.shard] = append(groups[it.shard], i)
+	}
+	var wg sync.WaitGroup
+	for shard, idx := range groups {
+		wg.Go(func() { run(shard, idx) })
+	}
+	wg.Wait()
+	return outs, errs
 }
 
 // produceItem is one request on its way to Redis.
 type produceItem struct {
 	ctx     context.Context
 	id      string
+	shard   int
 	payload []byte
 	out     chan produceOutcome // buffered: the sender never blocks
 }
@@ -99,10 +145,12 @@ const (
 	outcomeRejected = -1
 )
 
-// runProduce appends items with one script call and returns one outcome per item.
-func (p *Producer[Req, Resp]) runProduce(ctx context.Context, items []*produceItem, atomic bool) ([]produceOutcome, error) {
+// runProduce appends items of one shard with one script call and returns one
+// outcome per item.
+func (p *Producer[Req, Resp]) runProduce(ctx context.Context, shard int, items []*produceItem, atomic bool) ([]produceOutcome, error) {
+	k := p.shards[shard]
 	keys := make([]string, 1, len(items)+1)
-	keys[0] = p.keys.Stream
+	keys[0] = k.Stream
 	args := make([]any, 2, 2+2*len(items))
 	args[0] = p.opts.InflightTTL.Milliseconds()
 	args[1] = "0"
@@ -110,7 +158,7 @@ func (p *Producer[Req, Resp]) runProduce(ctx context.Context, items []*produceIt
 		args[1] = "1"
 	}
 	for _, it := range items {
-		keys = append(keys, p.keys.Record(it.id))
+		keys = append(keys, k.Record(it.id))
 		args = append(args, it.id, it.payload)
 	}
 	res, err := scripts.Produce.Run(ctx, p.client, keys, args...).Slice()
@@ -118,10 +166,10 @@ func (p *Producer[Req, Resp]) runProduce(ctx context.Context, items []*produceIt
 		if strings.HasPrefix(err.Error(), "WRONGTYPE") {
 			return nil, fmt.Errorf("%w: %v", ErrWrongType, err)
 		}
-		return nil, fmt.Errorf("streamq: append to %s: %w", p.keys.Stream, err)
+		return nil, fmt.Errorf("streamq: append to %s: %w", k.Stream, err)
 	}
 	if len(res) != 2*len(items) {
-		return nil, fmt.Errorf("streamq: append to %s: unexpected reply of %d elements for %d items", p.keys.Stream, len(res), len(items))
+		return nil, fmt.Errorf("streamq: append to %s: unexpected reply of %d elements for %d items", k.Stream, len(res), len(items))
 	}
 	outs := make([]produceOutcome, len(items))
 	for i := range items {
@@ -143,10 +191,10 @@ func (p *Producer[Req, Resp]) sendCoalesced(batch []*produceItem) {
 		live = append(live, it)
 	}
 	if len(live) > 0 {
-		outs, err := p.runProduce(p.lifetime, live, false)
+		outs, errs := p.runShards(p.lifetime, live, false)
 		for i, it := range live {
-			if err != nil {
-				it.out <- produceOutcome{err: err}
+			if errs[i] != nil {
+				it.out <- produceOutcome{err: errs[i]}
 			} else {
 				it.out <- outs[i]
 			}

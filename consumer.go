@@ -40,7 +40,10 @@ type Handler[Req, Resp any] func(ctx context.Context, m *Message[Req]) (Resp, er
 // Consumer handles the requests of one queue, as one member of a consumer group.
 type Consumer[Req, Resp any] struct {
 	client  redis.UniversalClient
-	keys    keys.Keys
+	queue   string
+	shards  []keys.Keys
+	sharded bool // notices use sharded pub/sub (Redis Cluster)
+	metaOK  atomic.Bool
 	opts    ConsumerOptions
 	handler Handler[Req, Resp]
 	log     *slog.Logger
@@ -56,10 +59,6 @@ func NewConsumer[Req, Resp any](client redis.UniversalClient, queue string, hand
 	if handler == nil {
 		return nil, fmt.Errorf("%w: handler is nil", ErrInvalidOptions)
 	}
-	k, err := keys.New(queue)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidOptions, err)
-	}
 	var o ConsumerOptions
 	if opts != nil {
 		o = *opts
@@ -67,9 +66,15 @@ func NewConsumer[Req, Resp any](client redis.UniversalClient, queue string, hand
 	if err := o.resolve(); err != nil {
 		return nil, err
 	}
+	shards, err := keys.Shards(queue, o.Shards)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidOptions, err)
+	}
 	return &Consumer[Req, Resp]{
 		client:  client,
-		keys:    k,
+		queue:   queue,
+		shards:  shards,
+		sharded: isCluster(client),
 		opts:    o,
 		handler: handler,
 		log:     o.Logger.With("queue", queue, "consumer", o.Name),
@@ -88,13 +93,17 @@ func (c *Consumer[Req, Resp]) Name() string { return c.opts.Name }
 // stream, so nothing produced earlier is missed), resumes its own pending
 // entries, then reads new ones and claims idle entries of other consumers.
 // Redis errors are logged and retried; they do not end Run. Run returns an
-// error only when the consumer is already running.
+// error only when the consumer is already running or the queue has another
+// shard count (ErrShardMismatch).
 func (c *Consumer[Req, Resp]) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("streamq: Consumer.Run called while it is already running; use one Consumer per Run")
 	}
 	defer c.running.Store(false)
 	if err := c.ensureGroupRetry(ctx); err != nil {
+		if errors.Is(err, ErrShardMismatch) {
+			return err
+		}
 		return nil // ctx ended before Redis could be reached
 	}
 	r := newRun(c)
@@ -104,24 +113,36 @@ func (c *Consumer[Req, Resp]) Run(ctx context.Context) error {
 	return nil
 }
 
-// ensureGroup creates the consumer group (and the stream) unless it exists.
-func (c *Consumer[Req, Resp]) ensureGroup(ctx context.Context) error {
-	err := c.client.XGroupCreateMkStream(ctx, c.keys.Stream, c.opts.Group, "0").Err()
+// ensureGroup creates the consumer group (and the stream) of a shard unless
+// it exists.
+func (c *Consumer[Req, Resp]) ensureGroup(ctx context.Context, shard int) error {
+	stream := c.shards[shard].Stream
+	err := c.client.XGroupCreateMkStream(ctx, stream, c.opts.Group, "0").Err()
 	if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
 		if strings.HasPrefix(err.Error(), "WRONGTYPE") {
-			return fmt.Errorf("%w: %s is not a stream: %v", ErrWrongType, c.keys.Stream, err)
+			return fmt.Errorf("%w: %s is not a stream: %v", ErrWrongType, stream, err)
 		}
-		return fmt.Errorf("streamq: create group %q on %s: %w", c.opts.Group, c.keys.Stream, err)
+		return fmt.Errorf("streamq: create group %q on %s: %w", c.opts.Group, stream, err)
 	}
 	return nil
 }
 
+// ensureGroupRetry checks the shard count and creates every shard's group,
+// retrying until it succeeds or ctx ends.
 func (c *Consumer[Req, Resp]) ensureGroupRetry(ctx context.Context) error {
 	var b backoff
 	for {
-		err := c.ensureGroup(ctx)
+		err := checkShards(ctx, c.client, c.queue, len(c.shards), &c.metaOK)
+		for shard := range c.shards {
+			if err == nil {
+				err = c.ensureGroup(ctx, shard)
+			}
+		}
 		if err == nil {
 			return nil
+		}
+		if errors.Is(err, ErrShardMismatch) {
+			return err
 		}
 		c.log.Error("streamq: cannot create the consumer group; retrying", "err", err)
 		if sleepCtx(ctx, b.next()) != nil {
@@ -191,8 +212,10 @@ func (r *run[Req, Resp]) start(ctx context.Context) {
 		r.loops.Add(1)
 		go r.trimLoop()
 	}
-	r.feeder.Add(1)
-	go r.feed(ctx)
+	r.feeder.Add(len(r.c.shards))
+	for shard := range r.c.shards {
+		go r.feed(ctx, shard)
+	}
 }
 
 // shutdown runs after Run's ctx ended. The order matters: the feeder stops
@@ -205,6 +228,7 @@ func (r *run[Req, Resp]) shutdown() {
 		r.cancelHandlers(fmt.Errorf("streamq: ShutdownTimeout (%v) elapsed", o.ShutdownTimeout))
 	})
 	r.feeder.Wait()
+	close(r.ring.slots)
 	r.workers.Wait()
 	timeout.Stop()
 	r.fetches.Wait()
@@ -238,11 +262,12 @@ func (r *run[Req, Resp]) forget(slots ...*slot) {
 	r.ring.give(len(slots))
 }
 
-// admit turns read or claimed entries into slots and pushes them into the ring.
-func (r *run[Req, Resp]) admit(msgs []redis.XMessage, deliveries func(i int) int) {
+// admit turns read or claimed entries of a shard into slots and pushes them
+// into the places the feeder reserved.
+func (r *run[Req, Resp]) admit(shard int, msgs []redis.XMessage, deliveries func(i int) int) {
 	o := &r.c.opts
 	for i, m := range msgs {
-		s := &slot{ready: make(chan struct{})}
+		s := &slot{shard: shard, ready: make(chan struct{})}
 		s.entry = Entry{EntryID: m.ID, Deliveries: deliveries(i)}
 		id, idOK := m.Values[fieldID].(string)
 		data, dataOK := m.Values[fieldPayload].(string)
@@ -412,22 +437,43 @@ type completion struct {
 	value []byte
 }
 
-// sendCompletions records a batch of outcomes in one round trip: results
+// sendCompletions records a batch of outcomes: one script call per shard.
+func (r *run[Req, Resp]) sendCompletions(batch []*completion) {
+	if len(r.c.shards) == 1 {
+		r.completeShard(0, batch)
+		return
+	}
+	groups := make(map[int][]*completion)
+	for _, cp := range batch {
+		groups[cp.s.shard] = append(groups[cp.s.shard], cp)
+	}
+	var wg sync.WaitGroup
+	for shard, group := range groups {
+		wg.Go(func() { r.completeShard(shard, group) })
+	}
+	wg.Wait()
+}
+
+// completeShard records the outcomes of one shard in one round trip: results
 // first-writer-wins, XACK, XDEL, dead letters and the notice, atomically.
 // It retries until Redis takes them or shutdown gives up; entries it gives up
 // on stay pending and are reclaimed by another consumer later.
-func (r *run[Req, Resp]) sendCompletions(batch []*completion) {
+func (r *run[Req, Resp]) completeShard(shard int, batch []*completion) {
 	o := &r.c.opts
-	k := r.c.keys
+	k := r.c.shards[shard]
 	keyList := make([]string, 2, 2+len(batch))
 	keyList[0], keyList[1] = k.Stream, k.DeadLetter
 	store := "1"
 	if o.DiscardResults {
 		store = "0"
 	}
-	args := make([]any, 7, 7+6*len(batch))
+	publish := "PUBLISH"
+	if r.c.sharded {
+		publish = "SPUBLISH"
+	}
+	args := make([]any, 8, 8+6*len(batch))
 	args[0], args[1], args[2], args[3] = o.Group, k.Channel, o.ResultTTL.Milliseconds(), store
-	args[4], args[5], args[6] = o.DeadLetterMaxLen, o.Name, time.Now().UnixMilli()
+	args[4], args[5], args[6], args[7] = o.DeadLetterMaxLen, o.Name, time.Now().UnixMilli(), publish
 	for _, cp := range batch {
 		e := cp.s.entry
 		if e.ID != "" {

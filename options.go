@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"os"
 	"time"
+
+	"github.com/streamq/streamq/internal/keys"
 )
 
 // Limits and defaults. Each option's doc names the constant it defaults to.
@@ -83,6 +85,13 @@ type ProducerOptions struct {
 	// also runs after every resubscription. Defaults to DefaultBackstopInterval (5s).
 	BackstopInterval time.Duration
 
+	// Shards spreads the queue over this many streams, each in its own hash
+	// slot, so that one queue can use several Redis Cluster masters. Each id
+	// always goes to the same shard. Producers and consumers of a queue must
+	// agree; a queue's shard count cannot change (ErrShardMismatch).
+	// Defaults to 1.
+	Shards int
+
 	// Logger receives the producer's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -101,7 +110,9 @@ func (o *ProducerOptions) resolve() error {
 	setDefault(&o.MaxPendingBytes, DefaultMaxPendingBytes)
 	setDefault(&o.Concurrency, DefaultProduceConcurrency)
 	setDefault(&o.BackstopInterval, DefaultBackstopInterval)
+	setDefault(&o.Shards, 1)
 	return firstError(
+		shardCount(o.Shards),
 		positive("MaxPayloadBytes", o.MaxPayloadBytes),
 		atLeast("InflightTTL", o.InflightTTL, time.Millisecond),
 		positive("MaxBatchItems", o.MaxBatchItems),
@@ -208,6 +219,11 @@ type ConsumerOptions struct {
 	// oldest go first). Defaults to DefaultDeadLetterMaxLen (100,000).
 	DeadLetterMaxLen int
 
+	// Shards is the queue's shard count; see ProducerOptions.Shards. The consumer
+	// reads every shard through one ring and one set of workers.
+	// Defaults to 1.
+	Shards int
+
 	// Logger receives the consumer's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -243,6 +259,7 @@ func (o *ConsumerOptions) resolve() error {
 	setDefault(&o.TrimInterval, DefaultTrimInterval)
 	setDefault(&o.ConsumerIdleTimeout, DefaultConsumerIdleTimeout)
 	setDefault(&o.DeadLetterMaxLen, DefaultDeadLetterMaxLen)
+	setDefault(&o.Shards, 1)
 	var trimErr error
 	if o.TrimInterval != -1 {
 		trimErr = atLeast("TrimInterval", o.TrimInterval, 10*time.Millisecond)
@@ -267,6 +284,7 @@ func (o *ConsumerOptions) resolve() error {
 		trimErr,
 		atLeast("ConsumerIdleTimeout", o.ConsumerIdleTimeout, time.Second),
 		positive("DeadLetterMaxLen", o.DeadLetterMaxLen),
+		shardCount(o.Shards),
 		validName("Group", o.Group),
 		validName("Name", o.Name),
 	)
@@ -320,6 +338,13 @@ func atLeastInt(name string, v, min int, minName string) error {
 func atLeast(name string, v, min time.Duration) error {
 	if v < min {
 		return optionError("%s is %v; it must be at least %v (leave it 0 for the default)", name, v, min)
+	}
+	return nil
+}
+
+func shardCount(n int) error {
+	if n < 1 || n > keys.MaxShards {
+		return optionError("Shards is %d; it must be in 1..%d (leave it 0 for 1)", n, keys.MaxShards)
 	}
 	return nil
 }

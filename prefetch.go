@@ -132,6 +132,7 @@ func (f *CacheFetcher) cacheKey(e Entry) string {
 // and then closes ready; after ready, the worker that took the slot owns it.
 // lost and cancel are shared with the lease loop and guarded by mu.
 type slot struct {
+	shard int
 	entry Entry
 	dead  string // non-empty: dead-letter with this reason instead of handling
 
@@ -187,12 +188,20 @@ func newRing(depth int) *ring {
 	return &ring{slots: make(chan *slot, depth), free: depth, freed: make(chan struct{}, 1)}
 }
 
-// waitFree blocks until at least one place is free and returns how many are.
-func (r *ring) waitFree(ctx context.Context) (int, error) {
+// reserve blocks until at least one place is free and takes up to limit
+// places. The caller pushes at most that many slots and gives back the rest.
+// Several feeders (one per shard) share the ring; each takes a bounded share,
+// so a feeder blocked on an empty shard does not starve the others.
+func (r *ring) reserve(ctx context.Context, limit int) (int, error) {
 	for {
 		r.mu.Lock()
-		n := r.free
+		n := min(r.free, limit)
+		r.free -= n
+		left := r.free
 		r.mu.Unlock()
+		if left > 0 {
+			r.signal() // another feeder may be waiting for the rest
+		}
 		if n > 0 {
 			return n, nil
 		}
@@ -204,19 +213,21 @@ func (r *ring) waitFree(ctx context.Context) (int, error) {
 	}
 }
 
-// push appends a slot; the caller checked with waitFree that there is room.
-func (r *ring) push(s *slot) {
-	r.mu.Lock()
-	r.free--
-	r.mu.Unlock()
-	r.slots <- s
-}
+// push appends a slot into a place taken with reserve.
+func (r *ring) push(s *slot) { r.slots <- s }
 
 // give returns n places to the ring.
 func (r *ring) give(n int) {
+	if n == 0 {
+		return
+	}
 	r.mu.Lock()
 	r.free += n
 	r.mu.Unlock()
+	r.signal()
+}
+
+func (r *ring) signal() {
 	select {
 	case r.freed <- struct{}{}:
 	default:

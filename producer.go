@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -22,10 +23,12 @@ import (
 // for concurrent use; concurrent Produce calls are coalesced into shared round
 // trips with no added wait.
 type Producer[Req, Resp any] struct {
-	client redis.UniversalClient
-	keys   keys.Keys
-	opts   ProducerOptions
-	log    *slog.Logger
+	client  redis.UniversalClient
+	queue   string
+	shards  []keys.Keys // one per shard; shard i holds the ids keys.ShardOf maps to i
+	sharded bool        // notices use sharded pub/sub (Redis Cluster)
+	opts    ProducerOptions
+	log     *slog.Logger
 
 	// lifetime is cancelled by Close after the last send; coalesced sends use it.
 	lifetime context.Context
@@ -38,10 +41,12 @@ type Producer[Req, Resp any] struct {
 	budget  *byteBudget
 	waiters *waiters
 
-	subMu  sync.Mutex     // guards ps
-	ps     *redis.PubSub  // nil until the first Produce that waits
-	kick   chan struct{}  // asks the backstop loop for a check now
-	loops  sync.WaitGroup // listener and backstop goroutines
+	metaOK atomic.Bool // the queue's recorded shard count matches ours
+
+	subMu  sync.Mutex      // guards subs
+	subs   []*redis.PubSub // one per shard; nil until the first Produce that waits
+	kick   chan struct{}   // asks the backstop loop for a check now
+	loops  sync.WaitGroup  // listener and backstop goroutines
 	closeO sync.Once
 }
 
@@ -51,10 +56,6 @@ func NewProducer[Req, Resp any](client redis.UniversalClient, queue string, opts
 	if client == nil {
 		return nil, fmt.Errorf("%w: client is nil", ErrInvalidOptions)
 	}
-	k, err := keys.New(queue)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidOptions, err)
-	}
 	var o ProducerOptions
 	if opts != nil {
 		o = *opts
@@ -62,9 +63,15 @@ func NewProducer[Req, Resp any](client redis.UniversalClient, queue string, opts
 	if err := o.resolve(); err != nil {
 		return nil, err
 	}
+	shards, err := keys.Shards(queue, o.Shards)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidOptions, err)
+	}
 	p := &Producer[Req, Resp]{
 		client:  client,
-		keys:    k,
+		queue:   queue,
+		shards:  shards,
+		sharded: isCluster(client),
 		opts:    o,
 		log:     o.Logger.With("queue", queue),
 		budget:  newByteBudget(o.MaxPendingBytes),
@@ -113,6 +120,9 @@ func (p *Producer[Req, Resp]) Enqueue(ctx context.Context, id string, req Req) e
 	if err != nil {
 		return err
 	}
+	if err := checkShards(ctx, p.client, p.queue, len(p.shards), &p.metaOK); err != nil {
+		return err
+	}
 	out, err := p.submit(ctx, it)
 	if err != nil {
 		return err
@@ -134,8 +144,8 @@ func (p *Producer[Req, Resp]) Close() error {
 		p.batcher.close()
 		p.cancel()
 		p.subMu.Lock()
-		if p.ps != nil {
-			_ = p.ps.Close()
+		for _, ps := range p.subs {
+			_ = ps.Close()
 		}
 		p.subMu.Unlock()
 		p.loops.Wait()
@@ -166,7 +176,8 @@ func (p *Producer[Req, Resp]) newItem(ctx context.Context, id string, req Req) (
 		return nil, fmt.Errorf("%w: request %q encodes to %d bytes, the limit is MaxPayloadBytes=%d",
 			ErrPayloadTooLarge, id, len(payload), p.opts.MaxPayloadBytes)
 	}
-	return &produceItem{ctx: ctx, id: id, payload: payload, out: make(chan produceOutcome, 1)}, nil
+	return &produceItem{ctx: ctx, id: id, shard: keys.ShardOf(id, len(p.shards)), payload: payload,
+		out: make(chan produceOutcome, 1)}, nil
 }
 
 func validateID(id string) error {
@@ -223,26 +234,47 @@ func (p *Producer[Req, Resp]) settle(id string, c *call, out produceOutcome) (*P
 	}
 }
 
-// ensureSubscribed subscribes to completion notices once, and starts the
-// listener and backstop loops. It returns after Redis confirmed the
-// subscription, so no notice of a request appended afterwards can be missed.
+// ensureSubscribed subscribes to the completion notices of every shard once,
+// and starts the listener and backstop loops. It returns after Redis confirmed
+// the subscriptions, so no notice of a request appended afterwards can be missed.
 func (p *Producer[Req, Resp]) ensureSubscribed(ctx context.Context) error {
 	p.subMu.Lock()
 	defer p.subMu.Unlock()
-	if p.ps != nil {
+	if p.subs != nil {
 		return nil
 	}
 	if err := p.checkOpen(); err != nil {
 		return err
 	}
-	ps := p.client.Subscribe(ctx, p.keys.Channel)
-	if _, err := ps.Receive(ctx); err != nil {
-		_ = ps.Close()
-		return fmt.Errorf("streamq: subscribe to %s: %w", p.keys.Channel, err)
+	if err := checkShards(ctx, p.client, p.queue, len(p.shards), &p.metaOK); err != nil {
+		return err
 	}
-	p.ps = ps
-	p.loops.Add(2)
-	go p.listen(ps.ChannelWithSubscriptions())
+	subs := make([]*redis.PubSub, 0, len(p.shards))
+	fail := func(err error) error {
+		for _, ps := range subs {
+			_ = ps.Close()
+		}
+		return err
+	}
+	for _, k := range p.shards {
+		// One subscription per shard: in a cluster each channel lives on its
+		// shard's node (sharded pub/sub), and a subscription serves one node.
+		var ps *redis.PubSub
+		if p.sharded {
+			ps = p.client.SSubscribe(ctx, k.Channel)
+		} else {
+			ps = p.client.Subscribe(ctx, k.Channel)
+		}
+		subs = append(subs, ps)
+		if _, err := ps.Receive(ctx); err != nil {
+			return fail(fmt.Errorf("streamq: subscribe to %s: %w", k.Channel, err))
+		}
+	}
+	p.subs = subs
+	p.loops.Add(len(subs) + 1)
+	for _, ps := range subs {
+		go p.listen(ps.ChannelWithSubscriptions())
+	}
 	go p.backstop()
 	return nil
 }
@@ -257,6 +289,9 @@ func (p *Producer[Req, Resp]) listen(ch <-chan any) {
 				p.log.Warn("streamq: ignoring a malformed completion notice", "err", err)
 			}
 		case *redis.Subscription:
+			if m.Kind != "subscribe" && m.Kind != "ssubscribe" {
+				continue
+			}
 			// A resubscription after a reconnect: notices may have been lost.
 			select {
 			case p.kick <- struct{}{}:
@@ -288,7 +323,22 @@ func (p *Producer[Req, Resp]) backstop() {
 // checkWaiting reads the records of every waiting request and resolves those
 // that completed or vanished.
 func (p *Producer[Req, Resp]) checkWaiting(ctx context.Context) error {
-	ids := p.waiters.appendedIDs()
+	byShard := make([][]string, len(p.shards))
+	for _, id := range p.waiters.appendedIDs() {
+		i := keys.ShardOf(id, len(p.shards))
+		byShard[i] = append(byShard[i], id)
+	}
+	for shard, ids := range byShard {
+		if err := p.checkRecords(ctx, p.shards[shard], ids); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkRecords resolves the waiters of ids (all of one shard) whose records
+// show an outcome or vanished. MGET keeps to one slot: the keys share a tag.
+func (p *Producer[Req, Resp]) checkRecords(ctx context.Context, k keys.Keys, ids []string) error {
 	const chunk = 256
 	for len(ids) > 0 {
 		n := min(chunk, len(ids))
@@ -296,7 +346,7 @@ func (p *Producer[Req, Resp]) checkWaiting(ctx context.Context) error {
 		ids = ids[n:]
 		names := make([]string, len(part))
 		for i, id := range part {
-			names[i] = p.keys.Record(id)
+			names[i] = k.Record(id)
 		}
 		vals, err := p.client.MGet(ctx, names...).Result()
 		if err != nil {

@@ -38,22 +38,37 @@ func (r *run[Req, Resp]) trimLoop() {
 	}
 }
 
-// trimStream removes the entries every group is done with (MINID ~ the safe
-// point) and returns how many were removed.
+// trimStream removes, from every shard, the entries every group is done with
+// (MINID ~ the safe point) and returns how many were removed.
 func trimStream[Req, Resp any](ctx context.Context, c *Consumer[Req, Resp]) (int64, error) {
-	res, err := scripts.Trim.Run(ctx, c.client, []string{c.keys.Stream}).Slice()
-	if err != nil || len(res) == 0 {
-		return 0, err
+	var total int64
+	for _, k := range c.shards {
+		res, err := scripts.Trim.Run(ctx, c.client, []string{k.Stream}).Slice()
+		if err != nil {
+			return total, err
+		}
+		if len(res) > 0 {
+			n, _ := res[0].(int64)
+			total += n
+		}
 	}
-	n, _ := res[0].(int64)
-	return n, nil
+	return total, nil
 }
 
 // pruneConsumers deletes consumers of the group, other than c, that hold no
-// pending entries and have been idle for ConsumerIdleTimeout.
+// pending entries on any shard they are known on and have been idle for
+// ConsumerIdleTimeout. Each shard's group has its own consumer list.
 func pruneConsumers[Req, Resp any](ctx context.Context, c *Consumer[Req, Resp]) ([]string, error) {
-	return scripts.Prune.Run(ctx, c.client, []string{c.keys.Stream},
-		c.opts.Group, c.opts.ConsumerIdleTimeout.Milliseconds(), c.opts.Name).StringSlice()
+	var deleted []string
+	for _, k := range c.shards {
+		names, err := scripts.Prune.Run(ctx, c.client, []string{k.Stream},
+			c.opts.Group, c.opts.ConsumerIdleTimeout.Milliseconds(), c.opts.Name).StringSlice()
+		if err != nil {
+			return deleted, err
+		}
+		deleted = append(deleted, names...)
+	}
+	return deleted, nil
 }
 
 // Trim removes the stream entries that every consumer group has acknowledged,

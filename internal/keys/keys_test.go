@@ -28,3 +28,43 @@ func TestRecordPatternEscapesGlob(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, `streamq:{a\*b}:id:*`, k.RecordPattern())
 }
+
+func TestSlotMatchesRedis(t *testing.T) {
+	// Reference values of the Redis Cluster specification's CRC16.
+	require.Equal(t, 12739, Slot("123456789"))
+	require.Equal(t, 5542, Slot("foo{}"))
+}
+
+func TestShardsSpreadOverTheSlotSpace(t *testing.T) {
+	ks, err := Shards("jobs", 6)
+	require.NoError(t, err)
+	require.Len(t, ks, 6)
+	seen := map[string]bool{}
+	for i, k := range ks {
+		require.Equal(t, "jobs", k.Queue)
+		tag := k.Stream[strings.Index(k.Stream, "{")+1 : strings.Index(k.Stream, "}")]
+		s := Slot(tag)
+		require.GreaterOrEqual(t, s, i*16384/6)
+		require.Less(t, s, (i+1)*16384/6)
+		require.False(t, seen[tag])
+		seen[tag] = true
+	}
+	one, err := Shards("jobs", 1)
+	require.NoError(t, err)
+	require.Equal(t, "streamq:{jobs}:stream", one[0].Stream)
+	_, err = Shards("jobs", 0)
+	require.Error(t, err)
+}
+
+func TestShardOfIsStable(t *testing.T) {
+	require.Equal(t, 0, ShardOf("x", 1))
+	counts := make([]int, 6)
+	for i := range 6000 {
+		s := ShardOf(strings.Repeat("k", i%7)+string(rune('a'+i%26))+strings.Repeat("z", i/26), 6)
+		counts[s]++
+	}
+	for _, c := range counts {
+		require.Greater(t, c, 600, "ids spread over shards: %v", counts)
+	}
+	require.Equal(t, ShardOf("order-17", 6), ShardOf("order-17", 6))
+}

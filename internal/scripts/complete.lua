@@ -14,7 +14,8 @@
 -- ARGV[5]          dead-letter stream length cap (approximate)
 -- ARGV[6]          consumer name (recorded in dead letters)
 -- ARGV[7]          time in milliseconds (recorded in dead letters)
--- ARGV[8+6(i-1) .. 13+6(i-1)]  item i: entry id, request id, code, value, payload, deliveries
+-- ARGV[8]          "PUBLISH", or "SPUBLISH" on a cluster (sharded pub/sub)
+-- ARGV[9+6(i-1) .. 14+6(i-1)]  item i: entry id, request id, code, value, payload, deliveries
 --   code "R": value is the encoded response
 --   code "E": value is an error message
 --   code "L": value is an error message; the item is also appended to the dead-letter stream
@@ -25,7 +26,7 @@ local n = #KEYS - 2
 local ids = {}
 local notice = {}
 for i = 1, n do
-  local b = 8 + 6 * (i - 1)
+  local b = 9 + 6 * (i - 1)
   local eid, rid, code, value = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   ids[i] = eid
   local outcome = code .. value
@@ -50,8 +51,12 @@ for i = 1, n do
   end
 end
 redis.call("XACK", KEYS[1], group, unpack(ids))
-redis.call("XDEL", KEYS[1], unpack(ids))
+-- Delete the entries only when no other group may still need them; with
+-- several groups, the periodic trim removes what every group is done with.
+if #redis.call("XINFO", "GROUPS", KEYS[1]) == 1 then
+  redis.call("XDEL", KEYS[1], unpack(ids))
+end
 if #notice > 0 then
-  redis.call("PUBLISH", channel, table.concat(notice))
+  redis.call(ARGV[8], channel, table.concat(notice))
 end
 return n

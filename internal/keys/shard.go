@@ -1,0 +1,81 @@
+package keys
+
+import (
+	"fmt"
+	"hash/fnv"
+)
+
+// MaxShards is the largest number of shards a queue may have.
+const MaxShards = 1024
+
+// slotCount is the number of Redis Cluster hash slots.
+const slotCount = 16384
+
+// Shards returns the names of the n shards of queue. With n == 1 the only
+// shard is the queue itself. With n > 1, shard i's hash tag is chosen so that
+// its slot falls in the i-th n-th of the slot space: shards spread evenly over
+// the masters of a cluster whose masters own equal slot ranges.
+func Shards(queue string, n int) ([]Keys, error) {
+	if err := ValidateQueue(queue); err != nil {
+		return nil, err
+	}
+	if n < 1 || n > MaxShards {
+		return nil, fmt.Errorf("shard count %d is out of range 1..%d", n, MaxShards)
+	}
+	if n == 1 {
+		k, err := New(queue)
+		return []Keys{k}, err
+	}
+	out := make([]Keys, n)
+	for i := range out {
+		lo, hi := i*slotCount/n, (i+1)*slotCount/n
+		for attempt := 0; ; attempt++ {
+			name := fmt.Sprintf("%s/%d.%d", queue, i, attempt)
+			if s := Slot(name); s >= lo && s < hi {
+				k, err := New(name)
+				if err != nil {
+					return nil, err
+				}
+				k.Queue = queue
+				out[i] = k
+				break
+			}
+		}
+	}
+	return out, nil
+}
+
+// Meta returns the key recording a queue's shard count, so that producers and
+// consumers that disagree on it are refused instead of splitting the queue.
+func Meta(queue string) string { return "streamq:{" + queue + "}:meta" }
+
+// ShardOf returns the shard of a request id: a stable hash of the id, so that
+// every producer routes an id to the same shard and deduplication holds.
+func ShardOf(id string, n int) int {
+	if n <= 1 {
+		return 0
+	}
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(id))
+	return int(h.Sum64() % uint64(n))
+}
+
+// Slot returns the Redis Cluster hash slot of a key whose hash tag is the
+// whole string (the shard name inside the braces).
+func Slot(tag string) int { return int(crc16(tag) % slotCount) }
+
+// crc16 is CRC-16/XMODEM, the checksum Redis Cluster uses for key slots.
+func crc16(s string) uint16 {
+	var crc uint16
+	for i := 0; i < len(s); i++ {
+		crc ^= uint16(s[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc
+}
