@@ -256,7 +256,7 @@ func TestTrimConcurrentWithAppendsLosesNothing(t *testing.T) {
 			}()
 		}
 		prod.Wait()
-		eventually(t, 60*time.Second, func() bool { return done.Load() == n && bCount.Load() == n },
+		eventually(t, 60*time.Second, func() bool { return done.Load() == int64(n) && bCount.Load() == int64(n) },
 			"handled %d by group a and %d by group b of %d", done.Load(), bCount.Load(), n)
 		stop()
 		stopAll()
