@@ -127,3 +127,12 @@ func eventually(t testing.TB, timeout time.Duration, cond func() bool, msg strin
 
 // testLogger returns a logger that writes to the test log under -v.
 func testLogger(t testing.TB) *slogLogger { return newTestLogger(t) }
+
+// firstShardKeys returns the names of a queue's first (for an unsharded queue,
+// only) shard.
+func firstShardKeys(t testing.TB, a *Admin) (stream, deadLetter, channel, recordPattern string) {
+	t.Helper()
+	ks, err := a.Keys(context.Background())
+	require.NoError(t, err)
+	return ks[0].Stream, ks[0].DeadLetter, ks[0].Channel, ks[0].RecordPattern
+}
