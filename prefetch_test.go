@@ -158,6 +158,7 @@ func TestPrefetchBoundsPayloadsInMemory(t *testing.T) {
 		eventually(t, time.Minute, func() bool { return handled.Load() == n }, "not every message was handled")
 		eventually(t, 10*time.Second, func() bool { return f.held.Load() == 0 }, "payloads still held after completion")
 		require.EqualValues(t, n, f.fetches.Load())
+		t.Logf("peak payloads held: %d (Prefetch %d, Workers %d)", f.peak.Load(), depth, workers)
 		require.LessOrEqual(t, f.peak.Load(), int64(depth), "more payloads held than Prefetch")
 		require.Greater(t, f.peak.Load(), int64(workers), "the ring never prefetched beyond the running handlers")
 	})
