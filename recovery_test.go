@@ -127,7 +127,7 @@ func TestRecoveryLongHandlersKeepTheirLeases(t *testing.T) {
 	t.Parallel()
 	client := realRedis(t)
 	q := queueName(t)
-	const minIdle, workers = time.Second, 4
+	const minIdle, workers = 1500 * time.Millisecond, 4
 	p := newStringProducer(t, client, q)
 
 	var runsA, runsB atomic.Int64
