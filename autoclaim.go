@@ -280,6 +280,8 @@ func (r *run[Req, Resp]) setIdle(ctx context.Context, shard int, ids []string, i
 // by setting its idle time to MinIdle-delay. The next delivery goes to whichever
 // consumer's claim pass comes first, and Redis counts it.
 func (r *run[Req, Resp]) retryAfter(s *slot, delay time.Duration) {
+	// Untrack first, so that a lease renewal does not undo the new idle time.
+	r.untrack(s)
 	idle := max(r.c.opts.MinIdle-delay, 0)
 	if _, err := r.setIdle(r.bg, s.shard, []string{s.entry.EntryID}, idle); err != nil {
 		r.c.log.Warn("streamq: scheduling a retry failed; the entry will be retried after MinIdle",
@@ -298,6 +300,8 @@ func (r *run[Req, Resp]) releaseUnstarted() {
 	if len(slots) == 0 {
 		return
 	}
+	// Untrack first, so that a lease renewal does not undo the release.
+	r.untrack(slots...)
 	byShard := make([][]string, len(r.c.shards))
 	for _, s := range slots {
 		byShard[s.shard] = append(byShard[s.shard], s.entry.EntryID)

@@ -252,6 +252,12 @@ func (r *run[Req, Resp]) track(s *slot) {
 // forget drops slots whose entries are completed, released or left to a retry,
 // and gives their places back to the ring.
 func (r *run[Req, Resp]) forget(slots ...*slot) {
+	r.untrack(slots...)
+	r.ring.give(len(slots))
+}
+
+// untrack stops renewing the leases of slots' entries.
+func (r *run[Req, Resp]) untrack(slots ...*slot) {
 	r.mu.Lock()
 	for _, s := range slots {
 		if r.owned[s.entry.EntryID] == s {
@@ -259,7 +265,6 @@ func (r *run[Req, Resp]) forget(slots ...*slot) {
 		}
 	}
 	r.mu.Unlock()
-	r.ring.give(len(slots))
 }
 
 // admit turns read or claimed entries of a shard into slots and pushes them
