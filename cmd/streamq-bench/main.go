@@ -1,0 +1,330 @@
+// Command streamq-bench measures streamq against a hand-written go-redis
+// baseline that does the same work, in the same run, on the same server.
+//
+// Usage:
+//
+//	go run ./cmd/streamq-bench -scenario NAME [flags]
+//
+// NAME is one of:
+//
+//	throughput  fire-and-forget: P producers Enqueue from many goroutines each,
+//	            C consumers with W workers in all run a no-op handler and discard
+//	            results. Baseline: XADD pipelined in batches of 16, XREADGROUP
+//	            COUNT 100, pipelined XACK+XDEL. Latency: enqueue to handler start.
+//	rpc         P producers with -callers goroutines each doing Produce + Wait
+//	            (dedup and stored results on). Baseline: XADD a request naming a
+//	            reply key, the consumer LPUSHes the reply, the caller BLPOPs it.
+//	            Latency: round trip.
+//	latency     one request at a time at idle: sequential Produce + Wait round
+//	            trips. Baseline: XADD, XREADGROUP BLOCK, LPUSH reply, BLPOP.
+//	prefetch    one worker, a Fetcher that sleeps -fetch-ms (a remote store) and
+//	            a handler that sleeps -handle-ms, with ring depth -depth and with
+//	            depth 1, against ideal = n*max(F,H)+F. Baseline: a plain loop
+//	            that fetches then handles each message in turn.
+//	batch       ProduceBatch of -batch jobs against pipelined XADD batches of the
+//	            same size (appending only). Latency: one batch call.
+//	all         every scenario above, in that order.
+//
+// Without -redis host:port the program starts its own redis-server on a free
+// loopback port (redis-server must be on PATH) and stops it at the end. With
+// -redis it uses that server and touches only keys under queue names unique
+// to the run; it never flushes anything.
+//
+// Each run checks that every job was handled (or, for batch, appended) exactly
+// once and exits with status 1 saying what was lost or duplicated otherwise.
+//
+// Output is a table; -json prints one JSON object per measured system (fields
+// scenario, system, n, seconds, jobs_per_sec, p50_ms, p99_ms, max_ms,
+// redis_cpu_us_per_job, redis_cmds_per_job, ...) and then one
+// {"scenario":..., "ratio": streamq/baseline jobs_per_sec} line per scenario.
+// Redis CPU is the used_cpu_user+used_cpu_sys delta of INFO cpu; commands are
+// the delta of the INFO commandstats calls, which count commands run inside
+// Lua scripts too. Both are divided by the number of jobs.
+//
+// The client and the server share the machine: absolute figures depend on it,
+// so compare the ratios measured in one run.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime/pprof"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/streamq/streamq/internal/redistest"
+)
+
+// config holds the command-line flags.
+type config struct {
+	scenario   string
+	redisAddr  string
+	n          int
+	producers  int
+	workers    int
+	consumers  int
+	callers    int
+	payload    int
+	batch      int
+	fetch      time.Duration
+	handle     time.Duration
+	depth      int
+	ring       int
+	json       bool
+	cpuprofile string
+	verbose    bool
+	breakdown  bool
+}
+
+// scenario is one named measurement.
+type scenario struct {
+	name     string
+	defaultN int
+	run      func(ctx context.Context, e *env, n int) error
+}
+
+var scenarios = []scenario{
+	{"throughput", 200_000, runThroughput},
+	{"rpc", 100_000, runRPC},
+	{"latency", 2_000, runLatency},
+	{"prefetch", 500, runPrefetch},
+	{"batch", 200_000, runBatch},
+}
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "streamq-bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var cfg config
+	flag.StringVar(&cfg.scenario, "scenario", "all", "throughput, rpc, latency, prefetch, batch or all")
+	flag.StringVar(&cfg.redisAddr, "redis", "", "host:port of a Redis to use; empty starts a private redis-server")
+	flag.IntVar(&cfg.n, "n", 0, "jobs per measured run; 0 uses each scenario's default (throughput 200000, rpc 100000, latency 2000, prefetch 500, batch 200000)")
+	flag.IntVar(&cfg.producers, "producers", 4, "producers (each with its own client, like separate processes)")
+	flag.IntVar(&cfg.workers, "workers", 8, "handler goroutines in all, spread over -consumers consumers")
+	flag.IntVar(&cfg.consumers, "consumers", 2, "consumers (each with its own client)")
+	flag.IntVar(&cfg.callers, "callers", 64, "concurrent calling goroutines per producer (throughput, rpc)")
+	flag.IntVar(&cfg.payload, "payload", 100, "encoded request size in bytes")
+	flag.IntVar(&cfg.batch, "batch", 100, "jobs per batch (batch scenario)")
+	fetchMS := flag.Float64("fetch-ms", 5, "fetch latency in milliseconds (prefetch)")
+	handleMS := flag.Float64("handle-ms", 5, "handler time in milliseconds (prefetch)")
+	flag.IntVar(&cfg.depth, "depth", 16, "prefetch ring depth (prefetch)")
+	flag.IntVar(&cfg.ring, "ring", 0, "ConsumerOptions.Prefetch of each consumer in throughput and rpc; 0 keeps the library default")
+	flag.BoolVar(&cfg.json, "json", false, "print JSON lines instead of a table")
+	flag.StringVar(&cfg.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole program to this file")
+	flag.BoolVar(&cfg.verbose, "v", false, "show the library's info logs")
+	flag.BoolVar(&cfg.breakdown, "breakdown", false, "print the per-command server cost of each run to stderr")
+	flag.Parse()
+	cfg.fetch = time.Duration(*fetchMS * float64(time.Millisecond))
+	cfg.handle = time.Duration(*handleMS * float64(time.Millisecond))
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+
+	var chosen []scenario
+	for _, s := range scenarios {
+		if cfg.scenario == "all" || cfg.scenario == s.name {
+			chosen = append(chosen, s)
+		}
+	}
+	if len(chosen) == 0 {
+		return fmt.Errorf("unknown -scenario %q: use throughput, rpc, latency, prefetch, batch or all", cfg.scenario)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+
+	addr := cfg.redisAddr
+	if addr == "" {
+		sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		proc, err := redistest.StartProcess(sctx)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("start redis-server (or pass -redis host:port): %w", err)
+		}
+		defer proc.Stop()
+		addr = proc.Addr()
+	}
+
+	if cfg.cpuprofile != "" {
+		f, err := os.Create(cfg.cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+
+	level := slog.LevelWarn
+	if cfg.verbose {
+		level = slog.LevelInfo
+	}
+	e := &env{
+		cfg:   cfg,
+		addr:  addr,
+		run:   time.Now().Format("150405"),
+		log:   slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+		out:   &printer{w: os.Stdout, json: cfg.json},
+		admin: redis.NewClient(&redis.Options{Addr: addr}),
+	}
+	defer e.admin.Close()
+	if err := e.admin.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis at %s: %w", addr, err)
+	}
+	if !cfg.json {
+		fmt.Printf("redis %s; producers=%d callers/producer=%d consumers=%d workers=%d payload=%dB\n",
+			addr, cfg.producers, cfg.callers, cfg.consumers, cfg.workers, cfg.payload)
+	}
+	e.out.header()
+
+	var failed []error
+	for _, s := range chosen {
+		n := s.defaultN
+		if cfg.n > 0 {
+			n = cfg.n
+		}
+		if err := s.run(ctx, e, n); err != nil {
+			failed = append(failed, fmt.Errorf("%s: %w", s.name, err))
+			fmt.Fprintf(os.Stderr, "streamq-bench: %s FAILED: %v\n", s.name, err)
+			if ctx.Err() != nil {
+				break
+			}
+		}
+	}
+	if !cfg.json {
+		printTargets(os.Stdout, e.out.results)
+	}
+	return errors.Join(failed...)
+}
+
+func (c *config) validate() error {
+	switch {
+	case c.producers < 1, c.workers < 1, c.consumers < 1, c.callers < 1:
+		return errors.New("-producers, -workers, -consumers and -callers must be at least 1")
+	case c.workers < c.consumers:
+		return fmt.Errorf("-workers (%d) must be at least -consumers (%d)", c.workers, c.consumers)
+	case c.payload < 0 || c.batch < 1 || c.depth < 1:
+		return errors.New("-payload must be >= 0, -batch and -depth >= 1")
+	case c.fetch < 0 || c.handle < 0:
+		return errors.New("-fetch-ms and -handle-ms must be >= 0")
+	}
+	return nil
+}
+
+// env is what every scenario shares.
+type env struct {
+	cfg   config
+	addr  string
+	run   string        // distinguishes this program run's queue names
+	seq   atomic.Int64  // distinguishes queues within the run
+	log   *slog.Logger  // the library's logger
+	out   *printer      // results
+	admin *redis.Client // INFO snapshots, polls and checks
+}
+
+// queue returns a queue name used by nothing else.
+func (e *env) queue(scenario, system string) string {
+	return fmt.Sprintf("bench-%s-%s-%s-%d", e.run, scenario, system, e.seq.Add(1))
+}
+
+// client returns a new client, as a separate process would have.
+func (e *env) client(pool int) *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: e.addr, PoolSize: max(pool, 20)})
+}
+
+// meter returns a meter reading the server's counters.
+func (e *env) meter() *meter {
+	m := &meter{c: e.admin}
+	if e.cfg.breakdown {
+		m.detail = os.Stderr
+	}
+	return m
+}
+
+// workersPer returns the workers of consumer i when W workers are spread over C consumers.
+func (e *env) workersPer(i int) int {
+	w := e.cfg.workers / e.cfg.consumers
+	if i < e.cfg.workers%e.cfg.consumers {
+		w++
+	}
+	return w
+}
+
+// target is one goal from the performance issue.
+type target struct {
+	what  string
+	value func(rs []Result) (float64, bool)
+	ok    func(v float64) bool
+	goal  string
+}
+
+func find(rs []Result, scenario, system string) (Result, bool) {
+	for _, r := range rs {
+		if r.Scenario == scenario && r.System == system {
+			return r, true
+		}
+	}
+	return Result{}, false
+}
+
+func field(scenario, system string, f func(Result) float64) func([]Result) (float64, bool) {
+	return func(rs []Result) (float64, bool) {
+		r, ok := find(rs, scenario, system)
+		return f(r), ok
+	}
+}
+
+func ratioOf(scenario string) func([]Result) (float64, bool) {
+	return func(rs []Result) (float64, bool) {
+		s, ok1 := find(rs, scenario, "streamq")
+		b, ok2 := find(rs, scenario, "baseline")
+		if !ok1 || !ok2 || b.JobsPerSec == 0 {
+			return 0, false
+		}
+		return s.JobsPerSec / b.JobsPerSec, true
+	}
+}
+
+var targets = []target{
+	{"throughput ratio streamq/baseline", ratioOf("throughput"), func(v float64) bool { return v >= 0.6 }, ">= 0.6"},
+	{"throughput Redis CPU us/job", field("throughput", "streamq", func(r Result) float64 { return r.RedisCPUUsPerJob }), func(v float64) bool { return v <= 10 }, "<= 10"},
+	{"rpc Redis CPU us/job", field("rpc", "streamq", func(r Result) float64 { return r.RedisCPUUsPerJob }), func(v float64) bool { return v <= 20 }, "<= 20"},
+	{"rpc round trips/s", field("rpc", "streamq", func(r Result) float64 { return r.JobsPerSec }), func(v float64) bool { return v >= 40_000 }, ">= 40000"},
+	{"latency p50 ms", field("latency", "streamq", func(r Result) float64 { return r.P50Ms }), func(v float64) bool { return v <= 0.5 }, "<= 0.5"},
+	{"latency p99 ms", field("latency", "streamq", func(r Result) float64 { return r.P99Ms }), func(v float64) bool { return v <= 2 }, "<= 2"},
+	{"prefetch elapsed/ideal", field("prefetch", "streamq", func(r Result) float64 { return r.IdealRatio }), func(v float64) bool { return v <= 1.15 }, "<= 1.15"},
+}
+
+// printTargets prints where each measured target stands.
+func printTargets(w io.Writer, rs []Result) {
+	first := true
+	for _, t := range targets {
+		v, ok := t.value(rs)
+		if !ok {
+			continue
+		}
+		if first {
+			fmt.Fprintln(w, "\ntargets:")
+			first = false
+		}
+		verdict := "met"
+		if !t.ok(v) {
+			verdict = "MISSED"
+		}
+		fmt.Fprintf(w, "  %-36s %10.3f  (goal %s) %s\n", t.what, v, t.goal, verdict)
+	}
+}

@@ -1,0 +1,181 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/streamq/streamq"
+)
+
+// runThroughput measures fire-and-forget jobs end to end: from the first
+// append to the last acknowledgement, with a no-op handler.
+func runThroughput(ctx context.Context, e *env, n int) error {
+	pad := padFor(e.cfg.payload)
+	s, err := throughputStreamq(ctx, e, n, pad)
+	if err != nil {
+		return fmt.Errorf("streamq: %w", err)
+	}
+	e.out.result(s)
+	b, err := throughputBaseline(ctx, e, n, pad)
+	if err != nil {
+		return fmt.Errorf("baseline: %w", err)
+	}
+	e.out.result(b)
+	e.out.ratio(Ratio{Scenario: "throughput", Ratio: s.JobsPerSec / b.JobsPerSec})
+	return nil
+}
+
+// throughputStreamq: P producers, each Enqueue-ing from -callers goroutines so
+// that concurrent calls coalesce; C consumers with W workers in all,
+// DiscardResults.
+func throughputStreamq(ctx context.Context, e *env, n int, pad string) (Result, error) {
+	q := e.queue("throughput", "streamq")
+	t := newTracker(n)
+	var herr handlerErrors
+	handler := func(_ context.Context, m *streamq.Message[job]) (struct{}, error) {
+		if err := t.mark(m.Payload.Seq, sinceNs(m.Payload.T)); err != nil {
+			herr.add(err)
+		}
+		return struct{}{}, nil
+	}
+	cs, err := startConsumers(ctx, e, q, handler, consumerOpts(e, streamq.ConsumerOptions{DiscardResults: true}))
+	if err != nil {
+		return Result{}, err
+	}
+	defer cs.stop()
+
+	producers := make([]*streamq.Producer[job, struct{}], e.cfg.producers)
+	for i := range producers {
+		cl := e.client(0)
+		defer cl.Close()
+		p, err := streamq.NewProducer[job, struct{}](cl, q, &streamq.ProducerOptions{Logger: e.log})
+		if err != nil {
+			return Result{}, err
+		}
+		defer p.Close()
+		producers[i] = p
+	}
+
+	m := e.meter()
+	if err := m.start(ctx); err != nil {
+		return Result{}, err
+	}
+	var next atomic.Int64
+	var g errGroup
+	for _, p := range producers {
+		for range e.cfg.callers {
+			g.Go(func() error {
+				for {
+					i := int(next.Add(1) - 1)
+					if i >= n {
+						return nil
+					}
+					j := job{Seq: i, T: time.Now().UnixNano(), Pad: pad}
+					if err := p.Enqueue(ctx, jobID(i), j); err != nil {
+						return fmt.Errorf("Enqueue: %w", err)
+					}
+				}
+			})
+		}
+	}
+	if err := g.Wait(); err != nil {
+		return Result{}, err
+	}
+	if err := finish(ctx, e, m, t, streamKey(q), streamq.DefaultGroup); err != nil {
+		return Result{}, err
+	}
+	if err := cs.stop(); err != nil {
+		return Result{}, err
+	}
+	if err := checkEmpty(ctx, e, streamKey(q)); err != nil {
+		return Result{}, err
+	}
+	if err := firstErr(herr.err(), t.verify("streamq throughput")); err != nil {
+		return Result{}, err
+	}
+	return m.result("throughput", "streamq", n, "enqueue-start", t.latencies()), nil
+}
+
+// throughputBaseline: P producer goroutines XADD pipelined in batches of 16;
+// W consumer goroutines XREADGROUP COUNT 100, then XACK+XDEL pipelined.
+func throughputBaseline(ctx context.Context, e *env, n int, pad string) (Result, error) {
+	b, err := newBaseline(ctx, e, "throughput")
+	if err != nil {
+		return Result{}, err
+	}
+	defer b.cleanup(ctx, e)
+	t := newTracker(n)
+	var herr handlerErrors
+	stop := b.runConsumers(ctx, e, e.cfg.workers, 100, 100*time.Millisecond, func(m redis.XMessage, _ redis.Pipeliner) error {
+		j, err := decodeJob(m)
+		if err != nil {
+			return err
+		}
+		if err := t.mark(j.Seq, sinceNs(j.T)); err != nil {
+			herr.add(err)
+		}
+		return nil
+	})
+	defer stop()
+
+	const pipeline = 16
+	m := e.meter()
+	if err := m.start(ctx); err != nil {
+		return Result{}, err
+	}
+	var next atomic.Int64
+	var g errGroup
+	for range e.cfg.producers {
+		c := e.client(0)
+		defer c.Close()
+		g.Go(func() error {
+			for {
+				i0 := int(next.Add(pipeline) - pipeline)
+				if i0 >= n {
+					return nil
+				}
+				pipe := c.Pipeline()
+				for i := i0; i < min(i0+pipeline, n); i++ {
+					payload, err := json.Marshal(job{Seq: i, T: time.Now().UnixNano(), Pad: pad})
+					if err != nil {
+						return err
+					}
+					pipe.XAdd(ctx, b.xaddArgs(jobID(i), payload))
+				}
+				if _, err := pipe.Exec(ctx); err != nil {
+					return fmt.Errorf("XADD: %w", err)
+				}
+			}
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return Result{}, err
+	}
+	if err := finish(ctx, e, m, t, b.stream, baselineGroup); err != nil {
+		return Result{}, err
+	}
+	if err := stop(); err != nil {
+		return Result{}, err
+	}
+	if err := checkEmpty(ctx, e, b.stream); err != nil {
+		return Result{}, err
+	}
+	if err := firstErr(herr.err(), t.verify("baseline throughput")); err != nil {
+		return Result{}, err
+	}
+	return m.result("throughput", "baseline", n, "enqueue-start", t.latencies()), nil
+}
+
+func firstErr(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
