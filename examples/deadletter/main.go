@@ -106,8 +106,11 @@ func run() error {
 		"tx-3": {From: "cy", To: "ann", Amount: 4000, Currency: "USD"},
 	}
 	// Another program writes an entry without streamq's fields.
-	stream, _, _, _ := mustAdmin(client, queue).Keys()
-	if err := client.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{"event", "legacy-ping"}}).Err(); err != nil {
+	names, err := mustAdmin(client, queue).Keys(ctx)
+	if err != nil {
+		return err
+	}
+	if err := client.XAdd(ctx, &redis.XAddArgs{Stream: names[0].Stream, Values: []any{"event", "legacy-ping"}}).Err(); err != nil {
 		return err
 	}
 	for _, id := range []string{"tx-1", "tx-2", "tx-3"} {
