@@ -1,0 +1,426 @@
+package streamq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamq/streamq/internal/crashtest"
+	"github.com/streamq/streamq/internal/keys"
+	"github.com/streamq/streamq/internal/redistest"
+)
+
+// The tests in this file run against a real local Redis Cluster
+// (redistest.StartCluster): hash tags, SPUBLISH/SSUBSCRIBE, MOVED and
+// failover cannot be checked on miniredis or a single server.
+
+// clusterShards is the shard count of the cluster tests' queues: two per
+// master of a three-master cluster.
+const clusterShards = 6
+
+// TestCluster runs the queue's guarantees on a three-master cluster, once
+// through a *redis.ClusterClient and once through redis.NewUniversalClient
+// given every address (which returns a cluster client).
+func TestCluster(t *testing.T) {
+	t.Parallel()
+	c := redistest.StartCluster(t, 3, 0)
+	t.Run("ClusterClient", func(t *testing.T) {
+		t.Parallel()
+		clusterSuite(t, c, c.Client(t))
+	})
+	t.Run("UniversalClient", func(t *testing.T) {
+		t.Parallel()
+		u := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: c.Addrs()})
+		t.Cleanup(func() { _ = u.Close() })
+		require.IsType(t, &redis.ClusterClient{}, u)
+		clusterSuite(t, c, u)
+	})
+}
+
+func clusterSuite(t *testing.T, c *redistest.Cluster, client redis.UniversalClient) {
+	t.Run("DedupAcrossProducers", func(t *testing.T) {
+		t.Parallel()
+		testClusterDedup(t, c, client)
+	})
+	t.Run("KillAndReclaim", func(t *testing.T) {
+		t.Parallel()
+		testClusterKillAndReclaim(t, c, client)
+	})
+	t.Run("SafeTrim", func(t *testing.T) {
+		t.Parallel()
+		testClusterSafeTrim(t, client)
+	})
+	t.Run("Stats", func(t *testing.T) {
+		t.Parallel()
+		testClusterStats(t, client)
+	})
+}
+
+// runCounter counts handler runs per id.
+type runCounter struct {
+	mu   sync.Mutex
+	runs map[string]int
+}
+
+func newRunCounter() *runCounter { return &runCounter{runs: map[string]int{}} }
+
+func (rc *runCounter) add(id string) {
+	rc.mu.Lock()
+	rc.runs[id]++
+	rc.mu.Unlock()
+}
+
+func (rc *runCounter) snapshot() map[string]int {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	out := make(map[string]int, len(rc.runs))
+	for k, v := range rc.runs {
+		out[k] = v
+	}
+	return out
+}
+
+// requireShardsSpread checks that the queue's shard streams exist and are
+// spread evenly over the cluster's masters.
+func requireShardsSpread(t *testing.T, c *redistest.Cluster, client redis.UniversalClient, q string) {
+	t.Helper()
+	ctx := context.Background()
+	shards, err := keys.Shards(q, clusterShards)
+	require.NoError(t, err)
+	cc := c.Client(t)
+	perMaster := map[string]int{}
+	for _, k := range shards {
+		require.EqualValues(t, 1, client.Exists(ctx, k.Stream).Val(), "shard stream %s exists", k.Stream)
+		m, err := cc.MasterForKey(ctx, k.Stream)
+		require.NoError(t, err)
+		perMaster[m.Options().Addr]++
+	}
+	require.Len(t, perMaster, 3, "shards on every master: %v", perMaster)
+	for addr, n := range perMaster {
+		require.Equal(t, clusterShards/3, n, "shards on %s", addr)
+	}
+}
+
+// testClusterDedup: three producers submit the same ids concurrently; each
+// handler runs once per id and every caller gets the result. The backstop is
+// far off, so results must come through the sharded completion notices.
+func testClusterDedup(t *testing.T, c *redistest.Cluster, client redis.UniversalClient) {
+	ctx := context.Background()
+	q := queueName(t)
+	const ids, producers = 300, 3
+	rc := newRunCounter()
+	for i := range 2 {
+		cons, err := NewConsumer(client, q, func(ctx context.Context, m *Message[int]) (int, error) {
+			rc.add(m.ID)
+			return m.Payload * 2, nil
+		}, &ConsumerOptions{Shards: clusterShards, Workers: 4, Name: fmt.Sprintf("c%d", i),
+			ReadBlock: 100 * time.Millisecond, Logger: testLogger(t)})
+		require.NoError(t, err)
+		runConsumer(t, cons)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, producers*ids)
+	for range producers {
+		p, err := NewProducer[int, int](client, q, &ProducerOptions{Shards: clusterShards,
+			BackstopInterval: time.Hour, Logger: testLogger(t)})
+		require.NoError(t, err)
+		defer p.Close()
+		for _, i := range rand.Perm(ids) {
+			wg.Go(func() {
+				pr, err := p.Produce(ctx, "id-"+strconv.Itoa(i), i)
+				if err == nil {
+					wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+					var got int
+					got, err = pr.Wait(wctx)
+					cancel()
+					if err == nil && got != 2*i {
+						err = fmt.Errorf("id-%d: got %d, want %d", i, got, 2*i)
+					}
+				}
+				if err != nil {
+					errs <- fmt.Errorf("id-%d: %w", i, err)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	runs := rc.snapshot()
+	require.Len(t, runs, ids)
+	for id, n := range runs {
+		require.Equal(t, 1, n, "handler runs of %s", id)
+	}
+	requireShardsSpread(t, c, client, q)
+}
+
+// clusterCrashConfig is what the child consumer of KillAndReclaim is told.
+type clusterCrashConfig struct {
+	Addrs   []string
+	Queue   string
+	Name    string
+	MinIdle time.Duration
+}
+
+// clusterStartedKey counts the handler starts of the child consumer.
+func clusterStartedKey(q string) string { return "clustertest:{" + q + "}:started" }
+
+// TestClusterCrashHelper is the child consumer of KillAndReclaim: its handler
+// counts its start and blocks until the process is killed. Run by go test it
+// returns at once; it works only when crashtest.Start ran it.
+func TestClusterCrashHelper(t *testing.T) {
+	var cfg clusterCrashConfig
+	if !crashtest.Config(&cfg) {
+		return
+	}
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cfg.Addrs})
+	defer client.Close()
+	bg := context.Background()
+	c, err := NewConsumer(client, cfg.Queue, func(ctx context.Context, m *Message[int]) (int, error) {
+		if err := client.Incr(bg, clusterStartedKey(cfg.Queue)).Err(); err != nil {
+			return 0, err
+		}
+		<-ctx.Done()
+		return 0, context.Cause(ctx)
+	}, &ConsumerOptions{
+		Shards: clusterShards, Name: cfg.Name, Workers: 4, Prefetch: 12, MinIdle: cfg.MinIdle,
+		ReadBlock: 100 * time.Millisecond, TrimInterval: -1,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := signal.NotifyContext(bg, syscall.SIGTERM)
+	defer stop()
+	_ = c.Run(ctx)
+}
+
+// testClusterKillAndReclaim: a consumer process is SIGKILLed while its
+// handlers run; a second consumer reclaims its entries after MinIdle and
+// completes every request, counting the crashed deliveries.
+func testClusterKillAndReclaim(t *testing.T, c *redistest.Cluster, client redis.UniversalClient) {
+	ctx := context.Background()
+	q := queueName(t)
+	const n = 60
+	const minIdle = 2 * time.Second
+	p, err := NewProducer[int, int](client, q, &ProducerOptions{Shards: clusterShards, Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	prs := make([]*Promise[int], n)
+	for i := range n {
+		prs[i], err = p.Produce(ctx, "k"+strconv.Itoa(i), i)
+		require.NoError(t, err)
+	}
+
+	child := crashtest.Start(t, "TestClusterCrashHelper", clusterCrashConfig{
+		Addrs: c.Addrs(), Queue: q, Name: "doomed", MinIdle: minIdle})
+	// Wait until all four workers are inside handlers and the ring holds more.
+	eventually(t, 60*time.Second, func() bool {
+		v, _ := client.Get(ctx, clusterStartedKey(q)).Int()
+		return v >= 4
+	}, "child consumer started its handlers")
+	child.Kill()
+
+	shards, err := keys.Shards(q, clusterShards)
+	require.NoError(t, err)
+	var held int64
+	for _, k := range shards {
+		pend, err := client.XPendingExt(ctx, &redis.XPendingExtArgs{
+			Stream: k.Stream, Group: DefaultGroup, Consumer: "doomed", Start: "-", End: "+", Count: 1000,
+		}).Result()
+		require.NoError(t, err)
+		held += int64(len(pend))
+	}
+	require.GreaterOrEqual(t, held, int64(4), "the killed consumer held entries")
+
+	var mu sync.Mutex
+	runs := map[string]int{}
+	redelivered := 0
+	cons, err := NewConsumer(client, q, func(ctx context.Context, m *Message[int]) (int, error) {
+		mu.Lock()
+		runs[m.ID]++
+		if m.Deliveries > 1 {
+			redelivered++
+		}
+		mu.Unlock()
+		return m.Payload + 1000, nil
+	}, &ConsumerOptions{Shards: clusterShards, Name: "survivor", Workers: 4, MinIdle: minIdle,
+		ClaimInterval: 100 * time.Millisecond, ReadBlock: 100 * time.Millisecond, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, cons)
+
+	for i, pr := range prs {
+		wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		got, err := pr.Wait(wctx)
+		cancel()
+		require.NoError(t, err, "k%d", i)
+		require.Equal(t, i+1000, got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, runs, n)
+	for id, r := range runs {
+		require.Equal(t, 1, r, "survivor runs of %s", id)
+	}
+	require.EqualValues(t, held, redelivered, "every entry the killed consumer held was redelivered, and no other")
+	t.Logf("killed consumer held %d entries; the survivor reclaimed and completed them", held)
+}
+
+// testClusterSafeTrim: a second group lags (its only consumer is stuck in a
+// handler) while the first completes everything; trimming then removes
+// nothing the lagging group has not acknowledged. Once it catches up, trim
+// removes entries again.
+func testClusterSafeTrim(t *testing.T, client redis.UniversalClient) {
+	ctx := context.Background()
+	q := queueName(t)
+	const n = 1200 // ~200 per shard: whole macro-nodes that MINID ~ can free
+	release := make(chan struct{})
+	var lagDone atomic.Int64
+	lag, err := NewConsumer(client, q, func(ctx context.Context, m *Message[int]) (int, error) {
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+		lagDone.Add(1)
+		return m.Payload, nil
+	}, &ConsumerOptions{Shards: clusterShards, Group: "lagging", Workers: 8, Prefetch: 64,
+		ReadBlock: 100 * time.Millisecond, TrimInterval: -1, Logger: testLogger(t)})
+	require.NoError(t, err)
+	stopLag := runConsumer(t, lag)
+	defer stopLag()
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	}()
+
+	fast, err := NewConsumer(client, q, func(ctx context.Context, m *Message[int]) (int, error) {
+		return m.Payload, nil
+	}, &ConsumerOptions{Shards: clusterShards, Group: "fast", Workers: 4,
+		ReadBlock: 100 * time.Millisecond, TrimInterval: -1, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, fast)
+	admin, err := NewAdmin(client, q)
+	require.NoError(t, err)
+	eventually(t, 30*time.Second, func() bool {
+		s, err := admin.Stats(ctx)
+		return err == nil && len(s.Groups) == 2
+	}, "both groups exist on every shard")
+
+	p, err := NewProducer[int, int](client, q, &ProducerOptions{Shards: clusterShards, Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	jobs := make([]Job[int], n)
+	for i := range jobs {
+		jobs[i] = Job[int]{ID: "t" + strconv.Itoa(i), Request: i}
+	}
+	var prs []*Promise[int]
+	for i := 0; i < n; i += 200 {
+		part, err := p.ProduceBatch(ctx, jobs[i:min(i+200, n)])
+		require.NoError(t, err)
+		prs = append(prs, part...)
+	}
+	for _, pr := range prs {
+		_, err := pr.Wait(ctx) // the fast group's result
+		require.NoError(t, err)
+	}
+	groupOf := func(s Stats, name string) GroupStats {
+		for _, g := range s.Groups {
+			if g.Name == name {
+				return g
+			}
+		}
+		t.Fatalf("no group %q in %+v", name, s)
+		return GroupStats{}
+	}
+	eventually(t, 30*time.Second, func() bool {
+		s, err := admin.Stats(ctx)
+		return err == nil && groupOf(s, "fast").Pending == 0 && groupOf(s, "fast").Lag == 0
+	}, "the fast group acknowledged everything")
+
+	for _, c := range []*Consumer[int, int]{fast, lag} {
+		removed, err := c.Trim(ctx)
+		require.NoError(t, err)
+		require.Zero(t, removed, "trim removed entries the lagging group has not acknowledged")
+	}
+	s, err := admin.Stats(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, n, s.Length, "every entry is still in the streams")
+	lg := groupOf(s, "lagging")
+	require.Positive(t, lg.Pending, "the lagging group holds entries")
+	require.EqualValues(t, n, lg.Pending+lg.Lag, "the lagging group has not acknowledged anything")
+
+	close(release)
+	eventually(t, 60*time.Second, func() bool {
+		s, err := admin.Stats(ctx)
+		return err == nil && groupOf(s, "lagging").Pending == 0 && groupOf(s, "lagging").Lag == 0
+	}, "the lagging group caught up")
+	require.EqualValues(t, n, lagDone.Load())
+	removed, err := fast.Trim(ctx)
+	require.NoError(t, err)
+	require.Positive(t, removed, "once both groups are done, trim frees whole macro-nodes")
+	s, err = admin.Stats(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, n-removed, s.Length)
+	t.Logf("trim removed %d of %d entries once both groups were done", removed, n)
+}
+
+// testClusterStats: Admin.Stats sums every shard of the cluster: a backlog
+// before any consumer, then dead letters and an empty queue after.
+func testClusterStats(t *testing.T, client redis.UniversalClient) {
+	ctx := context.Background()
+	q := queueName(t)
+	const n, bad = 90, 12
+	p, err := NewProducer[int, int](client, q, &ProducerOptions{Shards: clusterShards, Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	for i := range n {
+		require.NoError(t, p.Enqueue(ctx, "s"+strconv.Itoa(i), i))
+	}
+	admin, err := NewAdmin(client, q)
+	require.NoError(t, err)
+	s, err := admin.Stats(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, n, s.Length, "backlog summed over shards")
+	require.Empty(t, s.Groups)
+	ks, err := admin.Keys(ctx)
+	require.NoError(t, err)
+	require.Len(t, ks, clusterShards)
+
+	cons, err := NewConsumer(client, q, func(ctx context.Context, m *Message[int]) (int, error) {
+		if m.Payload < bad {
+			return 0, Permanent(errors.New("bad request"))
+		}
+		return m.Payload, nil
+	}, &ConsumerOptions{Shards: clusterShards, Workers: 4, ReadBlock: 100 * time.Millisecond, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, cons)
+	eventually(t, 30*time.Second, func() bool {
+		s, err = admin.Stats(ctx)
+		return err == nil && s.Length == 0 && s.DeadLetters == bad &&
+			len(s.Groups) == 1 && s.Groups[0].Pending == 0 && s.Groups[0].Lag == 0
+	}, "queue drained with %d dead letters", bad)
+	require.Equal(t, DefaultGroup, s.Groups[0].Name)
+	require.EqualValues(t, 1, s.Groups[0].Consumers)
+	dl, err := admin.DeadLetters(ctx, "", 100)
+	require.NoError(t, err)
+	require.Len(t, dl, bad)
+}
