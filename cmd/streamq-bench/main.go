@@ -78,6 +78,7 @@ type config struct {
 	handle     time.Duration
 	depth      int
 	ring       int
+	sendConc   int
 	json       bool
 	cpuprofile string
 	verbose    bool
@@ -120,6 +121,7 @@ func run() error {
 	fetchMS := flag.Float64("fetch-ms", 5, "fetch latency in milliseconds (prefetch)")
 	handleMS := flag.Float64("handle-ms", 5, "handler time in milliseconds (prefetch)")
 	flag.IntVar(&cfg.depth, "depth", 16, "prefetch ring depth (prefetch)")
+	flag.IntVar(&cfg.sendConc, "send-concurrency", 0, "ProducerOptions.Concurrency of each producer in throughput and rpc; 0 keeps the library default")
 	flag.IntVar(&cfg.ring, "ring", 0, "ConsumerOptions.Prefetch of each consumer in throughput and rpc; 0 keeps the library default")
 	flag.BoolVar(&cfg.json, "json", false, "print JSON lines instead of a table")
 	flag.StringVar(&cfg.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole program to this file")

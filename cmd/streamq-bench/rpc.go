@@ -55,7 +55,7 @@ func rpcStreamq(ctx context.Context, e *env, n int, pad string) (Result, error) 
 	for i := range producers {
 		cl := e.client(0)
 		defer cl.Close()
-		p, err := streamq.NewProducer[job, int](cl, q, &streamq.ProducerOptions{Logger: e.log})
+		p, err := streamq.NewProducer[job, int](cl, q, &streamq.ProducerOptions{Logger: e.log, Concurrency: e.cfg.sendConc})
 		if err != nil {
 			return Result{}, err
 		}

@@ -53,7 +53,7 @@ func throughputStreamq(ctx context.Context, e *env, n int, pad string) (Result, 
 	for i := range producers {
 		cl := e.client(0)
 		defer cl.Close()
-		p, err := streamq.NewProducer[job, struct{}](cl, q, &streamq.ProducerOptions{Logger: e.log})
+		p, err := streamq.NewProducer[job, struct{}](cl, q, &streamq.ProducerOptions{Logger: e.log, Concurrency: e.cfg.sendConc})
 		if err != nil {
 			return Result{}, err
 		}
