@@ -9,18 +9,22 @@
 //
 //	throughput  fire-and-forget: P producers Enqueue from many goroutines each,
 //	            C consumers with W workers in all run a no-op handler and discard
-//	            results. Baseline: XADD pipelined in batches of 16, XREADGROUP
-//	            COUNT 100, pipelined XACK+XDEL. Latency: enqueue to handler start.
+//	            results. Baseline: P goroutines XADD pipelined in batches of 16,
+//	            W goroutines XREADGROUP COUNT 100 and pipeline XACK+XDEL.
+//	            Latency: enqueue to handler start (the enqueue time travels in
+//	            the payload).
 //	rpc         P producers with -callers goroutines each doing Produce + Wait
 //	            (dedup and stored results on). Baseline: XADD a request naming a
-//	            reply key, the consumer LPUSHes the reply, the caller BLPOPs it.
-//	            Latency: round trip.
+//	            reply key, W consumer goroutines LPUSH the replies, the caller
+//	            BLPOPs its key. Latency: round trip.
 //	latency     one request at a time at idle: sequential Produce + Wait round
 //	            trips. Baseline: XADD, XREADGROUP BLOCK, LPUSH reply, BLPOP.
 //	prefetch    one worker, a Fetcher that sleeps -fetch-ms (a remote store) and
 //	            a handler that sleeps -handle-ms, with ring depth -depth and with
 //	            depth 1, against ideal = n*max(F,H)+F. Baseline: a plain loop
-//	            that fetches then handles each message in turn.
+//	            that fetches then handles each message in turn. Latency: the
+//	            idle time of the worker between two handlers (the baseline's
+//	            includes its fetch).
 //	batch       ProduceBatch of -batch jobs against pipelined XADD batches of the
 //	            same size (appending only). Latency: one batch call.
 //	all         every scenario above, in that order.
@@ -29,6 +33,11 @@
 // loopback port (redis-server must be on PATH) and stops it at the end. With
 // -redis it uses that server and touches only keys under queue names unique
 // to the run; it never flushes anything.
+//
+// Flags for diagnosis: -breakdown prints each run's INFO commandstats delta
+// per job to stderr; -cpuprofile profiles the program; -ring and
+// -send-concurrency override ConsumerOptions.Prefetch and
+// ProducerOptions.Concurrency in throughput and rpc (default: the library's).
 //
 // Each run checks that every job was handled (or, for batch, appended) exactly
 // once and exits with status 1 saying what was lost or duplicated otherwise.

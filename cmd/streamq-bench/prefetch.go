@@ -44,6 +44,21 @@ func runPrefetch(ctx context.Context, e *env, n int) error {
 	return nil
 }
 
+// gapClock measures, for a single worker, the idle time between the end of
+// one handler and the start of the next: what prefetching should remove.
+type gapClock struct{ lastEnd atomic.Int64 }
+
+// begin returns the gap before this handler, in ns (0 for the first).
+func (g *gapClock) begin() int64 {
+	last := g.lastEnd.Load()
+	if last == 0 {
+		return 0
+	}
+	return time.Now().UnixNano() - last
+}
+
+func (g *gapClock) end() { g.lastEnd.Store(time.Now().UnixNano()) }
+
 // sleepCtx sleeps for d unless ctx ends first.
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
@@ -92,13 +107,16 @@ func prefetchStreamq(ctx context.Context, e *env, n int, pad string, depth int) 
 		}
 		return en.Data, nil
 	})
+	var gaps gapClock
 	handler := func(ctx context.Context, m *streamq.Message[job]) (struct{}, error) {
+		gap := gaps.begin()
 		if err := sleepCtx(ctx, e.cfg.handle); err != nil {
 			return struct{}{}, err
 		}
-		if err := t.mark(m.Payload.Seq, 0); err != nil {
+		if err := t.mark(m.Payload.Seq, gap); err != nil {
 			herr.add(err)
 		}
+		gaps.end()
 		return struct{}{}, nil
 	}
 	m := e.meter()
@@ -124,7 +142,7 @@ func prefetchStreamq(ctx context.Context, e *env, n int, pad string, depth int) 
 	if err := firstErr(herr.err(), t.verify(fmt.Sprintf("streamq prefetch depth %d", depth))); err != nil {
 		return Result{}, err
 	}
-	return m.result("prefetch", "streamq", n, "", nil), nil
+	return m.result("prefetch", "streamq", n, "handler gap", t.latencies()), nil
 }
 
 // prefetchBaseline is the loop one writes by hand: read a few entries, then
@@ -157,16 +175,19 @@ func prefetchBaseline(ctx context.Context, e *env, n int, pad string) (Result, e
 	if err := m.start(ctx); err != nil {
 		return Result{}, err
 	}
+	var gaps gapClock
 	stop := b.runConsumers(ctx, e, 1, 16, 100*time.Millisecond, func(msg redis.XMessage, _ redis.Pipeliner) error {
 		time.Sleep(e.cfg.fetch)
 		j, err := decodeJob(msg)
 		if err != nil {
 			return err
 		}
+		gap := gaps.begin()
 		time.Sleep(e.cfg.handle)
-		if err := t.mark(j.Seq, 0); err != nil {
+		if err := t.mark(j.Seq, gap); err != nil {
 			herr.add(err)
 		}
+		gaps.end()
 		return nil
 	})
 	defer stop()
@@ -182,5 +203,5 @@ func prefetchBaseline(ctx context.Context, e *env, n int, pad string) (Result, e
 	if err := firstErr(herr.err(), t.verify("baseline prefetch")); err != nil {
 		return Result{}, err
 	}
-	return m.result("prefetch", "baseline", n, "", nil), nil
+	return m.result("prefetch", "baseline", n, "handler gap", t.latencies()), nil
 }
