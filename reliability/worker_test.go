@@ -226,6 +226,7 @@ func readResults(path, prefix string) (map[int]bool, error) {
 
 // runProducerWorker produces every id of its range not yet resolved in its
 // results file, on the range's schedule, and appends each outcome there:
+// "A <id>" once Produce accepted it (Redis recorded it),
 // "R <id> <v>" for a result, "D <id>" for a dead-lettered poison request,
 // "X <id> <what>" for anything that must not happen. It exits once every id
 // is resolved. A request whose outcome is unknown (an error or a timeout) is
@@ -265,6 +266,7 @@ func runProducerWorker(cfg workerConfig, log *slog.Logger) error {
 		id := idOf(cfg.Prefix, i)
 		req := reqOf(cfg.Slot, i, cfg.PoisonEvery)
 		produced.Add(1)
+		accepted := false
 		for attempt := 1; ; attempt++ {
 			ctx, cancel := context.WithTimeout(context.Background(), cfg.Attempt)
 			pr, err := p.Produce(ctx, id, req)
@@ -273,6 +275,11 @@ func runProducerWorker(cfg workerConfig, log *slog.Logger) error {
 				produceErrs.Add(1)
 				time.Sleep(min(time.Duration(attempt)*50*time.Millisecond, time.Second))
 				continue
+			}
+			if !accepted {
+				// Redis has the request now: from here on, losing it is a bug.
+				write("A %s", id)
+				accepted = true
 			}
 			resp, err := pr.Wait(ctx)
 			cancel()
