@@ -144,6 +144,7 @@ type run struct {
 	starts    []int64
 
 	killed   map[int]time.Time // consumer pid -> when it was SIGKILLed
+	starved  map[int][]window  // consumer pid -> spans it recorded not running
 	windows  []window
 	counts   map[string]int // faults done, by kind
 	garbage  []string       // ids of malformed entries that carry an id
@@ -165,6 +166,18 @@ func newRun(t *testing.T, p profile, seed uint64) *run {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.px.Close() })
 	t.Cleanup(r.stopAll) // runs before the proxy and the server are stopped
+	t.Cleanup(func() {
+		// Runs before t.TempDir is removed: keep the evidence of a failed run.
+		if !t.Failed() {
+			return
+		}
+		keep := filepath.Join(os.TempDir(), fmt.Sprintf("streamq-reliability-%d", seed))
+		if err := os.CopyFS(keep, os.DirFS(r.dir)); err != nil {
+			t.Logf("cannot keep the run's files: %v", err)
+			return
+		}
+		t.Logf("the run's files (executions, results, worker logs) are kept in %s", keep)
+	})
 	return r
 }
 
@@ -514,17 +527,71 @@ func (r *run) readExecutions() map[string][]execution {
 // process was killed after it started, or prev ran while a fault that can cost
 // a live consumer its leases was near (it loses them once its entries stay idle
 // for MinIdle without renewal). It returns "" when no fault explains it.
+//
+// The span around a fault is [start - MinIdle - 1s, end + MinIdle + 1s]: an
+// entry delivered up to MinIdle before the fault may be claimed during it, and
+// after it the consumer needs up to a lease period to renew while the entries
+// its ring held during the fault start late.
 func (r *run) explain(prev execution) string {
 	if at, ok := r.killed[prev.pid]; ok && at.After(prev.at) {
 		return "consumer SIGKILL"
 	}
-	const slack = time.Second
+	near := func(w window) bool {
+		const slack = time.Second
+		return !prev.at.Before(w.start.Add(-workerMinIdle-slack)) && !prev.at.After(w.end.Add(workerMinIdle+slack))
+	}
 	for _, w := range r.windows {
-		if !prev.at.Before(w.start.Add(-workerMinIdle-slack)) && !prev.at.After(w.end.Add(slack)) {
+		if near(w) {
 			return w.kind
 		}
 	}
+	for _, w := range r.starved[prev.pid] {
+		if near(w) {
+			return "consumer starved"
+		}
+	}
 	return ""
+}
+
+// readStarvation loads the spans each consumer process recorded as starved.
+func (r *run) readStarvation() {
+	r.starved = map[int][]window{}
+	files, err := filepath.Glob(filepath.Join(r.dir, "starve-*.log"))
+	require.NoError(r.t, err)
+	for _, path := range files {
+		pid, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(filepath.Base(path), "starve-"), ".log"))
+		require.NoError(r.t, err)
+		b, err := os.ReadFile(path)
+		require.NoError(r.t, err)
+		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			var a, z int64
+			if _, err := fmt.Sscan(line, &a, &z); err == nil {
+				r.starved[pid] = append(r.starved[pid], window{kind: "starved", start: time.Unix(0, a), end: time.Unix(0, z)})
+			}
+		}
+	}
+}
+
+// describe names a process and the faults near a moment, for failure messages.
+func (r *run) describe(pid int, at time.Time) string {
+	label := "?"
+	for _, p := range r.allProcs {
+		if p.pid() == pid {
+			label = p.label
+		}
+	}
+	var near []string
+	for _, w := range r.windows {
+		if w.end.After(at.Add(-10*time.Second)) && w.start.Before(at.Add(10*time.Second)) {
+			near = append(near, fmt.Sprintf("%s %v..%v", w.kind, w.start.Sub(r.born).Round(time.Millisecond), w.end.Sub(r.born).Round(time.Millisecond)))
+		}
+	}
+	for kpid, k := range r.killed {
+		if k.After(at.Add(-10*time.Second)) && k.Before(at.Add(10*time.Second)) {
+			near = append(near, fmt.Sprintf("kill of pid %d at %v", kpid, k.Sub(r.born).Round(time.Millisecond)))
+		}
+	}
+	return fmt.Sprintf("%s (pid %d); faults within 10s: %v", label, pid, near)
 }
 
 // verify counts every id.
@@ -663,6 +730,7 @@ func (r *run) verify() {
 
 	// Executions: at least one per request; every extra one explained by a fault.
 	execs := r.readExecutions()
+	r.readStarvation()
 	executions, dups := 0, 0
 	poisonRuns, poisonIDs := map[int]int{}, map[int]int{}
 	causes := map[string]int{}
@@ -693,8 +761,9 @@ func (r *run) verify() {
 			c := r.explain(ex[j-1])
 			if c == "" {
 				c = "unexplained"
-				fail("id %s ran again at %s (pid %d) after a run at %s (pid %d) that no fault explains",
-					e.id, ex[j].at.Sub(r.born), ex[j].pid, ex[j-1].at.Sub(r.born), ex[j-1].pid)
+				fail("id %s ran again at %s by %s after a run at %s by %s that no fault explains",
+					e.id, ex[j].at.Sub(r.born), r.describe(ex[j].pid, ex[j].at),
+					ex[j-1].at.Sub(r.born), r.describe(ex[j-1].pid, ex[j-1].at))
 			}
 			causes[c]++
 		}

@@ -196,7 +196,44 @@ func runConsumerWorker(cfg workerConfig, log *slog.Logger) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	go watchStarvation(ctx, cfg.Dir)
 	return c.Run(ctx)
+}
+
+// watchStarvation records the spans during which this process did not run for
+// longer than a lease renewal period (CPU starvation, a long GC pause, the
+// machine swapping): in such a span the consumer cannot renew its leases, so
+// another consumer may legitimately claim its entries. Each span is appended
+// to the process's starvation file as "<start ns> <end ns>".
+func watchStarvation(ctx context.Context, dir string) {
+	const tick = 100 * time.Millisecond
+	const limit = workerMinIdle / 3
+	f, err := os.OpenFile(starveFile(dir, os.Getpid()), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker: cannot open the starvation file:", err)
+		os.Exit(3)
+	}
+	defer f.Close()
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			now := time.Now()
+			if gap := now.Sub(last); gap > limit {
+				_, _ = fmt.Fprintf(f, "%d %d\n", last.UnixNano(), now.UnixNano())
+			}
+			last = now
+		}
+	}
+}
+
+// starveFile is where a consumer process records the spans it did not run.
+func starveFile(dir string, pid int) string {
+	return filepath.Join(dir, fmt.Sprintf("starve-%d.log", pid))
 }
 
 // readResults returns the indexes of a range already resolved in a producer's
