@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -588,4 +589,154 @@ func TestClusterFailover(t *testing.T) {
 		produceRetries.Load(), lostRecords.Load())
 	t.Logf("failover: of %d ids, %d ran twice on one entry (completion or lease renewal lost in the outage), %d ran on two entries (record lost, id produced again)",
 		n, redelivered, reappended)
+}
+
+// TestClusterThroughput measures fire-and-forget jobs per second on clusters
+// of 1, 2 and 3 masters (Shards = 2 x masters), and on a plain server with
+// 1 and 6 shards for reference. It is a measurement, not a check, and runs only
+// with STREAMQ_CLUSTER_BENCH=1 (without -race for meaningful figures):
+//
+//	STREAMQ_CLUSTER_BENCH=1 go test -run TestClusterThroughput -v .
+//
+// STREAMQ_CLUSTER_BENCH_N sets the jobs per run (default 60000).
+func TestClusterThroughput(t *testing.T) {
+	if os.Getenv("STREAMQ_CLUSTER_BENCH") != "1" {
+		t.Skip("set STREAMQ_CLUSTER_BENCH=1 to measure cluster throughput")
+	}
+	n := 60000
+	if s := os.Getenv("STREAMQ_CLUSTER_BENCH_N"); s != "" {
+		var err error
+		n, err = strconv.Atoi(s)
+		require.NoError(t, err, "STREAMQ_CLUSTER_BENCH_N")
+	}
+	for _, shards := range []int{1, 6} {
+		t.Run(fmt.Sprintf("single-server/shards=%d", shards), func(t *testing.T) {
+			s := redistest.Start(t)
+			rate := clusterThroughput(t, func(testing.TB) redis.UniversalClient {
+				return redis.NewClient(&redis.Options{Addr: s.Addr()})
+			}, []int{s.PID()}, shards, n)
+			t.Logf("BENCH single server, %d shards: %d jobs in %.0f jobs/s", shards, n, rate)
+		})
+	}
+	for _, masters := range []int{1, 2, 3} {
+		t.Run(fmt.Sprintf("masters=%d", masters), func(t *testing.T) {
+			c := redistest.StartCluster(t, masters, 0)
+			rate := clusterThroughput(t, func(testing.TB) redis.UniversalClient {
+				return redis.NewClusterClient(c.Options())
+			}, c.PIDs(), 2*masters, n)
+			t.Logf("BENCH cluster of %d masters, %d shards: %d jobs in %.0f jobs/s", masters, 2*masters, n, rate)
+		})
+	}
+}
+
+// clusterThroughput runs n fire-and-forget jobs through two producers (each
+// with 128 concurrent Enqueue callers, so calls coalesce) and two consumers
+// (8 workers each, DiscardResults), each with its own client, and returns
+// jobs per second from the first Enqueue to the last handler return. It logs
+// the CPU time used by this process and by the servers (process ids servers).
+func clusterThroughput(t *testing.T, newClient func(testing.TB) redis.UniversalClient, servers []int, shards, n int) float64 {
+	t.Helper()
+	ctx := context.Background()
+	q := queueName(t)
+	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	client := func() redis.UniversalClient {
+		cl := newClient(t)
+		t.Cleanup(func() { _ = cl.Close() })
+		return cl
+	}
+	var done atomic.Int64
+	finished := make(chan struct{})
+	for i := range 2 {
+		cons, err := NewConsumer(client(), q, func(ctx context.Context, m *Message[int]) (struct{}, error) {
+			if done.Add(1) == int64(n) {
+				close(finished)
+			}
+			return struct{}{}, nil
+		}, &ConsumerOptions{Shards: shards, Name: fmt.Sprintf("b%d", i), Workers: 8, Prefetch: 256,
+			DiscardResults: true, ReadBlock: 100 * time.Millisecond, Logger: quiet})
+		require.NoError(t, err)
+		runConsumer(t, cons)
+	}
+	// Let the consumers create their groups before the clock starts.
+	admin, err := NewAdmin(client(), q)
+	require.NoError(t, err)
+	eventually(t, 30*time.Second, func() bool {
+		s, err := admin.Stats(ctx)
+		return err == nil && len(s.Groups) == 1 && s.Groups[0].Consumers == 2
+	}, "consumers ready")
+
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 256)
+	cpu0, srv0 := processCPU(), serversCPU(servers)
+	start := time.Now()
+	for range 2 {
+		p, err := NewProducer[int, struct{}](client(), q, &ProducerOptions{Shards: shards, Logger: quiet})
+		require.NoError(t, err)
+		defer p.Close()
+		for range 128 {
+			wg.Go(func() {
+				for {
+					i := int(next.Add(1) - 1)
+					if i >= n {
+						return
+					}
+					if err := p.Enqueue(ctx, "j"+strconv.Itoa(i), i); err != nil {
+						errs <- err
+						return
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	select {
+	case <-finished:
+	case <-time.After(5 * time.Minute):
+		t.Fatalf("only %d of %d jobs handled after 5 minutes", done.Load(), n)
+	}
+	elapsed := time.Since(start)
+	cpu, srv := processCPU()-cpu0, serversCPU(servers)-srv0
+	require.EqualValues(t, n, done.Load())
+	t.Logf("BENCH %d jobs, %d shards: %v wall; CPU: client %v (%.1f us/job), %d redis-server %v (%.1f us/job)",
+		n, shards, elapsed.Round(time.Millisecond), cpu.Round(time.Millisecond), us(cpu, n),
+		len(servers), srv.Round(time.Millisecond), us(srv, n))
+	return float64(n) / elapsed.Seconds()
+}
+
+func us(d time.Duration, n int) float64 { return float64(d.Microseconds()) / float64(n) }
+
+// serversCPU returns the CPU time (user + system) the processes pids have
+// used, from /proc (clock ticks of 10 ms); 0 where /proc is missing.
+func serversCPU(pids []int) time.Duration {
+	var total time.Duration
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// Fields after the parenthesised command: state is field 3, utime 14, stime 15.
+		rest := string(b[strings.LastIndexByte(string(b), ')')+2:])
+		f := strings.Fields(rest)
+		if len(f) < 13 {
+			continue
+		}
+		ut, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		total += time.Duration(ut+st) * 10 * time.Millisecond
+	}
+	return total
+}
+
+// processCPU returns the CPU time (user + system) this process has used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

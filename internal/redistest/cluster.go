@@ -240,6 +240,18 @@ func (c *Cluster) Addrs() []string {
 	return out
 }
 
+// PIDs returns the process ids of the running nodes, in creation order; a
+// killed node is left out.
+func (c *Cluster) PIDs() []int {
+	var out []int
+	for _, p := range c.nodes {
+		if pid := p.PID(); pid != 0 {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
 // ClientReloadInterval is the ClusterStateReloadInterval of the clients that
 // [Cluster.Options] describes. go-redis reloads its slot map on MOVED, but
 // not when a master stops answering, and by default only every 60 s; after a
