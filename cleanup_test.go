@@ -56,7 +56,7 @@ func TestTrimKeepsWhatALaggingGroupNeeds(t *testing.T) {
 		q := queueName(t)
 		admin, err := NewAdmin(client, q)
 		require.NoError(t, err)
-		stream, _, _, _ := admin.Keys()
+		stream, _, _, _ := firstShardKeys(t, admin)
 		p, err := NewProducer[int, int](client, q, &ProducerOptions{Logger: testLogger(t)})
 		require.NoError(t, err)
 		defer p.Close()
@@ -150,7 +150,7 @@ func TestTrimConcurrentWithAppendsLosesNothing(t *testing.T) {
 		q := queueName(t)
 		admin, err := NewAdmin(client, q)
 		require.NoError(t, err)
-		stream, _, _, _ := admin.Keys()
+		stream, _, _, _ := firstShardKeys(t, admin)
 		const producers = 4
 		perProducer := 1000
 		if mini != nil {
@@ -292,7 +292,7 @@ func TestPruneConsumersRemovesOnlyIdleEmptyConsumers(t *testing.T) {
 		q := queueName(t)
 		admin, err := NewAdmin(client, q)
 		require.NoError(t, err)
-		stream, _, _, _ := admin.Keys()
+		stream, _, _, _ := firstShardKeys(t, admin)
 		const group, idle = "g", time.Second
 		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[int]) (int, error) { return 0, nil },
 			&ConsumerOptions{Group: group, Name: "me", ConsumerIdleTimeout: idle, Logger: testLogger(t)})
@@ -398,7 +398,7 @@ func TestStatsOfAConstructedQueue(t *testing.T) {
 		q := queueName(t)
 		admin, err := NewAdmin(client, q)
 		require.NoError(t, err)
-		stream, dead, _, _ := admin.Keys()
+		stream, dead, _, _ := firstShardKeys(t, admin)
 
 		// A queue that does not exist yet has empty statistics.
 		st, err := admin.Stats(ctx)
@@ -484,7 +484,7 @@ func scanRecords(t *testing.T, client *redis.Client, admin *Admin) map[string]st
 } {
 	t.Helper()
 	ctx := context.Background()
-	_, _, _, pattern := admin.Keys()
+	_, _, _, pattern := firstShardKeys(t, admin)
 	out := map[string]struct {
 		val  string
 		pttl time.Duration
@@ -544,7 +544,7 @@ func TestRecordsAlwaysHaveATTL(t *testing.T) {
 				}, &ConsumerOptions{ResultTTL: resultTTL, DiscardResults: discard, Logger: testLogger(t)})
 				require.NoError(t, err)
 				stop := runConsumer(t, c)
-				stream, _, _, _ := admin.Keys()
+				stream, _, _, _ := firstShardKeys(t, admin)
 				eventually(t, 30*time.Second, func() bool {
 					st, err := admin.Stats(ctx)
 					require.NoError(t, err)
