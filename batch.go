@@ -205,33 +205,38 @@ func (p *Producer[Req, Resp]) sendCoalesced(batch []*produceItem) {
 	}
 }
 
-// coalescer sends items in batches with zero linger: each sender blocks for the
-// first item, takes whatever else is already waiting without blocking, up to
-// the limits, and sends at once. Under load batches grow by themselves; at idle
-// every item goes alone, with no added latency.
+// coalescer sends items in batches with zero linger, as a group commit: when
+// nothing is in flight, whatever is waiting goes at once (alone, at idle);
+// while a send is in flight, items gather until it returns or the batch is
+// full, and only full batches go in parallel, up to maxInflight. So a caller
+// never waits for more items to arrive, only for a round trip already under
+// way, and under load batches grow by themselves.
 type coalescer[T any] struct {
-	in       chan T
-	maxItems int
-	maxBytes int
-	linger   time.Duration
-	size     func(T) int
-	send     func([]T)
-	wg       sync.WaitGroup
+	in          chan T
+	maxItems    int
+	maxBytes    int
+	maxInflight int
+	linger      time.Duration
+	size        func(T) int
+	send        func([]T)
+
+	sent chan struct{} // one token per finished send
+	done chan struct{} // closed when the loop has sent everything
 }
 
-func newCoalescer[T any](senders, maxItems, maxBytes int, linger time.Duration, size func(T) int, send func([]T)) *coalescer[T] {
+func newCoalescer[T any](maxInflight, maxItems, maxBytes int, linger time.Duration, size func(T) int, send func([]T)) *coalescer[T] {
 	c := &coalescer[T]{
-		in:       make(chan T, maxItems*senders),
-		maxItems: maxItems,
-		maxBytes: maxBytes,
-		linger:   linger,
-		size:     size,
-		send:     send,
+		in:          make(chan T, maxItems*maxInflight),
+		maxItems:    maxItems,
+		maxBytes:    maxBytes,
+		maxInflight: maxInflight,
+		linger:      linger,
+		size:        size,
+		send:        send,
+		sent:        make(chan struct{}, maxInflight),
+		done:        make(chan struct{}),
 	}
-	c.wg.Add(senders)
-	for range senders {
-		go c.loop()
-	}
+	go c.loop()
 	return c
 }
 
@@ -239,70 +244,117 @@ func newCoalescer[T any](senders, maxItems, maxBytes int, linger time.Duration, 
 // The caller guarantees that nobody sends on in after close.
 func (c *coalescer[T]) close() {
 	close(c.in)
-	c.wg.Wait()
+	<-c.done
 }
 
+// loop is the coalescer's only goroutine besides the sends it starts; it owns
+// carry and inflight.
 func (c *coalescer[T]) loop() {
-	defer c.wg.Done()
+	defer close(c.done)
 	var (
 		carry    T
 		hasCarry bool
-		batch    []T
+		inflight int
+		closed   bool
 	)
+	defer func() {
+		for ; inflight > 0; inflight-- {
+			<-c.sent
+		}
+	}()
 	for {
 		var first T
 		if hasCarry {
 			first, hasCarry = carry, false
 		} else {
-			v, ok := <-c.in
-			if !ok {
+			// Idle: wait for the first item, collecting finished sends meanwhile.
+			for !closed {
+				select {
+				case v, ok := <-c.in:
+					if !ok {
+						closed = true
+						continue
+					}
+					first = v
+				case <-c.sent:
+					inflight--
+					continue
+				}
+				break
+			}
+			if closed {
 				return
 			}
-			first = v
 		}
-		batch = append(batch[:0], first)
+		batch := []T{first}
 		bytes := c.size(first)
-		var (
-			deadline <-chan time.Time
-			timer    *time.Timer
-		)
-		if c.linger > 0 {
-			timer = time.NewTimer(c.linger)
-			deadline = timer.C
-		}
-	fill:
-		for len(batch) < c.maxItems {
-			var v T
-			var ok bool
-			if deadline != nil {
-				select {
-				case v, ok = <-c.in:
-				case <-deadline:
-					break fill
-				}
-			} else {
-				select {
-				case v, ok = <-c.in:
-				default:
-					break fill
-				}
-			}
-			if !ok {
-				break fill
-			}
+		// add takes v into the batch, or keeps it for the next one when it
+		// would break the byte limit; it reports whether the batch is closed.
+		add := func(v T) bool {
 			if s := c.size(v); bytes+s > c.maxBytes {
 				carry, hasCarry = v, true
-				break fill
+				return true
 			} else {
 				bytes += s
 			}
 			batch = append(batch, v)
+			return len(batch) >= c.maxItems
 		}
-		if timer != nil {
-			timer.Stop()
+		full := hasCarry
+		// Take what is already waiting.
+		for !full && !closed {
+			select {
+			case v, ok := <-c.in:
+				if !ok {
+					closed = true
+					continue
+				}
+				full = add(v)
+				continue
+			default:
+			}
+			break
 		}
-		c.send(batch)
-		clear(batch)
+		// Optional linger, for callers that ask for it.
+		if c.linger > 0 && !full && !closed {
+			t := time.NewTimer(c.linger)
+		linger:
+			for !full && !closed {
+				select {
+				case v, ok := <-c.in:
+					if !ok {
+						closed = true
+						break linger
+					}
+					full = add(v)
+				case <-t.C:
+					break linger
+				}
+			}
+			t.Stop()
+		}
+		// Group commit: while a send is in flight, gather until it returns.
+		for !full && !closed && inflight > 0 {
+			select {
+			case v, ok := <-c.in:
+				if !ok {
+					closed = true
+					continue
+				}
+				full = add(v)
+			case <-c.sent:
+				inflight--
+			}
+		}
+		for inflight >= c.maxInflight {
+			<-c.sent
+			inflight--
+		}
+		inflight++
+		go func(b []T) {
+			c.send(b)
+			c.sent <- struct{}{}
+		}(batch)
 	}
 }
 
