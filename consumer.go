@@ -157,7 +157,7 @@ func (c *Consumer[Req, Resp]) ensureGroupRetry(ctx context.Context) error {
 //   - feeder (feed): reads and claims entries, creates slots, pushes them into the ring.
 //   - fetch goroutines: one per slot with a remote payload, until the slot is ready.
 //   - workers (work): take slots in ring order, run the handler, hand outcomes on.
-//   - completer senders (coalescer): record outcomes in batches, then forget slots.
+//   - completer senders (coalescer): record outcomes in batches, then untrack slots.
 //   - leaser (leaseLoop): renews the leases of owned slots, marks lost ones.
 //   - trimmer (trimLoop): trims the stream and prunes idle consumers.
 //
@@ -379,7 +379,21 @@ func (r *run[Req, Resp]) process(s *slot) {
 		r.fail(s, Permanent(err))
 		return
 	}
-	r.completer.in <- &completion{s: s, code: recordResult, value: payload}
+	r.handOff(&completion{s: s, code: recordResult, value: payload})
+}
+
+// handOff passes an outcome to the completer and gives the slot's ring place
+// back at once: the payload is no longer needed, and the ring refills while
+// the outcome waits for its round trip. The entry stays tracked (leased) until
+// its outcome is recorded. Outcomes in flight are bounded by the completer's
+// channel, on which handOff blocks when Redis falls behind.
+func (r *run[Req, Resp]) handOff(cp *completion) {
+	cp.s.data = nil // the fetched payload
+	if _, inline := r.c.opts.Fetcher.(InlineFetcher); inline && cp.code != recordDead {
+		cp.s.entry.Data = nil // the payload itself; dead letters keep it
+	}
+	r.completer.in <- cp
+	r.ring.give(1)
 }
 
 // call runs the handler, turning a panic into an error.
@@ -432,7 +446,7 @@ func jitter(d time.Duration) time.Duration {
 func (r *run[Req, Resp]) deadLetter(s *slot, reason string) {
 	r.c.log.Warn("streamq: dead-lettering message", "id", s.entry.ID, "entry", s.entry.EntryID,
 		"deliveries", s.entry.Deliveries, "reason", reason)
-	r.completer.in <- &completion{s: s, code: recordDead, value: []byte(reason)}
+	r.handOff(&completion{s: s, code: recordDead, value: []byte(reason)})
 }
 
 // completion is the outcome of one message on its way to Redis.
@@ -528,7 +542,7 @@ func (r *run[Req, Resp]) forgetCompletions(batch []*completion) {
 	for i, cp := range batch {
 		slots[i] = cp.s
 	}
-	r.forget(slots...)
+	r.untrack(slots...) // their ring places were given back at hand-off
 }
 
 // backoff is a capped exponential back-off for retrying Redis calls.

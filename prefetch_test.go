@@ -108,8 +108,9 @@ func TestPrefetchOrderAndExactlyOnce(t *testing.T) {
 	})
 }
 
-// countingFetcher counts payloads fetched but not yet completed, and records
-// the maximum. Completed comes from the consumer through FetchCompleter.
+// countingFetcher counts payloads fetched but not yet handled (the handler
+// calls done; the consumer drops a payload when its handler returns), and
+// records the maximum.
 type countingFetcher struct {
 	held, peak, fetches atomic.Int64
 }
@@ -126,10 +127,7 @@ func (f *countingFetcher) Fetch(_ context.Context, e Entry) ([]byte, error) {
 	return e.Data, nil
 }
 
-func (f *countingFetcher) Completed(_ context.Context, entries []Entry) error {
-	f.held.Add(-int64(len(entries)))
-	return nil
-}
+func (f *countingFetcher) done() { f.held.Add(-1) }
 
 func TestPrefetchBoundsPayloadsInMemory(t *testing.T) {
 	backends(t, func(t *testing.T, client *redis.Client) {
@@ -150,13 +148,14 @@ func TestPrefetchBoundsPayloadsInMemory(t *testing.T) {
 		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
 			time.Sleep(2 * time.Millisecond) // a slow handler
 			handled.Add(1)
+			f.done()
 			return m.Payload, nil
 		}, &ConsumerOptions{Workers: workers, Prefetch: depth, Fetcher: f, Logger: testLogger(t)})
 		require.NoError(t, err)
 		runConsumer(t, c)
 
 		eventually(t, time.Minute, func() bool { return handled.Load() == n }, "not every message was handled")
-		eventually(t, 10*time.Second, func() bool { return f.held.Load() == 0 }, "payloads still held after completion")
+		eventually(t, 10*time.Second, func() bool { return f.held.Load() == 0 }, "payloads still held after handling")
 		require.EqualValues(t, n, f.fetches.Load())
 		t.Logf("peak payloads held: %d (Prefetch %d, Workers %d)", f.peak.Load(), depth, workers)
 		require.LessOrEqual(t, f.peak.Load(), int64(depth), "more payloads held than Prefetch")
