@@ -144,8 +144,9 @@ func workerMain(raw string) int {
 	return 0
 }
 
-// runConsumerWorker consumes until SIGTERM. Each handler execution is appended
-// to the process's execution file before the handler does anything else, with
+// runConsumerWorker consumes until SIGTERM. Each handler execution (time,
+// request id, delivery count, stream entry id) is appended to the process's
+// execution file before the handler does anything else, with
 // one write(2) call, so that it survives a SIGKILL of the process.
 func runConsumerWorker(cfg workerConfig, log *slog.Logger) error {
 	f, err := os.OpenFile(execFile(cfg.Dir, os.Getpid()), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
@@ -157,7 +158,7 @@ func runConsumerWorker(cfg workerConfig, log *slog.Logger) error {
 	defer client.Close()
 
 	handler := func(ctx context.Context, m *streamq.Message[Req]) (Resp, error) {
-		line := fmt.Sprintf("%d %s %d\n", time.Now().UnixNano(), m.ID, m.Deliveries)
+		line := fmt.Sprintf("%d %s %d %s\n", time.Now().UnixNano(), m.ID, m.Deliveries, m.EntryID)
 		if _, err := f.WriteString(line); err != nil {
 			// Without the record the run cannot be checked: stop here.
 			fmt.Fprintln(os.Stderr, "worker: cannot record an execution:", err)
@@ -309,6 +310,9 @@ func runProducerWorker(cfg workerConfig, log *slog.Logger) error {
 			pr, err := p.Produce(ctx, id, req)
 			if err != nil {
 				cancel()
+				if errors.Is(err, streamq.ErrWrongType) {
+					write("X %s produce-error %q", id, err.Error())
+				}
 				produceErrs.Add(1)
 				time.Sleep(min(time.Duration(attempt)*50*time.Millisecond, time.Second))
 				continue
@@ -317,6 +321,14 @@ func runProducerWorker(cfg workerConfig, log *slog.Logger) error {
 				// Redis has the request now: from here on, losing it is a bug.
 				write("A %s", id)
 				accepted = true
+			}
+			if i%4 == 0 {
+				// A second submission of an id in flight must attach to its
+				// entry (or find its result), never append another one.
+				if again, err := p.Produce(ctx, id, req); err == nil &&
+					again.EntryID() != "" && pr.EntryID() != "" && again.EntryID() != pr.EntryID() {
+					write("X %s produced-twice %s %s", id, pr.EntryID(), again.EntryID())
+				}
 			}
 			resp, err := pr.Wait(ctx)
 			cancel()
@@ -339,8 +351,9 @@ func runProducerWorker(cfg workerConfig, log *slog.Logger) error {
 				waitTimeouts.Add(1)
 				continue
 			default:
+				// No other error may resolve a promise in a correct run.
 				waitErrs.Add(1)
-				log.Warn("wait failed; producing again", "id", id, "err", err)
+				write("X %s wait-error %q", id, err.Error())
 				continue
 			}
 			resolved.Add(1)
