@@ -336,7 +336,7 @@ func (r *run) execute() {
 			r.logTail(p)
 		}
 	}
-	t.Logf("all requests resolved after %v; queue drained: %v", produced.Round(time.Second), drained)
+	t.Logf("producers finished %v after the start; queue drained: %v", produced.Round(time.Second), drained)
 	r.verify()
 }
 
