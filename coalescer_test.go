@@ -13,10 +13,15 @@ func TestCoalescerSendsAtOnceAndBatchesWhatWaits(t *testing.T) {
 	var mu sync.Mutex
 	var batches [][]int
 	release := make(chan struct{})
+	started := make(chan struct{})
 	sent := make(chan struct{}, 100)
 	c := newCoalescer(1, 100, 1<<20, 0, func(int) int { return 1 }, func(b []int) {
-		if len(batches) == 0 {
-			<-release // hold the sender so that later items queue up
+		mu.Lock()
+		first := len(batches) == 0 && b[0] == 0
+		mu.Unlock()
+		if first {
+			close(started)
+			<-release // hold the send so that later items gather
 		}
 		mu.Lock()
 		batches = append(batches, append([]int(nil), b...))
@@ -24,6 +29,7 @@ func TestCoalescerSendsAtOnceAndBatchesWhatWaits(t *testing.T) {
 		sent <- struct{}{}
 	})
 	c.in <- 0 // goes alone: nothing else is waiting
+	<-started
 	for i := 1; i <= 10; i++ {
 		c.in <- i
 	}

@@ -18,7 +18,8 @@
 -- ARGV[9+6(i-1) .. 14+6(i-1)]  item i: entry id, request id, code, value, payload, deliveries
 --   code "R": value is the encoded response
 --   code "E": value is an error message
---   code "L": value is an error message; the item is also appended to the dead-letter stream
+--   code "L": value is an error message; the item is also appended to the dead-letter
+--             stream, unless the request already had an outcome
 --
 -- Returns the number of items.
 local group, channel, ttl, store = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == "1"
@@ -30,11 +31,13 @@ for i = 1, n do
   local eid, rid, code, value = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   ids[i] = eid
   local outcome = code .. value
+  local first = true
   if rid ~= "" then
     local key = KEYS[2 + i]
     local cur = redis.pcall("GET", key)
     if type(cur) == "string" and string.sub(cur, 1, 1) ~= "P" then
       outcome = cur
+      first = false
     else
       local rec = outcome
       if code == "R" and not store then
@@ -44,7 +47,9 @@ for i = 1, n do
     end
     notice[#notice + 1] = #rid .. ":" .. rid .. #outcome .. ":" .. outcome
   end
-  if code == "L" then
+  -- A duplicate that failed for good after another copy recorded an outcome
+  -- is not a dead letter: the request already has its outcome.
+  if code == "L" and first then
     redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[5], "*",
       "id", rid, "entry", eid, "p", ARGV[b + 4], "error", value,
       "deliveries", ARGV[b + 5], "consumer", ARGV[6], "at", ARGV[7])

@@ -16,46 +16,54 @@
 --   2, record     already completed: the record holds the outcome
 --  -1, reason     rejected (only when ARGV[2] is "0")
 -- With ARGV[2] = "1", an invalid item fails the whole call before any write.
+--
+-- The common case, a new id, costs two commands: XADD, then SET NX GET of the
+-- record. When the id turns out to be known, the fresh entry is deleted again
+-- in the same step, so no consumer ever sees it.
 local ttl = ARGV[1]
 local atomic = ARGV[2] == "1"
 local n = #KEYS - 1
 
--- Validate every item before the first write: Lua does not roll back.
-local current = {}
-for i = 1, n do
-  local v = redis.pcall("GET", KEYS[1 + i])
-  if type(v) == "table" and v.err then
-    if atomic then
+if atomic then
+  -- Validate every item before the first write: Lua does not roll back.
+  for i = 1, n do
+    local v = redis.pcall("TYPE", KEYS[1 + i])
+    local t = type(v) == "table" and v.ok or v
+    if t ~= "none" and t ~= "string" then
       return redis.error_reply("WRONGTYPE item " .. i .. ": key " .. KEYS[1 + i] .. " is not a streamq record")
     end
   end
-  current[i] = v
 end
 
 local out = {}
 local written = {}
 for i = 1, n do
   local key = KEYS[1 + i]
-  local v = current[i]
-  if type(v) == "table" then
-    out[#out + 1] = -1
-    out[#out + 1] = "key " .. key .. " holds a value that is not a streamq record"
-  elseif written[key] then
+  if written[key] then
     -- The same id appeared earlier in this call.
     out[#out + 1] = 1
     out[#out + 1] = written[key]
-  elseif v and string.sub(v, 1, 1) == "P" then
-    out[#out + 1] = 1
-    out[#out + 1] = string.sub(v, 2)
-  elseif v then
-    out[#out + 1] = 2
-    out[#out + 1] = v
   else
     local eid = redis.call("XADD", KEYS[1], "*", "id", ARGV[1 + 2 * i], "p", ARGV[2 + 2 * i])
-    redis.call("SET", key, "P" .. eid, "PX", ttl)
-    written[key] = eid
-    out[#out + 1] = 0
-    out[#out + 1] = eid
+    local prev = redis.pcall("SET", key, "P" .. eid, "NX", "GET", "PX", ttl)
+    if type(prev) == "table" and prev.err then
+      redis.call("XDEL", KEYS[1], eid)
+      out[#out + 1] = -1
+      out[#out + 1] = "key " .. key .. " holds a value that is not a streamq record"
+    elseif not prev then
+      written[key] = eid
+      out[#out + 1] = 0
+      out[#out + 1] = eid
+    else
+      redis.call("XDEL", KEYS[1], eid)
+      if string.sub(prev, 1, 1) == "P" then
+        out[#out + 1] = 1
+        out[#out + 1] = string.sub(prev, 2)
+      else
+        out[#out + 1] = 2
+        out[#out + 1] = prev
+      end
+    end
   end
 end
 return out
