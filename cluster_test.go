@@ -740,3 +740,54 @@ func processCPU() time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// TestClusterManualFailover promotes replicas with CLUSTER FAILOVER, as an
+// operator does before maintenance. The old masters keep running as replicas
+// and end the sharded subscriptions they served (Redis sends SUNSUBSCRIBE);
+// a producer must still get completion notices afterwards, without a backstop
+// to fall back on.
+func TestClusterManualFailover(t *testing.T) {
+	t.Parallel()
+	c := redistest.StartCluster(t, 3, 1)
+	ctx := context.Background()
+	q := queueName(t)
+	client := c.Client(t)
+	cons, err := NewConsumer(client, q, func(ctx context.Context, m *Message[int]) (int, error) {
+		return m.Payload + 1, nil
+	}, &ConsumerOptions{Shards: clusterShards, Workers: 4, ReadBlock: 100 * time.Millisecond, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, cons)
+	p, err := NewProducer[int, int](client, q, &ProducerOptions{Shards: clusterShards,
+		BackstopInterval: time.Hour, Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	shards, err := keys.Shards(q, clusterShards)
+	require.NoError(t, err)
+
+	round := func(prefix string) {
+		t.Helper()
+		for i := range 60 {
+			id := prefix + strconv.Itoa(i)
+			var pr *Promise[int]
+			require.Eventually(t, func() bool {
+				pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				defer cancel()
+				pr, err = p.Produce(pctx, id, i)
+				return err == nil
+			}, 30*time.Second, 50*time.Millisecond, "produce %s", id)
+			wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			got, err := pr.Wait(wctx)
+			cancel()
+			if err != nil {
+				rec, rerr := client.Get(ctx, shards[keys.ShardOf(id, clusterShards)].Record(id)).Result()
+				t.Fatalf("%s: %v; its record holds %q (%v): a result there means its notice was lost", id, err, rec, rerr)
+			}
+			require.Equal(t, i+1, got)
+		}
+	}
+	round("before-")
+	for i := range 3 {
+		c.FailoverMaster(t, i)
+	}
+	round("after-")
+}

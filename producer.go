@@ -273,14 +273,14 @@ func (p *Producer[Req, Resp]) ensureSubscribed(ctx context.Context) error {
 	p.subs = subs
 	p.loops.Add(len(subs) + 1)
 	for _, ps := range subs {
-		go p.listen(ps.ChannelWithSubscriptions())
+		go p.listen(ps, ps.ChannelWithSubscriptions())
 	}
 	go p.backstop()
 	return nil
 }
 
 // listen resolves promises from completion notices. It runs until Close.
-func (p *Producer[Req, Resp]) listen(ch <-chan any) {
+func (p *Producer[Req, Resp]) listen(ps *redis.PubSub, ch <-chan any) {
 	defer p.loops.Done()
 	for m := range ch {
 		switch m := m.(type) {
@@ -289,6 +289,14 @@ func (p *Producer[Req, Resp]) listen(ch <-chan any) {
 				p.log.Warn("streamq: ignoring a malformed completion notice", "err", err)
 			}
 		case *redis.Subscription:
+			if m.Kind == "sunsubscribe" && p.lifetime.Err() == nil {
+				// The node ended the subscription: it became a replica in a
+				// cluster failover. It still relays the shard's notices as a
+				// replica, so subscribe again (go-redis does not).
+				if err := ps.SSubscribe(p.lifetime, m.Channel); err != nil && p.lifetime.Err() == nil {
+					p.log.Warn("streamq: resubscribing to completion notices failed", "channel", m.Channel, "err", err)
+				}
+			}
 			if m.Kind != "subscribe" && m.Kind != "ssubscribe" {
 				continue
 			}

@@ -337,6 +337,105 @@ func (c *Cluster) KillMaster(i int) string {
 	return addr
 }
 
+// FailoverMaster promotes a replica of the i-th master of [Cluster.Masters]
+// with CLUSTER FAILOVER, as an operator does before maintenance: the old
+// master becomes a replica of the new one and keeps running. It waits until
+// every node sees the new master and the cluster is healthy, and returns the
+// addresses of the old and the new master.
+func (c *Cluster) FailoverMaster(tb testing.TB, i int) (oldMaster, newMaster string) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), clusterTimeout)
+	defer cancel()
+	var slots []redis.ClusterSlot
+	err := withNode(ctx, c.live()[0], func(cl *redis.Client) error {
+		var err error
+		slots, err = cl.ClusterSlots(ctx).Result()
+		return err
+	})
+	if err != nil {
+		tb.Fatal(wrap(err))
+	}
+	masters := mastersOf(slots)
+	if i < 0 || i >= len(masters) {
+		tb.Fatalf("redistest: FailoverMaster(%d): the cluster has %d masters", i, len(masters))
+	}
+	oldMaster = masters[i]
+	var masterID string
+	for _, s := range slots {
+		if len(s.Nodes) > 0 && s.Nodes[0].Addr == oldMaster {
+			masterID = s.Nodes[0].ID
+		}
+	}
+	// CLUSTER SLOTS leaves out replicas that have no data yet (7.0), so ask
+	// for the replicas by name: "<id> <ip:port@cport> <flags> ...".
+	err = withNode(ctx, oldMaster, func(cl *redis.Client) error {
+		lines, err := cl.ClusterSlaves(ctx, masterID).Result()
+		for _, line := range lines {
+			f := strings.Fields(line)
+			if len(f) > 2 && !strings.Contains(f[2], "fail") {
+				newMaster, _, _ = strings.Cut(f[1], "@")
+				break
+			}
+		}
+		return err
+	})
+	if err != nil {
+		tb.Fatal(wrap(err))
+	}
+	if newMaster == "" {
+		tb.Fatalf("redistest: FailoverMaster(%d): master %s has no replica", i, oldMaster)
+	}
+	err = withNode(ctx, newMaster, func(cl *redis.Client) error { return cl.ClusterFailover(ctx).Err() })
+	if err != nil {
+		tb.Fatal(wrap(fmt.Errorf("CLUSTER FAILOVER on %s: %w", newMaster, err)))
+	}
+	err = waitFor(ctx, func() error {
+		if err := c.healthy(ctx, -1); err != nil {
+			return err
+		}
+		for _, addr := range c.live() {
+			var ms []string
+			err := withNode(ctx, addr, func(cl *redis.Client) error {
+				slots, err := cl.ClusterSlots(ctx).Result()
+				ms = mastersOf(slots)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			if slices.Contains(ms, oldMaster) || !slices.Contains(ms, newMaster) {
+				return fmt.Errorf("node %s sees masters %v", addr, ms)
+			}
+		}
+		// The new master relays sharded pub/sub messages to the replicas it
+		// knows: wait until it knows the old master as one.
+		return withNode(ctx, newMaster, func(cl *redis.Client) error {
+			nodes, err := cl.ClusterNodes(ctx).Result()
+			if err != nil {
+				return err
+			}
+			var myID string
+			for _, line := range strings.Split(nodes, "\n") {
+				if f := strings.Fields(line); len(f) > 2 && strings.Contains(f[2], "myself") {
+					myID = f[0]
+				}
+			}
+			for _, line := range strings.Split(nodes, "\n") {
+				f := strings.Fields(line)
+				if len(f) > 3 && strings.HasPrefix(f[1], oldMaster+"@") && strings.Contains(f[2], "slave") && f[3] == myID {
+					return nil
+				}
+			}
+			return fmt.Errorf("new master %s does not list %s as its replica yet", newMaster, oldMaster)
+		})
+	})
+	if err != nil {
+		tb.Fatal(wrap(err))
+	}
+	tb.Logf("redistest: failover: %s replaced master %s", newMaster, oldMaster)
+	return oldMaster, newMaster
+}
+
 // WaitHealthy waits until the cluster is whole again: every live node reports
 // cluster_state:ok, every slot is served by a live master, all live nodes
 // agree on the masters and every live replica is in sync. After
