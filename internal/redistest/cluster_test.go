@@ -19,8 +19,8 @@ import (
 const cliHelperEnv = "REDISTEST_MISSING_CLI_HELPER"
 
 // TestStartClusterFailover creates a 3-master cluster with one replica each
-// through redis-cli, writes keys over every master, kills a master and checks
-// that its replica took over with the data.
+// through redis-cli, writes keys over every master, fails one master over by
+// hand, kills another and checks that its replica took over with the data.
 func TestStartClusterFailover(t *testing.T) {
 	t.Parallel()
 	c := StartCluster(t, 3, 1)
@@ -47,6 +47,14 @@ func TestStartClusterFailover(t *testing.T) {
 		}
 		return err
 	}))
+	// A manual failover swaps master 0 with its replica, both staying up.
+	oldM, newM := c.FailoverMaster(t, 0)
+	require.Equal(t, masters[0], oldM)
+	require.NotEqual(t, oldM, newM)
+	masters = c.Masters()
+	require.Equal(t, newM, masters[0])
+	require.NotContains(t, masters, oldM)
+
 	killed := c.KillMaster(1)
 	require.Equal(t, masters[1], killed)
 	c.WaitHealthy(t)
