@@ -11,6 +11,9 @@
 -- Returns {entries removed, safe point ("" when none)}.
 local function next_id(id)
   local ms, seq = string.match(id, "^(%d+)-(%d+)$")
+  if not ms then
+    ms, seq = id, "0" -- miniredis reports a group created at "0" as "0"
+  end
   return ms .. "-" .. string.format("%.0f", tonumber(seq) + 1)
 end
 
