@@ -28,7 +28,7 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 	o := &r.c.opts
 	share := max(1, o.Prefetch/len(r.c.shards))
 	read := context.WithoutCancel(ctx)
-	history, cursor := true, "0"
+	history, cursor := true, "-"
 	claimCursor, nextClaim := "0-0", time.Now()
 	var b backoff
 	for ctx.Err() == nil {
@@ -58,7 +58,7 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 			if isNoGroup(err) {
 				r.c.log.Warn("streamq: consumer group vanished (Redis restarted without persistence, or the stream was deleted); recreating it", "err", err)
 				err = r.c.ensureGroup(read, shard)
-				history, cursor = true, "0"
+				history, cursor = true, "-"
 			}
 			if err != nil {
 				r.c.log.Error("streamq: reading the stream failed; retrying", "err", err)
@@ -92,66 +92,41 @@ func (r *run[Req, Resp]) readNew(ctx context.Context, shard, n int, block time.D
 	}
 	got := 0
 	for _, st := range res {
-		r.admit(shard, st.Messages, func(int) int { return 1 })
+		r.admit(shard, st.Messages, false, func(int) int { return 1 })
 		got += len(st.Messages)
 	}
 	return got, nil
 }
 
 // readHistory reads up to n of this consumer's own pending entries of a shard
-// after cursor, with their delivery counts, and returns how many it saw and
-// how many it admitted. Entries deleted while pending come back without
-// fields; they are acknowledged so they leave the PEL.
+// after cursor, with their delivery counts so far, and returns how many it
+// saw and how many it admitted. It does not count a delivery: the handler's
+// start does (see charge.lua). Entries deleted while pending are acknowledged.
 func (r *run[Req, Resp]) readHistory(ctx context.Context, shard, n int, cursor string) (seen, got int, next string, err error) {
 	o := &r.c.opts
-	stream := r.c.shards[shard].Stream
-	res, err := r.c.client.XReadGroup(ctx, &redis.XReadGroupArgs{
-		Group:    o.Group,
-		Consumer: o.Name,
-		Streams:  []string{stream, cursor},
-		Count:    int64(n),
-		Block:    -1,
-	}).Result()
-	if errors.Is(err, redis.Nil) || (err == nil && (len(res) == 0 || len(res[0].Messages) == 0)) {
+	res, err := scripts.Resume.Run(ctx, r.c.client, []string{r.c.shards[shard].Stream},
+		o.Group, o.Name, cursor, n).Slice()
+	if err != nil {
+		return 0, 0, cursor, err
+	}
+	if len(res) != 4 {
+		return 0, 0, cursor, fmt.Errorf("streamq: resume: unexpected reply of %d elements", len(res))
+	}
+	last, _ := res[0].(string)
+	if last == "" {
 		return 0, 0, cursor, nil
 	}
-	if err != nil {
-		return 0, 0, cursor, err
-	}
-	msgs := res[0].Messages
-	cursor = msgs[len(msgs)-1].ID
-	live := msgs[:0:0]
-	var gone []string
-	for _, m := range msgs {
-		if m.Values == nil {
-			gone = append(gone, m.ID)
-		} else {
-			live = append(live, m)
-		}
-	}
+	msgs := parseEntries(res[1])
+	counts, _ := res[2].([]any)
+	gone, _ := res[3].([]any)
 	if len(gone) > 0 {
-		if err := r.c.client.XAck(ctx, stream, o.Group, gone...).Err(); err != nil {
-			return 0, 0, cursor, err
-		}
 		r.c.log.Info("streamq: dropped pending entries whose stream entries were deleted", "count", len(gone))
 	}
-	if len(live) == 0 {
-		return len(msgs), 0, cursor, nil
+	if len(msgs) > 0 {
+		r.admitClaimed(shard, msgs, counts)
+		r.c.log.Info("streamq: resumed own pending entries", "count", len(msgs))
 	}
-	pend, err := r.c.client.XPendingExt(ctx, &redis.XPendingExtArgs{
-		Stream: stream, Group: o.Group, Consumer: o.Name,
-		Start: live[0].ID, End: live[len(live)-1].ID, Count: int64(len(msgs)),
-	}).Result()
-	if err != nil {
-		return 0, 0, cursor, err
-	}
-	counts := make(map[string]int, len(pend))
-	for _, p := range pend {
-		counts[p.ID] = int(p.RetryCount)
-	}
-	r.admit(shard, live, func(i int) int { return max(counts[live[i].ID], 1) })
-	r.c.log.Info("streamq: resumed own pending entries", "count", len(live))
-	return len(msgs), len(live), cursor, nil
+	return len(msgs) + len(gone), len(msgs), last, nil
 }
 
 // claim runs one XAUTOCLAIM step on a shard for up to n entries idle for
@@ -176,19 +151,25 @@ func (r *run[Req, Resp]) claim(ctx context.Context, shard, n int, cursor string)
 	}
 	if len(msgs) > 0 {
 		r.c.log.Info("streamq: claimed idle entries", "count", len(msgs))
-		r.admit(shard, msgs, func(i int) int {
-			if i < len(counts) {
-				if c, ok := counts[i].(int64); ok {
-					return int(c)
-				}
-			}
-			return 1
-		})
+		r.admitClaimed(shard, msgs, counts)
 	}
 	if next == "" {
 		next = "0-0"
 	}
 	return len(msgs), next, nil
+}
+
+// admitClaimed admits claimed or resumed entries: their counts are the
+// deliveries so far, and each is charged one more when its handler starts.
+func (r *run[Req, Resp]) admitClaimed(shard int, msgs []redis.XMessage, counts []any) {
+	r.admit(shard, msgs, true, func(i int) int {
+		if i < len(counts) {
+			if c, ok := counts[i].(int64); ok {
+				return int(c)
+			}
+		}
+		return 1
+	})
 }
 
 // parseEntries converts entries in a script reply ({id, {field, value, ...}}) to XMessages.

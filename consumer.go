@@ -268,11 +268,13 @@ func (r *run[Req, Resp]) untrack(slots ...*slot) {
 }
 
 // admit turns read or claimed entries of a shard into slots and pushes them
-// into the places the feeder reserved.
-func (r *run[Req, Resp]) admit(shard int, msgs []redis.XMessage, deliveries func(i int) int) {
+// into the places the feeder reserved. For claimed (or resumed) entries,
+// deliveries are the deliveries so far and charge is set: the handler's start
+// counts one more. Read entries were counted by the read.
+func (r *run[Req, Resp]) admit(shard int, msgs []redis.XMessage, charge bool, deliveries func(i int) int) {
 	o := &r.c.opts
 	for i, m := range msgs {
-		s := &slot{shard: shard, ready: make(chan struct{})}
+		s := &slot{shard: shard, charge: charge, ready: make(chan struct{})}
 		s.entry = Entry{EntryID: m.ID, Deliveries: deliveries(i)}
 		id, idOK := m.Values[fieldID].(string)
 		data, dataOK := m.Values[fieldPayload].(string)
@@ -281,7 +283,7 @@ func (r *run[Req, Resp]) admit(shard int, msgs []redis.XMessage, deliveries func
 			s.entry.ID = id
 			s.dead = fmt.Sprintf("undecodable entry: fields %q and %q are required, got %s (was it written by another program?)",
 				fieldID, fieldPayload, fieldNames(m.Values))
-		case s.entry.Deliveries > o.MaxDeliveries:
+		case charge && s.entry.Deliveries >= o.MaxDeliveries, s.entry.Deliveries > o.MaxDeliveries:
 			s.entry.ID, s.entry.Data = id, []byte(data)
 			s.dead = fmt.Sprintf("delivered %d times (MaxDeliveries=%d) without completing: its consumers crashed or lost it",
 				s.entry.Deliveries, o.MaxDeliveries)
@@ -314,6 +316,7 @@ func fieldNames(v map[string]any) string {
 // work takes slots in ring order until the feeder closes the ring.
 func (r *run[Req, Resp]) work() {
 	defer r.workers.Done()
+	var last <-chan struct{} // closed when this worker's last outcome is recorded
 	for s := range r.ring.slots {
 		if r.runCtx.Err() != nil {
 			r.drain(s)
@@ -325,7 +328,19 @@ func (r *run[Req, Resp]) work() {
 			r.drain(s)
 			continue
 		}
+		if s.charge && last != nil {
+			// A redelivered message may be the one that crashed an earlier
+			// process: record this worker's last outcome before starting it, so
+			// a crash cannot undo work that already succeeded.
+			select {
+			case <-last:
+			case <-r.bg.Done():
+			}
+		}
 		r.process(s)
+		if s.outcome != nil {
+			last = s.outcome
+		}
 	}
 }
 
@@ -344,6 +359,11 @@ func (r *run[Req, Resp]) process(s *slot) {
 	}
 	if s.dead != "" {
 		r.deadLetter(s, s.dead)
+		return
+	}
+	// The attempt starts here: a fetch failure counts like a handler failure.
+	if s.charge && !r.chargeDelivery(s) {
+		r.forget(s)
 		return
 	}
 	if s.fetchErr != nil {
@@ -388,12 +408,39 @@ func (r *run[Req, Resp]) process(s *slot) {
 // its outcome is recorded. Outcomes in flight are bounded by the completer's
 // channel, on which handOff blocks when Redis falls behind.
 func (r *run[Req, Resp]) handOff(cp *completion) {
+	cp.done = make(chan struct{})
+	cp.s.outcome = cp.done
 	cp.s.data = nil // the fetched payload
 	if _, inline := r.c.opts.Fetcher.(InlineFetcher); inline && cp.code != recordDead {
 		cp.s.entry.Data = nil // the payload itself; dead letters keep it
 	}
 	r.completer.in <- cp
 	r.ring.give(1)
+}
+
+// chargeDelivery counts the delivery of a claimed or resumed entry as its
+// handler starts, and reports whether the handler may run. It may not when
+// another consumer owns the entry now, or the entry is gone. When Redis cannot
+// be reached, the entry is left pending (it will be claimed again).
+func (r *run[Req, Resp]) chargeDelivery(s *slot) bool {
+	o := &r.c.opts
+	n, err := scripts.Charge.Run(r.bg, r.c.client, []string{r.c.shards[s.shard].Stream},
+		o.Group, o.Name, s.entry.EntryID).Int()
+	switch {
+	case err != nil:
+		r.c.log.Warn("streamq: counting a delivery failed; leaving the entry to be claimed again",
+			"id", s.entry.ID, "entry", s.entry.EntryID, "err", err)
+		return false
+	case n == -1:
+		r.c.log.Info("streamq: a claimed entry was taken by another consumer before it started",
+			"id", s.entry.ID, "entry", s.entry.EntryID)
+		return false
+	case n < 0:
+		return false
+	}
+	s.entry.Deliveries = n
+	s.charge = false
+	return true
 }
 
 // call runs the handler, turning a panic into an error.
@@ -454,6 +501,7 @@ type completion struct {
 	s     *slot
 	code  byte
 	value []byte
+	done  chan struct{} // closed once the outcome is recorded, or given up on
 }
 
 // sendCompletions records a batch of outcomes: one script call per shard.
@@ -541,6 +589,7 @@ func (r *run[Req, Resp]) forgetCompletions(batch []*completion) {
 	slots := make([]*slot, len(batch))
 	for i, cp := range batch {
 		slots[i] = cp.s
+		close(cp.done)
 	}
 	r.untrack(slots...) // their ring places were given back at hand-off
 }

@@ -24,6 +24,10 @@ var (
 	pruneSrc string
 	//go:embed requeue.lua
 	requeueSrc string
+	//go:embed resume.lua
+	resumeSrc string
+	//go:embed charge.lua
+	chargeSrc string
 )
 
 // The scripts. Run uses EVALSHA and falls back to EVAL when the server lacks the script.
@@ -35,4 +39,6 @@ var (
 	Trim     = redis.NewScript(trimSrc)
 	Prune    = redis.NewScript(pruneSrc)
 	Requeue  = redis.NewScript(requeueSrc)
+	Resume   = redis.NewScript(resumeSrc)
+	Charge   = redis.NewScript(chargeSrc)
 )

@@ -1,0 +1,40 @@
+-- resume.lua: read this consumer's own pending entries, left by an earlier
+-- process with the same name, without counting a delivery.
+--
+-- Unlike XREADGROUP from id 0, which counts a delivery for every entry read,
+-- this leaves the counts alone; charge.lua counts one when a handler starts
+-- the entry (see claim.lua for why).
+--
+-- KEYS[1]   the stream
+-- ARGV[1]   consumer group
+-- ARGV[2]   this consumer's name
+-- ARGV[3]   exclusive start id ("-" for the beginning)
+-- ARGV[4]   COUNT
+--
+-- Returns {last id seen ("" when none), entries as {id, {field, value, ...}},
+-- their delivery counts so far, ids whose stream entry was deleted}. Deleted ids
+-- are acknowledged, so they leave the pending list.
+-- The id right after ARGV[3], as an inclusive start ("(" is not understood
+-- everywhere, miniredis included).
+local start = ARGV[3]
+if start ~= "-" then
+  local ms, seq = string.match(start, "^(%d+)-(%d+)$")
+  start = ms .. "-" .. string.format("%.0f", tonumber(seq) + 1)
+end
+local pend = redis.call("XPENDING", KEYS[1], ARGV[1], start, "+", ARGV[4], ARGV[2])
+local live, counts, gone = {}, {}, {}
+local last = ""
+for _, p in ipairs(pend) do
+  last = p[1]
+  local e = redis.call("XRANGE", KEYS[1], p[1], p[1])
+  if e[1] then
+    live[#live + 1] = e[1]
+    counts[#counts + 1] = p[4]
+  else
+    gone[#gone + 1] = p[1]
+  end
+end
+if #gone > 0 then
+  redis.call("XACK", KEYS[1], ARGV[1], unpack(gone))
+end
+return {last, live, counts, gone}
