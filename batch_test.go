@@ -46,7 +46,7 @@ func TestConcurrentProduceCallsShareRoundTrips(t *testing.T) {
 	client := realRedis(t)
 	ctx := context.Background()
 	q := queueName(t)
-	pc := redis.NewClient(client.Options())
+	pc := sameServer(client)
 	defer pc.Close()
 	hook := &countingHook{}
 	pc.AddHook(hook)

@@ -83,7 +83,7 @@ func TestConcurrentProducersSameIDsRunOnce(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				// Each producer has its own client, as separate processes would.
-				pc := redis.NewClient(client.Options())
+				pc := sameServer(client)
 				defer pc.Close()
 				p, err := NewProducer[string, string](pc, q, &ProducerOptions{Logger: testLogger(t)})
 				if err != nil {
@@ -253,7 +253,7 @@ func TestResultsArriveAfterSubscriptionIsCut(t *testing.T) {
 	client := realRedis(t)
 	ctx := context.Background()
 	q := queueName(t)
-	pc := redis.NewClient(client.Options())
+	pc := sameServer(client)
 	defer pc.Close()
 	require.NoError(t, pc.Do(ctx, "CLIENT", "SETNAME", "victim").Err())
 	p, err := NewProducer[string, string](pc, q, &ProducerOptions{

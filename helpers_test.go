@@ -136,3 +136,10 @@ func firstShardKeys(t testing.TB, a *Admin) (stream, deadLetter, channel, record
 	require.NoError(t, err)
 	return ks[0].Stream, ks[0].DeadLetter, ks[0].Channel, ks[0].RecordPattern
 }
+
+// sameServer returns a new client of c's server. It copies only the address:
+// go-redis writes to a client's Options as connections are set up, so
+// sharing them between clients is a data race.
+func sameServer(c *redis.Client) *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: c.Options().Addr, PoolSize: c.Options().PoolSize})
+}

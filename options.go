@@ -25,7 +25,7 @@ const (
 	DefaultBackstopInterval    = 5 * time.Second
 	DefaultGroup               = "streamq"
 	DefaultWorkers             = 1
-	DefaultMinPrefetch         = 16
+	DefaultMinPrefetch         = 128
 	DefaultResultTTL           = time.Hour
 	DefaultReadBlock           = time.Second
 	DefaultMinIdle             = 30 * time.Second
@@ -144,8 +144,11 @@ type ConsumerOptions struct {
 
 	// Prefetch is the depth of the prefetch ring: how many messages are held at
 	// once, read ahead and fetched, waiting or in a handler. It bounds the
-	// consumer's memory. It must be at least Workers.
-	// Defaults to max(DefaultMinPrefetch (16), 2*Workers).
+	// payloads in the consumer's memory, and how many entries one consumer
+	// takes from the stream ahead of others. Deeper rings read and complete in
+	// bigger batches (less Redis CPU per message); with large payloads or slow
+	// handlers shared by many consumers, use less. It must be at least Workers.
+	// Defaults to max(DefaultMinPrefetch (128), 4*Workers).
 	Prefetch int
 
 	// Codec decodes requests and encodes responses. Defaults to JSONCodec.
@@ -245,7 +248,7 @@ func (o *ConsumerOptions) resolve() error {
 		o.Logger = slog.Default()
 	}
 	setDefault(&o.Workers, DefaultWorkers)
-	setDefault(&o.Prefetch, max(DefaultMinPrefetch, 2*o.Workers))
+	setDefault(&o.Prefetch, max(DefaultMinPrefetch, 4*o.Workers))
 	setDefault(&o.FetchRetries, DefaultFetchRetries)
 	setDefault(&o.FetchBackoff, DefaultFetchBackoff)
 	setDefault(&o.ResultTTL, DefaultResultTTL)

@@ -93,7 +93,7 @@ func (h *scriptCalls) runsWith(s *redis.Script, arg string) int {
 
 // ownClient returns a new client of the same server as c, closed at the end of the test.
 func ownClient(t *testing.T, c *redis.Client) *redis.Client {
-	oc := redis.NewClient(c.Options())
+	oc := sameServer(c)
 	t.Cleanup(func() { _ = oc.Close() })
 	return oc
 }

@@ -1,8 +1,8 @@
 -- complete.lua: record outcomes, acknowledge and delete entries, notify waiters.
 --
 -- Recording is first-writer-wins: when a request id already has an outcome (a
--- redelivered duplicate finished second), the stored outcome is kept and
--- re-announced, and the entry is still acknowledged and deleted.
+-- redelivered duplicate finished second), the stored outcome is put back (its
+-- TTL restarts) and re-announced, and the entry is still acknowledged.
 --
 -- KEYS[1]          the stream
 -- KEYS[2]          the dead-letter stream
@@ -34,16 +34,19 @@ for i = 1, n do
   local first = true
   if rid ~= "" then
     local key = KEYS[2 + i]
-    local cur = redis.pcall("GET", key)
-    if type(cur) == "string" and string.sub(cur, 1, 1) ~= "P" then
-      outcome = cur
+    local rec = outcome
+    if code == "R" and not store then
+      rec = "N"
+    end
+    -- One command in the common case; the rare duplicate puts the first
+    -- outcome back.
+    local prev = redis.pcall("SET", key, rec, "GET", "PX", ttl)
+    if type(prev) == "table" then
+      redis.call("SET", key, rec, "PX", ttl) -- not a string: another program's key
+    elseif prev and string.sub(prev, 1, 1) ~= "P" then
+      redis.call("SET", key, prev, "PX", ttl)
+      outcome = prev
       first = false
-    else
-      local rec = outcome
-      if code == "R" and not store then
-        rec = "N"
-      end
-      redis.call("SET", key, rec, "PX", ttl)
     end
     notice[#notice + 1] = #rid .. ":" .. rid .. #outcome .. ":" .. outcome
   end
