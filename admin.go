@@ -332,4 +332,3 @@ func (a *Admin) Keys(ctx context.Context) ([]QueueKeys, error) {
 	}
 	return out, nil
 }
-

@@ -3,8 +3,8 @@ package streamq
 import (
 	"context"
 	"errors"
-	"strings"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"

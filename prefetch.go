@@ -135,7 +135,7 @@ type slot struct {
 	shard  int
 	charge bool // claimed or resumed: count a delivery when the handler starts
 	entry  Entry
-	dead  string // non-empty: dead-letter with this reason instead of handling
+	dead   string // non-empty: dead-letter with this reason instead of handling
 
 	ready    chan struct{}
 	data     []byte
