@@ -16,29 +16,52 @@ const (
 	// MaxIDLen is the longest request id accepted, in bytes.
 	MaxIDLen = 512
 
-	DefaultMaxPayloadBytes     = 1 << 20
-	DefaultInflightTTL         = 24 * time.Hour
-	DefaultMaxBatchItems       = 512
-	DefaultMaxBatchBytes       = 8 << 20
-	DefaultMaxPendingBytes     = 64 << 20
-	DefaultProduceConcurrency  = 4
-	DefaultBackstopInterval    = 5 * time.Second
-	DefaultGroup               = "streamq"
-	DefaultWorkers             = 1
-	DefaultMinPrefetch         = 128
-	DefaultResultTTL           = time.Hour
-	DefaultReadBlock           = time.Second
-	DefaultMinIdle             = 30 * time.Second
-	DefaultClaimInterval       = time.Second
-	DefaultMaxDeliveries       = 5
-	DefaultRetryBackoff        = time.Second
-	DefaultFetchRetries        = 3
-	DefaultFetchBackoff        = 50 * time.Millisecond
-	DefaultShutdownTimeout     = 30 * time.Second
-	DefaultMaxCompleteBatch    = 256
-	DefaultTrimInterval        = 30 * time.Second
+	// DefaultMaxPayloadBytes is the default ProducerOptions.MaxPayloadBytes.
+	DefaultMaxPayloadBytes = 1 << 20
+	// DefaultInflightTTL is the default ProducerOptions.InflightTTL.
+	DefaultInflightTTL = 24 * time.Hour
+	// DefaultMaxBatchItems is the default ProducerOptions.MaxBatchItems.
+	DefaultMaxBatchItems = 512
+	// DefaultMaxBatchBytes is the default ProducerOptions.MaxBatchBytes.
+	DefaultMaxBatchBytes = 8 << 20
+	// DefaultMaxPendingBytes is the default ProducerOptions.MaxPendingBytes.
+	DefaultMaxPendingBytes = 64 << 20
+	// DefaultProduceConcurrency is the default ProducerOptions.Concurrency.
+	DefaultProduceConcurrency = 4
+	// DefaultBackstopInterval is the default ProducerOptions.BackstopInterval.
+	DefaultBackstopInterval = 5 * time.Second
+	// DefaultGroup is the default ConsumerOptions.Group.
+	DefaultGroup = "streamq"
+	// DefaultWorkers is the default ConsumerOptions.Workers.
+	DefaultWorkers = 1
+	// DefaultMinPrefetch is the smallest default ConsumerOptions.Prefetch.
+	DefaultMinPrefetch = 128
+	// DefaultResultTTL is the default ConsumerOptions.ResultTTL.
+	DefaultResultTTL = time.Hour
+	// DefaultReadBlock is the default ConsumerOptions.ReadBlock.
+	DefaultReadBlock = time.Second
+	// DefaultMinIdle is the default ConsumerOptions.MinIdle.
+	DefaultMinIdle = 30 * time.Second
+	// DefaultClaimInterval is the default ConsumerOptions.ClaimInterval.
+	DefaultClaimInterval = time.Second
+	// DefaultMaxDeliveries is the default ConsumerOptions.MaxDeliveries.
+	DefaultMaxDeliveries = 5
+	// DefaultRetryBackoff is the default ConsumerOptions.RetryBackoff.
+	DefaultRetryBackoff = time.Second
+	// DefaultFetchRetries is the default ConsumerOptions.FetchRetries.
+	DefaultFetchRetries = 3
+	// DefaultFetchBackoff is the default ConsumerOptions.FetchBackoff.
+	DefaultFetchBackoff = 50 * time.Millisecond
+	// DefaultShutdownTimeout is the default ConsumerOptions.ShutdownTimeout.
+	DefaultShutdownTimeout = 30 * time.Second
+	// DefaultMaxCompleteBatch is the default ConsumerOptions.MaxCompleteBatch.
+	DefaultMaxCompleteBatch = 256
+	// DefaultTrimInterval is the default ConsumerOptions.TrimInterval.
+	DefaultTrimInterval = 30 * time.Second
+	// DefaultConsumerIdleTimeout is the default ConsumerOptions.ConsumerIdleTimeout.
 	DefaultConsumerIdleTimeout = 24 * time.Hour
-	DefaultDeadLetterMaxLen    = 100_000
+	// DefaultDeadLetterMaxLen is the default ConsumerOptions.DeadLetterMaxLen.
+	DefaultDeadLetterMaxLen = 100_000
 )
 
 // ProducerOptions configure a Producer. The zero value is valid: every field
