@@ -61,6 +61,7 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 				history, cursor = true, "-"
 			}
 			if err != nil {
+				r.c.slots.onError(err)
 				r.c.log.Error("streamq: reading the stream failed; retrying", "err", err)
 				if sleepCtx(ctx, b.next()) != nil {
 					return
@@ -218,6 +219,7 @@ func (r *run[Req, Resp]) leaseLoop() {
 		for shard, ids := range byShard {
 			l, err := r.setIdle(r.bg, shard, ids, 0)
 			if err != nil {
+				r.c.slots.onError(err)
 				r.c.log.Warn("streamq: renewing leases failed; will retry", "entries", len(ids), "err", err)
 			}
 			lost = append(lost, l...)

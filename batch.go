@@ -163,6 +163,7 @@ func (p *Producer[Req, Resp]) runProduce(ctx context.Context, shard int, items [
 	}
 	res, err := scripts.Produce.Run(ctx, p.client, keys, args...).Slice()
 	if err != nil {
+		p.slots.onError(err)
 		if strings.HasPrefix(err.Error(), "WRONGTYPE") {
 			return nil, fmt.Errorf("%w: %v", ErrWrongType, err)
 		}

@@ -43,6 +43,7 @@ type Consumer[Req, Resp any] struct {
 	queue   string
 	shards  []keys.Keys
 	sharded bool // notices use sharded pub/sub (Redis Cluster)
+	slots   *slotRefresher
 	metaOK  atomic.Bool
 	opts    ConsumerOptions
 	handler Handler[Req, Resp]
@@ -75,6 +76,7 @@ func NewConsumer[Req, Resp any](client redis.UniversalClient, queue string, hand
 		queue:   queue,
 		shards:  shards,
 		sharded: isCluster(client),
+		slots:   newSlotRefresher(client),
 		opts:    o,
 		handler: handler,
 		log:     o.Logger.With("queue", queue, "consumer", o.Name),
@@ -428,6 +430,7 @@ func (r *run[Req, Resp]) chargeDelivery(s *slot) bool {
 		o.Group, o.Name, s.entry.EntryID).Int()
 	switch {
 	case err != nil:
+		r.c.slots.onError(err)
 		r.c.log.Warn("streamq: counting a delivery failed; leaving the entry to be claimed again",
 			"id", s.entry.ID, "entry", s.entry.EntryID, "err", err)
 		return false
@@ -567,6 +570,7 @@ func (r *run[Req, Resp]) completeShard(shard int, batch []*completion) {
 			return
 		}
 		r.c.log.Warn("streamq: recording outcomes failed; retrying", "entries", len(batch), "err", err)
+		r.c.slots.onError(err)
 		_ = sleepCtx(r.bg, b.next())
 	}
 	if fc, ok := o.Fetcher.(FetchCompleter); ok {

@@ -27,6 +27,7 @@ type Producer[Req, Resp any] struct {
 	queue   string
 	shards  []keys.Keys // one per shard; shard i holds the ids keys.ShardOf maps to i
 	sharded bool        // notices use sharded pub/sub (Redis Cluster)
+	slots   *slotRefresher
 	opts    ProducerOptions
 	log     *slog.Logger
 
@@ -72,6 +73,7 @@ func NewProducer[Req, Resp any](client redis.UniversalClient, queue string, opts
 		queue:   queue,
 		shards:  shards,
 		sharded: isCluster(client),
+		slots:   newSlotRefresher(client),
 		opts:    o,
 		log:     o.Logger.With("queue", queue),
 		budget:  newByteBudget(o.MaxPendingBytes),
@@ -323,6 +325,7 @@ func (p *Producer[Req, Resp]) backstop() {
 		case <-p.kick:
 		}
 		if err := p.checkWaiting(p.lifetime); err != nil && p.lifetime.Err() == nil {
+			p.slots.onError(err)
 			p.log.Warn("streamq: backstop check failed; will retry", "err", err)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -56,6 +57,39 @@ func queueShards(ctx context.Context, client redis.UniversalClient, queue string
 		return 0, fmt.Errorf("%w: %s holds %q, not a shard count", ErrWrongType, keys.Meta(queue), got)
 	}
 	return n, nil
+}
+
+// slotRefresher asks a cluster client to reload its slot map after a
+// connection error. go-redis reloads it on MOVED, but a master that died sends
+// no MOVED: without a reload its slots keep going to the dead address until
+// the periodic refresh (ClusterOptions.ClusterStateReloadInterval, 60s by
+// default), long after a replica took over. The zero value does nothing.
+type slotRefresher struct {
+	cluster *redis.ClusterClient
+	last    atomic.Int64 // unix nanoseconds of the last reload asked for
+}
+
+func newSlotRefresher(client redis.UniversalClient) *slotRefresher {
+	cc, _ := client.(*redis.ClusterClient)
+	return &slotRefresher{cluster: cc}
+}
+
+// onError reloads the slot map, at most twice a second, when err is not a
+// reply from Redis (a refused or broken connection, a timeout).
+func (s *slotRefresher) onError(err error) {
+	if s == nil || s.cluster == nil || err == nil {
+		return
+	}
+	var reply redis.Error
+	if errors.As(err, &reply) || errors.Is(err, context.Canceled) {
+		return
+	}
+	now := time.Now().UnixNano()
+	last := s.last.Load()
+	if now-last < int64(500*time.Millisecond) || !s.last.CompareAndSwap(last, now) {
+		return
+	}
+	s.cluster.ReloadState(context.Background())
 }
 
 // isCluster reports whether client talks to a Redis Cluster, where completion
