@@ -156,9 +156,11 @@ func (c *Consumer[Req, Resp]) ensureGroupRetry(ctx context.Context) error {
 // run is the state of one Run call.
 //
 // Goroutines and what they own:
-//   - feeder (feed): reads and claims entries, creates slots, pushes them into the ring.
+//   - feeders (feed, one per shard): resume, claim and read entries, create
+//     slots, push them into places they reserved in the ring.
 //   - fetch goroutines: one per slot with a remote payload, until the slot is ready.
-//   - workers (work): take slots in ring order, run the handler, hand outcomes on.
+//   - workers (work): take slots in ring order, charge redelivered ones, run the
+//     handler, hand outcomes on and give the ring place back.
 //   - completer senders (coalescer): record outcomes in batches, then untrack slots.
 //   - leaser (leaseLoop): renews the leases of owned slots, marks lost ones.
 //   - trimmer (trimLoop): trims the stream and prunes idle consumers.
@@ -220,7 +222,7 @@ func (r *run[Req, Resp]) start(ctx context.Context) {
 	}
 }
 
-// shutdown runs after Run's ctx ended. The order matters: the feeder stops
+// shutdown runs after Run's ctx ended. The order matters: the feeders stop
 // first (so no new slots appear), then workers finish or drain the ring, then
 // the drained slots are released, then outcomes are flushed, and only then do
 // leases stop, because entries must stay leased until they are completed.
