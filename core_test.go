@@ -60,7 +60,7 @@ func TestConcurrentProducersSameIDsRunOnce(t *testing.T) {
 	backends(t, func(t *testing.T, client *redis.Client) {
 		ctx := context.Background()
 		q := queueName(t)
-		// The figures on real Redis; fewer on miniredis, which is slower.
+		// The full figures on real Redis; fewer on miniredis, which is slower.
 		shared, unique, producers := 2000, 2000, 4
 		if strings.Contains(t.Name(), "miniredis") {
 			shared, unique = 300, 300

@@ -275,7 +275,7 @@ func (e *env) workersPer(i int) int {
 	return w
 }
 
-// target is one goal from the performance issue.
+// target is one of the project's performance goals.
 type target struct {
 	what  string
 	value func(rs []Result) (float64, bool)
