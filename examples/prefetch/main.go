@@ -35,10 +35,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/streamq/streamq"
+	"github.com/streamq/streamq/examples/internal/exampleredis"
 )
 
 const (
@@ -65,7 +65,7 @@ func run() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
-	client, where, cleanup, err := connect()
+	client, where, cleanup, err := exampleredis.Connect()
 	if err != nil {
 		return err
 	}
@@ -113,7 +113,7 @@ func consumeAll(ctx context.Context, client *redis.Client, store *objectStore, d
 	queue := fmt.Sprintf("prefetch-example-%d-%d", depth, time.Now().UnixNano())
 	cacheKey := func(name string) string { return queue + ":body:" + name }
 	defer func() {
-		if err := deleteQueue(context.Background(), client, queue); err != nil {
+		if err := exampleredis.DeleteQueue(context.Background(), client, queue); err != nil {
 			fmt.Fprintln(os.Stderr, "prefetch: cleaning up:", err)
 		}
 	}()
@@ -314,42 +314,4 @@ func (s *httpSource) Get(ctx context.Context, key string) ([]byte, error) {
 		return nil, fmt.Errorf("GET %s: %s", key, resp.Status)
 	}
 	return io.ReadAll(resp.Body)
-}
-
-// connect returns a client of REDIS_URL's server, or of an embedded miniredis.
-func connect() (client *redis.Client, where string, cleanup func(), err error) {
-	if url := os.Getenv("REDIS_URL"); url != "" {
-		opts, err := redis.ParseURL(url)
-		if err != nil {
-			return nil, "", nil, fmt.Errorf("REDIS_URL: %w", err)
-		}
-		client = redis.NewClient(opts)
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		defer cancel()
-		if err := client.Ping(ctx).Err(); err != nil {
-			_ = client.Close()
-			return nil, "", nil, fmt.Errorf("REDIS_URL %s: %w", url, err)
-		}
-		return client, opts.Addr, func() { _ = client.Close() }, nil
-	}
-	srv := miniredis.NewMiniRedis()
-	if err := srv.Start(); err != nil {
-		return nil, "", nil, fmt.Errorf("start embedded Redis: %w", err)
-	}
-	client = redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	return client, "embedded miniredis at " + srv.Addr(), func() { _ = client.Close(); srv.Close() }, nil
-}
-
-// deleteQueue removes the keys of a run's queue, so a shared server is left
-// as it was. The queue name is unique to the run, so every key that contains
-// it is the run's own.
-func deleteQueue(ctx context.Context, client *redis.Client, queue string) error {
-	iter := client.Scan(ctx, 0, "*"+queue+"*", 500).Iterator()
-	for iter.Next(ctx) {
-		// One DEL per key: under Redis Cluster a multi-key DEL must stay in one slot.
-		if err := client.Del(ctx, iter.Val()).Err(); err != nil {
-			return err
-		}
-	}
-	return iter.Err()
 }
