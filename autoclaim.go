@@ -93,8 +93,7 @@ func (r *run[Req, Resp]) readNew(ctx context.Context, shard, n int, block time.D
 	}
 	got := 0
 	for _, st := range res {
-		r.admit(shard, st.Messages, false, func(int) int { return 1 })
-		got += len(st.Messages)
+		got += r.admit(shard, st.Messages, false, func(int) int { return 1 })
 	}
 	return got, nil
 }
@@ -124,10 +123,10 @@ func (r *run[Req, Resp]) readHistory(ctx context.Context, shard, n int, cursor s
 		r.c.log.Info("streamq: dropped pending entries whose stream entries were deleted", "count", len(gone))
 	}
 	if len(msgs) > 0 {
-		r.admitClaimed(shard, msgs, counts)
-		r.c.log.Info("streamq: resumed own pending entries", "count", len(msgs))
+		got = r.admitClaimed(shard, msgs, counts)
+		r.c.log.Info("streamq: resumed own pending entries", "count", got)
 	}
-	return len(msgs) + len(gone), len(msgs), last, nil
+	return len(msgs) + len(gone), got, last, nil
 }
 
 // claim runs one XAUTOCLAIM step on a shard for up to n entries idle for
@@ -150,20 +149,21 @@ func (r *run[Req, Resp]) claim(ctx context.Context, shard, n int, cursor string)
 	if gone, _ := res[3].([]any); len(gone) > 0 {
 		r.c.log.Info("streamq: dropped claimed entries whose stream entries were deleted", "count", len(gone))
 	}
+	got := 0
 	if len(msgs) > 0 {
-		r.c.log.Info("streamq: claimed idle entries", "count", len(msgs))
-		r.admitClaimed(shard, msgs, counts)
+		got = r.admitClaimed(shard, msgs, counts)
+		r.c.log.Info("streamq: claimed idle entries", "count", got)
 	}
 	if next == "" {
 		next = "0-0"
 	}
-	return len(msgs), next, nil
+	return got, next, nil
 }
 
 // admitClaimed admits claimed or resumed entries: their counts are the
 // deliveries so far, and each is charged one more when its handler starts.
-func (r *run[Req, Resp]) admitClaimed(shard int, msgs []redis.XMessage, counts []any) {
-	r.admit(shard, msgs, true, func(i int) int {
+func (r *run[Req, Resp]) admitClaimed(shard int, msgs []redis.XMessage, counts []any) int {
+	return r.admit(shard, msgs, true, func(i int) int {
 		if i < len(counts) {
 			if c, ok := counts[i].(int64); ok {
 				return int(c)
@@ -211,26 +211,24 @@ func (r *run[Req, Resp]) leaseLoop() {
 		}
 		byShard := make([][]string, len(r.c.shards))
 		r.mu.Lock()
-		for id, s := range r.owned {
-			byShard[s.shard] = append(byShard[s.shard], id)
+		for k := range r.owned {
+			byShard[k.shard] = append(byShard[k.shard], k.id)
 		}
 		r.mu.Unlock()
-		var lost []string
 		for shard, ids := range byShard {
-			l, err := r.setIdle(r.bg, shard, ids, 0)
+			lost, err := r.setIdle(r.bg, shard, ids, 0)
 			if err != nil {
 				r.c.slots.onError(err)
 				r.c.log.Warn("streamq: renewing leases failed; will retry", "entries", len(ids), "err", err)
 			}
-			lost = append(lost, l...)
-		}
-		for _, id := range lost {
-			r.mu.Lock()
-			s := r.owned[id]
-			r.mu.Unlock()
-			if s != nil {
-				r.c.log.Warn("streamq: lost a message to another consumer", "id", s.entry.ID, "entry", id)
-				s.markLost()
+			for _, id := range lost {
+				r.mu.Lock()
+				s := r.owned[ownedKey{shard, id}]
+				r.mu.Unlock()
+				if s != nil {
+					r.c.log.Warn("streamq: lost a message to another consumer", "id", s.entry.ID, "entry", id)
+					s.markLost()
+				}
 			}
 		}
 	}

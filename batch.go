@@ -49,11 +49,15 @@ func (p *Producer[Req, Resp]) ProduceBatch(ctx context.Context, jobs []Job[Req])
 	if total > p.opts.MaxBatchBytes {
 		return nil, fmt.Errorf("%w: %d bytes, the limit is MaxBatchBytes=%d; split the batch", ErrBatchTooLarge, total, p.opts.MaxBatchBytes)
 	}
-	if err := p.checkOpen(); err != nil {
-		return nil, err
-	}
 	if err := p.ensureSubscribed(ctx); err != nil {
 		return nil, err
+	}
+	// Hold off Close until the promises are registered and settled: a call
+	// registered after Close failed every waiter would never resolve.
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return nil, ErrClosed
 	}
 	calls := make([]*call, len(items))
 	for i, it := range items {

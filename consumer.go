@@ -89,7 +89,10 @@ func (c *Consumer[Req, Resp]) Name() string { return c.opts.Name }
 // Run consumes until ctx ends, then shuts down gracefully and returns nil:
 // it stops reading, lets running handlers finish (cancelling their contexts
 // after ShutdownTimeout), records their outcomes, and releases the prefetched
-// messages that had not started so other consumers take them at once.
+// messages that had not started so other consumers take them at once. If Redis
+// is unreachable, Run gives up on it about 2×ShutdownTimeout after ctx ended
+// (provided handlers return once their context is cancelled); entries whose
+// outcome was not recorded stay pending and are delivered again later.
 //
 // On start it creates the consumer group if needed (from the start of the
 // stream, so nothing produced earlier is missed), resumes its own pending
@@ -177,7 +180,7 @@ type run[Req, Resp any] struct {
 	cancelHandlers context.CancelCauseFunc
 
 	mu    sync.Mutex
-	owned map[string]*slot // entry id -> slot, from push until forgotten
+	owned map[ownedKey]*slot // from push until forgotten
 
 	releaseMu sync.Mutex
 	unstarted []*slot // slots drained at shutdown, to release
@@ -194,7 +197,7 @@ func newRun[Req, Resp any](c *Consumer[Req, Resp]) *run[Req, Resp] {
 	return &run[Req, Resp]{
 		c:         c,
 		ring:      newRing(c.opts.Prefetch),
-		owned:     make(map[string]*slot),
+		owned:     make(map[ownedKey]*slot),
 		stopLoops: make(chan struct{}),
 	}
 }
@@ -226,20 +229,24 @@ func (r *run[Req, Resp]) start(ctx context.Context) {
 // first (so no new slots appear), then workers finish or drain the ring, then
 // the drained slots are released, then outcomes are flushed, and only then do
 // leases stop, because entries must stay leased until they are completed.
+//
+// Handlers get ShutdownTimeout; Redis work (outcomes, releases) gets as long
+// again, after which it is abandoned even if Redis is unreachable: those
+// entries stay pending and are delivered again later.
 func (r *run[Req, Resp]) shutdown() {
 	o := &r.c.opts
 	timeout := time.AfterFunc(o.ShutdownTimeout, func() {
 		r.cancelHandlers(fmt.Errorf("streamq: ShutdownTimeout (%v) elapsed", o.ShutdownTimeout))
 	})
+	hard := time.AfterFunc(2*o.ShutdownTimeout, r.cancelBg)
+	defer hard.Stop()
 	r.feeder.Wait()
 	close(r.ring.slots)
 	r.workers.Wait()
 	timeout.Stop()
 	r.fetches.Wait()
 	r.releaseUnstarted()
-	hard := time.AfterFunc(o.ShutdownTimeout, r.cancelBg) // bounds completion retries
 	r.completer.close()
-	hard.Stop()
 	close(r.stopLoops)
 	r.loops.Wait()
 	r.cancelBg()
@@ -249,7 +256,7 @@ func (r *run[Req, Resp]) shutdown() {
 // track records that this consumer owns s's entry.
 func (r *run[Req, Resp]) track(s *slot) {
 	r.mu.Lock()
-	r.owned[s.entry.EntryID] = s
+	r.owned[s.key()] = s
 	r.mu.Unlock()
 }
 
@@ -264,20 +271,31 @@ func (r *run[Req, Resp]) forget(slots ...*slot) {
 func (r *run[Req, Resp]) untrack(slots ...*slot) {
 	r.mu.Lock()
 	for _, s := range slots {
-		if r.owned[s.entry.EntryID] == s {
-			delete(r.owned, s.entry.EntryID)
+		if r.owned[s.key()] == s {
+			delete(r.owned, s.key())
 		}
 	}
 	r.mu.Unlock()
 }
 
-// admit turns read or claimed entries of a shard into slots and pushes them
-// into the places the feeder reserved. For claimed (or resumed) entries,
-// deliveries are the deliveries so far and charge is set: the handler's start
-// counts one more. Read entries were counted by the read.
-func (r *run[Req, Resp]) admit(shard int, msgs []redis.XMessage, charge bool, deliveries func(i int) int) {
+// admit turns read or claimed entries of a shard into slots, pushes them into
+// the places the feeder reserved, and returns how many it pushed. For claimed
+// (or resumed) entries, deliveries are the deliveries so far and charge is
+// set: the handler's start counts one more. Read entries were counted by the
+// read. An entry this consumer already holds is skipped: a claim pass can
+// return its own entries (resumed ones not yet leased, or after a lease
+// outage), and a second slot would run the request twice.
+func (r *run[Req, Resp]) admit(shard int, msgs []redis.XMessage, charge bool, deliveries func(i int) int) int {
 	o := &r.c.opts
+	admitted := 0
 	for i, m := range msgs {
+		r.mu.Lock()
+		_, held := r.owned[ownedKey{shard, m.ID}]
+		r.mu.Unlock()
+		if held {
+			continue
+		}
+		admitted++
 		s := &slot{shard: shard, charge: charge, ready: make(chan struct{})}
 		s.entry = Entry{EntryID: m.ID, Deliveries: deliveries(i)}
 		id, idOK := m.Values[fieldID].(string)
@@ -298,6 +316,7 @@ func (r *run[Req, Resp]) admit(shard int, msgs []redis.XMessage, charge bool, de
 		r.startFetch(r.runCtx, s)
 		r.ring.push(s)
 	}
+	return admitted
 }
 
 // Entry field names.
@@ -329,6 +348,8 @@ func (r *run[Req, Resp]) work() {
 		select {
 		case <-s.ready:
 		case <-r.runCtx.Done():
+		}
+		if r.runCtx.Err() != nil { // also when the fetch ended with the shutdown
 			r.drain(s)
 			continue
 		}
@@ -338,7 +359,9 @@ func (r *run[Req, Resp]) work() {
 			// a crash cannot undo work that already succeeded.
 			select {
 			case <-last:
-			case <-r.bg.Done():
+			case <-r.runCtx.Done():
+				r.drain(s)
+				continue
 			}
 		}
 		r.process(s)
@@ -418,7 +441,14 @@ func (r *run[Req, Resp]) handOff(cp *completion) {
 	if _, inline := r.c.opts.Fetcher.(InlineFetcher); inline && cp.code != recordDead {
 		cp.s.entry.Data = nil // the payload itself; dead letters keep it
 	}
-	r.completer.in <- cp
+	select {
+	case r.completer.in <- cp:
+	case <-r.bg.Done():
+		// Shutdown gave up on Redis: the entry stays pending and is delivered
+		// again later.
+		r.untrack(cp.s)
+		close(cp.done)
+	}
 	r.ring.give(1)
 }
 

@@ -148,6 +148,15 @@ type slot struct {
 	cancel context.CancelCauseFunc // the running handler's, or nil
 }
 
+// ownedKey identifies an entry: entry ids are unique within one shard's
+// stream only, and two shards can hand out the same id.
+type ownedKey struct {
+	shard int
+	id    string
+}
+
+func (s *slot) key() ownedKey { return ownedKey{s.shard, s.entry.EntryID} }
+
 // markLost records that another consumer owns the entry now, and cancels its handler.
 func (s *slot) markLost() {
 	s.mu.Lock()

@@ -178,6 +178,12 @@ func (p *Producer[Req, Resp]) newItem(ctx context.Context, id string, req Req) (
 		return nil, fmt.Errorf("%w: request %q encodes to %d bytes, the limit is MaxPayloadBytes=%d",
 			ErrPayloadTooLarge, id, len(payload), p.opts.MaxPayloadBytes)
 	}
+	// An item is its id plus its payload; it must fit one round trip and the
+	// pending budget, or it could never be sent.
+	if size, limit := len(id)+len(payload), min(p.opts.MaxBatchBytes, p.opts.MaxPendingBytes); size > limit {
+		return nil, fmt.Errorf("%w: request %q is %d bytes with its id, the limit is min(MaxBatchBytes, MaxPendingBytes)=%d",
+			ErrPayloadTooLarge, id, size, limit)
+	}
 	return &produceItem{ctx: ctx, id: id, shard: keys.ShardOf(id, len(p.shards)), payload: payload,
 		out: make(chan produceOutcome, 1)}, nil
 }

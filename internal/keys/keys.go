@@ -32,6 +32,11 @@ func New(queue string) (Keys, error) {
 	if err := ValidateQueue(queue); err != nil {
 		return Keys{}, err
 	}
+	return build(queue), nil
+}
+
+// build returns the names of a queue or shard whose name was validated.
+func build(queue string) Keys {
 	base := "streamq:{" + queue + "}:"
 	return Keys{
 		Queue:        queue,
@@ -39,7 +44,7 @@ func New(queue string) (Keys, error) {
 		DeadLetter:   base + "dead",
 		Channel:      base + "done",
 		recordPrefix: base + "id:",
-	}, nil
+	}
 }
 
 // Record returns the key of the record (dedup marker, then result) of a request id.

@@ -32,10 +32,9 @@ func Shards(queue string, n int) ([]Keys, error) {
 		for attempt := 0; ; attempt++ {
 			name := fmt.Sprintf("%s/%d.%d", queue, i, attempt)
 			if s := Slot(name); s >= lo && s < hi {
-				k, err := New(name)
-				if err != nil {
-					return nil, err
-				}
+				// The queue name was validated; the shard suffix may take it
+				// past MaxQueueNameLen, which limits what users choose.
+				k := build(name)
 				k.Queue = queue
 				out[i] = k
 				break

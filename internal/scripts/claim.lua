@@ -33,7 +33,7 @@ if type(r[3]) == "table" then
     gone[#gone + 1] = id
   end
 end
-if #gone > 0 then
-  redis.call("XACK", KEYS[1], ARGV[1], unpack(gone))
+for i = 1, #gone, 1000 do
+  redis.call("XACK", KEYS[1], ARGV[1], unpack(gone, i, math.min(i + 999, #gone)))
 end
 return {r[1], live, counts, gone}

@@ -58,11 +58,19 @@ for i = 1, n do
       "deliveries", ARGV[b + 5], "consumer", ARGV[6], "at", ARGV[7])
   end
 end
-redis.call("XACK", KEYS[1], group, unpack(ids))
+-- unpack() has a limit of a few thousand values: go in chunks.
+for i = 1, #ids, 1000 do
+  redis.call("XACK", KEYS[1], group, unpack(ids, i, math.min(i + 999, #ids)))
+end
 -- Delete the entries only when no other group may still need them; with
 -- several groups, the periodic trim removes what every group is done with.
-if #redis.call("XINFO", "GROUPS", KEYS[1]) == 1 then
-  redis.call("XDEL", KEYS[1], unpack(ids))
+-- (XINFO fails when the stream itself is gone, e.g. after a Redis restart
+-- without persistence: then there is nothing to delete.)
+local ok, groups = pcall(redis.call, "XINFO", "GROUPS", KEYS[1])
+if ok and #groups == 1 then
+  for i = 1, #ids, 1000 do
+    redis.call("XDEL", KEYS[1], unpack(ids, i, math.min(i + 999, #ids)))
+  end
 end
 if #notice > 0 then
   redis.call(ARGV[8], channel, table.concat(notice))

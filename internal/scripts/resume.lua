@@ -13,7 +13,8 @@
 --
 -- Returns {last id seen ("" when none), entries as {id, {field, value, ...}},
 -- their delivery counts so far, ids whose stream entry was deleted}. Deleted ids
--- are acknowledged, so they leave the pending list.
+-- are acknowledged, so they leave the pending list; the idle time of the
+-- others is reset.
 -- The id right after ARGV[3], as an inclusive start ("(" is not understood
 -- everywhere, miniredis included).
 local start = ARGV[3]
@@ -34,7 +35,18 @@ for _, p in ipairs(pend) do
     gone[#gone + 1] = p[1]
   end
 end
-if #gone > 0 then
-  redis.call("XACK", KEYS[1], ARGV[1], unpack(gone))
+for i = 1, #gone, 1000 do
+  redis.call("XACK", KEYS[1], ARGV[1], unpack(gone, i, math.min(i + 999, #gone)))
+end
+-- Reset the idle time of the resumed entries (JUSTID: no delivery counted), so
+-- that no claim pass, this consumer's included, takes them again before the
+-- first lease renewal.
+for i = 1, #live, 1000 do
+  local args = {"XCLAIM", KEYS[1], ARGV[1], ARGV[2], 0}
+  for j = i, math.min(i + 999, #live) do
+    args[#args + 1] = live[j][1]
+  end
+  args[#args + 1] = "JUSTID"
+  redis.call(unpack(args))
 end
 return {last, live, counts, gone}
