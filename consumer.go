@@ -253,11 +253,16 @@ func (r *run[Req, Resp]) shutdown() {
 	r.cancelHandlers(nil)
 }
 
-// track records that this consumer owns s's entry.
-func (r *run[Req, Resp]) track(s *slot) {
+// track records that this consumer owns s's entry, unless it holds that entry
+// already, and reports whether it did.
+func (r *run[Req, Resp]) track(s *slot) bool {
 	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, held := r.owned[s.key()]; held {
+		return false
+	}
 	r.owned[s.key()] = s
-	r.mu.Unlock()
+	return true
 }
 
 // forget drops slots whose entries are completed, released or left to a retry,
@@ -289,13 +294,6 @@ func (r *run[Req, Resp]) admit(shard int, msgs []redis.XMessage, charge bool, de
 	o := &r.c.opts
 	admitted := 0
 	for i, m := range msgs {
-		r.mu.Lock()
-		_, held := r.owned[ownedKey{shard, m.ID}]
-		r.mu.Unlock()
-		if held {
-			continue
-		}
-		admitted++
 		s := &slot{shard: shard, charge: charge, ready: make(chan struct{})}
 		s.entry = Entry{EntryID: m.ID, Deliveries: deliveries(i)}
 		id, idOK := m.Values[fieldID].(string)
@@ -312,7 +310,10 @@ func (r *run[Req, Resp]) admit(shard int, msgs []redis.XMessage, charge bool, de
 		default:
 			s.entry.ID, s.entry.Data = id, []byte(data)
 		}
-		r.track(s)
+		if !r.track(s) {
+			continue
+		}
+		admitted++
 		r.startFetch(r.runCtx, s)
 		r.ring.push(s)
 	}
