@@ -15,18 +15,9 @@ import (
 // Nothing consumes; the check reads the stream back.
 func runBatch(ctx context.Context, e *env, n int) error {
 	pad := padFor(e.cfg.payload)
-	s, err := batchStreamq(ctx, e, n, pad)
-	if err != nil {
-		return fmt.Errorf("streamq: %w", err)
-	}
-	e.out.result(s)
-	b, err := batchBaseline(ctx, e, n, pad)
-	if err != nil {
-		return fmt.Errorf("baseline: %w", err)
-	}
-	e.out.result(b)
-	e.out.ratio(Ratio{Scenario: "batch", Ratio: s.JobsPerSec / b.JobsPerSec})
-	return nil
+	return compare(e, "batch",
+		func() (Result, error) { return batchStreamq(ctx, e, n, pad) },
+		func() (Result, error) { return batchBaseline(ctx, e, n, pad) })
 }
 
 // batchTimes collects the duration of each batch call.

@@ -15,18 +15,9 @@ const latencyWarmup = 100
 // runLatency measures round trips at idle: one request at a time.
 func runLatency(ctx context.Context, e *env, n int) error {
 	pad := padFor(e.cfg.payload)
-	s, err := latencyStreamq(ctx, e, n, pad)
-	if err != nil {
-		return fmt.Errorf("streamq: %w", err)
-	}
-	e.out.result(s)
-	b, err := rpcBaseline(ctx, e, n, pad, "latency", 1, 1, 1)
-	if err != nil {
-		return fmt.Errorf("baseline: %w", err)
-	}
-	e.out.result(b)
-	e.out.ratio(Ratio{Scenario: "latency", Ratio: s.JobsPerSec / b.JobsPerSec})
-	return nil
+	return compare(e, "latency",
+		func() (Result, error) { return latencyStreamq(ctx, e, n, pad) },
+		func() (Result, error) { return rpcBaseline(ctx, e, n, pad, "latency", 1, 1, 1) })
 }
 
 // latencyStreamq: one producer, one consumer with one worker, sequential

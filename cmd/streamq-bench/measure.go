@@ -327,3 +327,20 @@ func (p *printer) line(v any) {
 	}
 	fmt.Fprintln(p.w, string(b))
 }
+
+// compare measures streamq, then the baseline, in the same run, and prints
+// both results and the ratio of their jobs/s.
+func compare(e *env, scenario string, streamqRun, baselineRun func() (Result, error)) error {
+	s, err := streamqRun()
+	if err != nil {
+		return fmt.Errorf("streamq: %w", err)
+	}
+	e.out.result(s)
+	b, err := baselineRun()
+	if err != nil {
+		return fmt.Errorf("baseline: %w", err)
+	}
+	e.out.result(b)
+	e.out.ratio(Ratio{Scenario: scenario, Ratio: s.JobsPerSec / b.JobsPerSec})
+	return nil
+}

@@ -16,18 +16,11 @@ import (
 // runRPC measures request/response: many callers each Produce and Wait.
 func runRPC(ctx context.Context, e *env, n int) error {
 	pad := padFor(e.cfg.payload)
-	s, err := rpcStreamq(ctx, e, n, pad)
-	if err != nil {
-		return fmt.Errorf("streamq: %w", err)
-	}
-	e.out.result(s)
-	b, err := rpcBaseline(ctx, e, n, pad, "rpc", e.cfg.producers, e.cfg.callers, e.cfg.workers)
-	if err != nil {
-		return fmt.Errorf("baseline: %w", err)
-	}
-	e.out.result(b)
-	e.out.ratio(Ratio{Scenario: "rpc", Ratio: s.JobsPerSec / b.JobsPerSec})
-	return nil
+	return compare(e, "rpc",
+		func() (Result, error) { return rpcStreamq(ctx, e, n, pad) },
+		func() (Result, error) {
+			return rpcBaseline(ctx, e, n, pad, "rpc", e.cfg.producers, e.cfg.callers, e.cfg.workers)
+		})
 }
 
 // rpcHandler marks each execution and answers with the job's index.

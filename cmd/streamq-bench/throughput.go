@@ -16,18 +16,9 @@ import (
 // append to the last acknowledgement, with a no-op handler.
 func runThroughput(ctx context.Context, e *env, n int) error {
 	pad := padFor(e.cfg.payload)
-	s, err := throughputStreamq(ctx, e, n, pad)
-	if err != nil {
-		return fmt.Errorf("streamq: %w", err)
-	}
-	e.out.result(s)
-	b, err := throughputBaseline(ctx, e, n, pad)
-	if err != nil {
-		return fmt.Errorf("baseline: %w", err)
-	}
-	e.out.result(b)
-	e.out.ratio(Ratio{Scenario: "throughput", Ratio: s.JobsPerSec / b.JobsPerSec})
-	return nil
+	return compare(e, "throughput",
+		func() (Result, error) { return throughputStreamq(ctx, e, n, pad) },
+		func() (Result, error) { return throughputBaseline(ctx, e, n, pad) })
 }
 
 // throughputStreamq: P producers, each Enqueue-ing from -callers goroutines so
