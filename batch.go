@@ -27,9 +27,12 @@ type Job[Req any] struct {
 // The batch is validated before anything is written: more than MaxBatchItems
 // jobs or more than MaxBatchBytes of encoded requests gives ErrBatchTooLarge, an
 // invalid id ErrInvalidID, an oversized request ErrPayloadTooLarge. A batch is
-// never split. Retrying a batch whose outcome is unknown (a timeout, a dropped
-// connection) is safe: ids already appended attach to their existing entries.
+// never split. When ctx ends first, ProduceBatch returns ctx's error at once,
+// whatever the connection does. Retrying a batch whose outcome is unknown (a
+// timeout, a dropped connection) is safe: ids already appended attach to their
+// existing entries. A nil ctx panics.
 func (p *Producer[Req, Resp]) ProduceBatch(ctx context.Context, jobs []Job[Req]) ([]*Promise[Resp], error) {
+	mustContext(ctx, "Producer.ProduceBatch")
 	if len(jobs) == 0 {
 		return nil, nil
 	}
@@ -52,37 +55,84 @@ func (p *Producer[Req, Resp]) ProduceBatch(ctx context.Context, jobs []Job[Req])
 	if err := p.ensureSubscribed(ctx); err != nil {
 		return nil, err
 	}
-	// Hold off Close until the promises are registered and settled: a call
-	// registered after Close failed every waiter would never resolve.
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	if p.closed {
-		return nil, ErrClosed
+	// The round trip runs in its own goroutine, which Close waits for (within
+	// CloseTimeout); this caller waits for it with ctx. No lock is held across
+	// the round trip: a call registered after Close is resolved at once.
+	if err := p.startBatch(); err != nil {
+		return nil, err
 	}
 	calls := make([]*call, len(items))
 	for i, it := range items {
 		calls[i] = p.waiters.acquire(it.id)
 	}
-	outs, errs := p.runShards(ctx, items, true)
+	type result struct {
+		outs []produceOutcome
+		errs []error
+	}
+	done := make(chan result, 1)
+	go func() {
+		defer p.batches.Done()
+		outs, errs := p.runShards(ctx, items, true)
+		done <- result{outs, errs}
+	}()
+	var r result
+	abandon := func(err error) ([]*Promise[Resp], error) {
+		for i, it := range items {
+			p.waiters.drop(it.id, calls[i])
+		}
+		return nil, err
+	}
+	select {
+	case r = <-done:
+	case <-ctx.Done():
+		select {
+		case r = <-done:
+		default:
+			return abandon(ctx.Err())
+		}
+	case <-p.lifetime.Done():
+		select {
+		case r = <-done:
+		default:
+			return abandon(errClosedUnknown)
+		}
+	}
 	var failed error
 	promises := make([]*Promise[Resp], len(items))
 	for i, it := range items {
-		if errs[i] != nil {
-			p.waiters.release(it.id, calls[i])
-			failed = cmp.Or(failed, errs[i])
+		if r.errs[i] != nil {
+			p.waiters.drop(it.id, calls[i])
+			failed = cmp.Or(failed, r.errs[i])
 			continue
 		}
-		promises[i], errs[i] = p.settle(it.id, calls[i], outs[i])
-		failed = cmp.Or(failed, errs[i])
+		var err error
+		promises[i], err = p.settle(it.id, calls[i], r.outs[i])
+		failed = cmp.Or(failed, err)
 	}
 	if failed != nil {
 		if len(p.shards) > 1 {
 			return promises, fmt.Errorf("%w (with %d shards a batch is atomic per shard: jobs of other shards may be recorded; retrying the batch is safe)",
 				failed, len(p.shards))
 		}
+		for _, pr := range promises {
+			if pr != nil {
+				pr.Release()
+			}
+		}
 		return nil, failed
 	}
 	return promises, nil
+}
+
+// startBatch registers a ProduceBatch round trip, unless the producer is closed.
+func (p *Producer[Req, Resp]) startBatch() error {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return ErrClosed
+	}
+	p.batches.Add(1)
+	return nil
 }
 
 // runShards appends items, grouped by shard, with one script call per shard
@@ -374,7 +424,9 @@ func newByteBudget(n int) *byteBudget {
 	return &byteBudget{free: n, freed: make(chan struct{})}
 }
 
-func (b *byteBudget) acquire(ctx context.Context, n int) error {
+// acquire takes n bytes, waiting for them until ctx ends or closing is closed
+// (ErrClosed).
+func (b *byteBudget) acquire(ctx context.Context, closing <-chan struct{}, n int) error {
 	for {
 		b.mu.Lock()
 		if b.free >= n {
@@ -388,6 +440,8 @@ func (b *byteBudget) acquire(ctx context.Context, n int) error {
 		case <-ch:
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-closing:
+			return ErrClosed
 		}
 	}
 }

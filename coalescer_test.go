@@ -76,12 +76,12 @@ func TestCoalescerLingerWaitsForMore(t *testing.T) {
 
 func TestByteBudgetBlocksAndRespectsContext(t *testing.T) {
 	b := newByteBudget(10)
-	require.NoError(t, b.acquire(context.Background(), 8))
+	require.NoError(t, b.acquire(context.Background(), nil, 8))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	require.ErrorIs(t, b.acquire(ctx, 5), context.DeadlineExceeded)
+	require.ErrorIs(t, b.acquire(ctx, nil, 5), context.DeadlineExceeded)
 	done := make(chan error, 1)
-	go func() { done <- b.acquire(context.Background(), 5) }()
+	go func() { done <- b.acquire(context.Background(), nil, 5) }()
 	b.release(8)
 	require.NoError(t, <-done)
 }

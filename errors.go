@@ -1,6 +1,7 @@
 package streamq
 
 import (
+	"context"
 	"errors"
 	"time"
 )
@@ -28,9 +29,19 @@ var (
 	// notice was missed.
 	ErrNoResult = errors.New("streamq: request completed, result not stored")
 	// ErrRecordLost is returned by Wait when the request's record vanished before
-	// it completed: it expired (ProducerOptions.InflightTTL) or Redis lost data.
-	// Producing the same id again enqueues it again.
-	ErrRecordLost = errors.New("streamq: request record vanished; produce the id again")
+	// this producer saw its outcome. Either the request completed and its record
+	// expired (ConsumerOptions.ResultTTL) before the completion notice reached
+	// this producer (the notice was lost, for example during a connection outage,
+	// and the record check came later), or the record expired unhandled
+	// (ProducerOptions.InflightTTL), or Redis lost the key (eviction, a restart
+	// without persistence). So the request may have run: producing the id again
+	// enqueues it again and may run it a second time. Keep ResultTTL well above
+	// BackstopInterval and above the longest outage you expect.
+	ErrRecordLost = errors.New("streamq: request record vanished before its outcome was seen: the request may have run " +
+		"and its result expired (ResultTTL), or it expired unhandled (InflightTTL); producing the id again may run it again")
+	// ErrReleased is returned by Promise.Wait after Promise.Release. The request
+	// is unaffected; produce the id again to wait for its result.
+	ErrReleased = errors.New("streamq: promise released; produce the id again to wait for its result")
 	// ErrWrongType is returned when a key the queue needs holds a value of another
 	// kind, usually because another program wrote it. Delete or rename that key.
 	ErrWrongType = errors.New("streamq: key holds a value streamq did not write")
@@ -38,6 +49,16 @@ var (
 	// consumer claimed the message.
 	ErrLeaseLost = errors.New("streamq: message claimed by another consumer")
 )
+
+// mustContext panics when ctx is nil, as the standard library does: a nil
+// Context is a programming error (use context.Background or context.TODO). The
+// check runs before any lock is taken or any state changes, so the panic leaves
+// the object usable.
+func mustContext(ctx context.Context, method string) {
+	if ctx == nil {
+		panic("streamq: nil Context passed to " + method + "; use context.Background()")
+	}
+}
 
 // RequestError is the error a waiting caller receives when a request failed.
 // It matches ErrFailed, and ErrDeadLettered when the request was dead-lettered.

@@ -30,6 +30,8 @@ const (
 	DefaultProduceConcurrency = 4
 	// DefaultBackstopInterval is the default ProducerOptions.BackstopInterval.
 	DefaultBackstopInterval = 5 * time.Second
+	// DefaultCloseTimeout is the default ProducerOptions.CloseTimeout.
+	DefaultCloseTimeout = 10 * time.Second
 	// DefaultGroup is the default ConsumerOptions.Group.
 	DefaultGroup = "streamq"
 	// DefaultWorkers is the default ConsumerOptions.Workers.
@@ -105,8 +107,18 @@ type ProducerOptions struct {
 
 	// BackstopInterval is how often waiting promises are checked against Redis,
 	// to recover results whose notification was lost to a reconnect. The check
-	// also runs after every resubscription. Defaults to DefaultBackstopInterval (5s).
+	// also runs at once after every resubscription. A result whose notice was
+	// lost is found only while its record lives, so keep the consumers'
+	// ResultTTL well above BackstopInterval (and above the longest connection
+	// outage you expect); otherwise Wait returns ErrRecordLost for a request
+	// that ran. Defaults to DefaultBackstopInterval (5s).
 	BackstopInterval time.Duration
+
+	// CloseTimeout bounds Close: how long it waits for accepted requests to be
+	// sent and for the producer's goroutines to stop, whatever the connection
+	// does. Requests still in a round trip after it get ErrClosed with an
+	// unknown outcome. Defaults to DefaultCloseTimeout (10s).
+	CloseTimeout time.Duration
 
 	// Shards spreads the queue over this many streams, each in its own hash
 	// slot, so that one queue can use several Redis Cluster masters. Each id
@@ -133,6 +145,7 @@ func (o *ProducerOptions) resolve() error {
 	setDefault(&o.MaxPendingBytes, DefaultMaxPendingBytes)
 	setDefault(&o.Concurrency, DefaultProduceConcurrency)
 	setDefault(&o.BackstopInterval, DefaultBackstopInterval)
+	setDefault(&o.CloseTimeout, DefaultCloseTimeout)
 	setDefault(&o.Shards, 1)
 	return firstError(
 		shardCount(o.Shards),
@@ -144,6 +157,7 @@ func (o *ProducerOptions) resolve() error {
 		positive("Concurrency", o.Concurrency),
 		atLeast("Linger", o.Linger, 0),
 		atLeast("BackstopInterval", o.BackstopInterval, 10*time.Millisecond),
+		atLeast("CloseTimeout", o.CloseTimeout, time.Millisecond),
 	)
 }
 

@@ -31,25 +31,48 @@ type Producer[Req, Resp any] struct {
 	opts    ProducerOptions
 	log     *slog.Logger
 
-	// lifetime is cancelled by Close after the last send; coalesced sends use it.
+	// lifetime is cancelled by Close once the accepted requests are sent (or
+	// CloseTimeout ran out); sends, setup attempts and the loops use it.
 	lifetime context.Context
 	cancel   context.CancelFunc
+	// closing is closed first thing by Close: callers blocked on the budget,
+	// the coalescer channel or a setup attempt give up with ErrClosed.
+	closing chan struct{}
 
-	mu     sync.RWMutex // guards closed and the sends on batcher.in
+	// mu guards closed, the sends on batcher.in and the Adds to batches. It is
+	// never held across Redis I/O, and a holder blocked on a send also watches
+	// closing, so Close takes it promptly.
+	mu     sync.RWMutex
 	closed bool
 
 	batcher *coalescer[*produceItem]
 	budget  *byteBudget
 	waiters *waiters
 
-	metaOK atomic.Bool // the queue's recorded shard count matches ours
+	metaOK     atomic.Bool // the queue's recorded shard count matches ours
+	subscribed atomic.Bool // subs are confirmed and the loops run
 
-	subMu  sync.Mutex      // guards subs
-	subs   []*redis.PubSub // one per shard; nil until the first Produce that waits
-	kick   chan struct{}   // asks the backstop loop for a check now
-	loops  sync.WaitGroup  // listener and backstop goroutines
-	closeO sync.Once
+	// setupMu guards the fields below. It is held only for bookkeeping, never
+	// across Redis I/O: the shard-count check and the subscription each run in
+	// a goroutine of their own (one attempt at a time), which callers wait for
+	// with their own contexts.
+	setupMu  sync.Mutex
+	metaTry  *attempt        // shard-count check in progress
+	subTry   *attempt        // subscription in progress
+	subs     []*redis.PubSub // confirmed subscriptions, one per shard
+	trying   []*redis.PubSub // subscriptions of the attempt in progress
+	stopping bool            // Close is stopping the goroutines: start none
+
+	kick    chan struct{}  // asks the backstop loop for a check now
+	loops   sync.WaitGroup // listeners, backstop, setup attempts, subscription closers
+	batches sync.WaitGroup // ProduceBatch round trips in flight
+	stopped chan struct{}  // closed when every goroutine of the producer has ended (after Close)
+	closeO  sync.Once
 }
+
+// setupTimeout bounds one attempt at recording the shard count or at
+// subscribing to completion notices; a failed attempt is retried by the next call.
+const setupTimeout = 10 * time.Second
 
 // NewProducer returns a producer for queue. opts may be nil for the defaults.
 // It does not touch Redis: the first Produce subscribes to completion notices.
@@ -79,6 +102,8 @@ func NewProducer[Req, Resp any](client redis.UniversalClient, queue string, opts
 		budget:  newByteBudget(o.MaxPendingBytes),
 		waiters: newWaiters(),
 		kick:    make(chan struct{}, 1),
+		closing: make(chan struct{}),
+		stopped: make(chan struct{}),
 	}
 	p.lifetime, p.cancel = context.WithCancel(context.Background())
 	p.batcher = newCoalescer(o.Concurrency, o.MaxBatchItems, o.MaxBatchBytes, o.Linger,
@@ -92,12 +117,19 @@ func NewProducer[Req, Resp any](client redis.UniversalClient, queue string, opts
 // attached it to an earlier request with the same id that is still in flight, or
 // found that id's stored result (the promise is then already resolved). A nil
 // error means the request will be handled (at least once) unless it is
-// dead-lettered. When ctx ends first, the outcome is unknown: producing the same
+// dead-lettered. When ctx ends first, Produce returns ctx's error at once,
+// whatever the connection does, and the outcome is unknown: producing the same
 // id again is safe and attaches to the request if it was recorded.
 //
-// Promises that are never waited on cost a map entry until the request completes;
-// use Enqueue for fire-and-forget.
+// The first Produce (or ProduceBatch) subscribes to completion notices; callers
+// wait for that with their own contexts, and an attempt that Redis does not
+// confirm within 10s fails and is tried again by the next call.
+//
+// A promise costs a map entry, and a periodic record check, until its request
+// completes or the promise is released: call Promise.Release when the result is
+// no longer wanted, and use Enqueue for fire-and-forget. A nil ctx panics.
 func (p *Producer[Req, Resp]) Produce(ctx context.Context, id string, req Req) (*Promise[Resp], error) {
+	mustContext(ctx, "Producer.Produce")
 	it, err := p.newItem(ctx, id, req)
 	if err != nil {
 		return nil, err
@@ -108,21 +140,23 @@ func (p *Producer[Req, Resp]) Produce(ctx context.Context, id string, req Req) (
 	c := p.waiters.acquire(id)
 	out, err := p.submit(ctx, it)
 	if err != nil {
-		p.waiters.release(id, c)
+		p.waiters.drop(id, c)
 		return nil, err
 	}
 	return p.settle(id, c, out)
 }
 
 // Enqueue submits a request without waiting for its result: fire-and-forget.
-// It has Produce's deduplication and its meaning of a nil error, but needs no
-// subscription and keeps nothing in memory once it returns.
+// It has Produce's deduplication, its meaning of a nil error and its handling
+// of ctx, but needs no subscription and keeps nothing in memory once it
+// returns. A nil ctx panics.
 func (p *Producer[Req, Resp]) Enqueue(ctx context.Context, id string, req Req) error {
+	mustContext(ctx, "Producer.Enqueue")
 	it, err := p.newItem(ctx, id, req)
 	if err != nil {
 		return err
 	}
-	if err := checkShards(ctx, p.client, p.queue, len(p.shards), &p.metaOK); err != nil {
+	if err := p.ensureMeta(ctx); err != nil {
 		return err
 	}
 	out, err := p.submit(ctx, it)
@@ -135,33 +169,65 @@ func (p *Producer[Req, Resp]) Enqueue(ctx context.Context, id string, req Req) e
 	return nil
 }
 
+// errClosedUnknown is returned to a caller whose request was still being sent
+// when Close gave up waiting (CloseTimeout).
+var errClosedUnknown = fmt.Errorf("%w before Redis answered: the request may or may not be recorded; producing its id again is safe", ErrClosed)
+
 // Close flushes the requests already accepted, then stops the producer. Promises
 // still waiting resolve with ErrClosed; their requests are still handled, and a
 // new producer gets their results by producing the same ids. Close is idempotent.
+//
+// Close returns within CloseTimeout whatever the connection does: requests whose
+// round trip has not ended by then get an ErrClosed whose outcome is unknown,
+// and goroutines still blocked in a Redis call end when that call returns
+// (after the client's ReadTimeout).
 func (p *Producer[Req, Resp]) Close() error {
 	p.closeO.Do(func() {
+		bound, cancel := context.WithTimeout(context.Background(), p.opts.CloseTimeout)
+		defer cancel()
+		close(p.closing)
 		p.mu.Lock()
 		p.closed = true
 		p.mu.Unlock()
-		p.batcher.close()
-		p.cancel()
-		p.subMu.Lock()
-		for _, ps := range p.subs {
-			_ = ps.Close()
+		flushed := make(chan struct{})
+		go func() {
+			p.batcher.close()
+			p.batches.Wait()
+			close(flushed)
+		}()
+		select {
+		case <-flushed:
+		case <-bound.Done():
+			p.log.Warn("streamq: Close gave up waiting for requests still being sent; their callers get ErrClosed",
+				"close_timeout", p.opts.CloseTimeout)
 		}
-		p.subMu.Unlock()
-		p.loops.Wait()
+		p.cancel()
+		p.setupMu.Lock()
+		p.stopping = true
+		subs := append(append([]*redis.PubSub(nil), p.subs...), p.trying...)
+		p.setupMu.Unlock()
+		// A PubSub's Close waits for a connection setup in progress: never
+		// block Close itself on it.
+		for _, ps := range subs {
+			p.loops.Add(1)
+			go func() {
+				defer p.loops.Done()
+				_ = ps.Close()
+			}()
+		}
+		go func() {
+			<-flushed
+			p.loops.Wait()
+			close(p.stopped)
+		}()
+		select {
+		case <-p.stopped:
+		case <-bound.Done():
+			p.log.Warn("streamq: Close returns while a Redis call is still blocked; its goroutine ends when the call returns",
+				"close_timeout", p.opts.CloseTimeout)
+		}
 		p.waiters.failAll(ErrClosed)
 	})
-	return nil
-}
-
-func (p *Producer[Req, Resp]) checkOpen() error {
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	if p.closed {
-		return ErrClosed
-	}
 	return nil
 }
 
@@ -198,36 +264,64 @@ func validateID(id string) error {
 	return nil
 }
 
-// submit hands an item to the coalescer and waits for its outcome.
+// submit hands an item to the coalescer and waits for its outcome. Every exit,
+// a panic included, gives back the budget unless the coalescer took the item.
 func (p *Producer[Req, Resp]) submit(ctx context.Context, it *produceItem) (produceOutcome, error) {
-	if err := p.budget.acquire(ctx, it.size()); err != nil {
+	if err := p.budget.acquire(ctx, p.closing, it.size()); err != nil {
 		return produceOutcome{}, err
 	}
-	p.mu.RLock()
-	if p.closed {
-		p.mu.RUnlock()
-		p.budget.release(it.size())
-		return produceOutcome{}, ErrClosed
+	handed := false
+	defer func() {
+		if !handed {
+			p.budget.release(it.size())
+		}
+	}()
+	if err := p.hand(ctx, it); err != nil {
+		return produceOutcome{}, err
 	}
-	select {
-	case p.batcher.in <- it:
-		p.mu.RUnlock()
-	case <-ctx.Done():
-		p.mu.RUnlock()
-		p.budget.release(it.size())
-		return produceOutcome{}, ctx.Err()
-	}
+	handed = true
 	select {
 	case out := <-it.out:
 		return out, out.err
 	case <-ctx.Done():
-		return produceOutcome{}, ctx.Err()
+		select {
+		case out := <-it.out:
+			return out, out.err
+		default:
+			return produceOutcome{}, ctx.Err()
+		}
+	case <-p.lifetime.Done():
+		select {
+		case out := <-it.out:
+			return out, out.err
+		default:
+			return produceOutcome{}, errClosedUnknown
+		}
 	}
 }
 
-// settle turns a produce outcome into a promise.
+// hand passes it to the coalescer, under the read lock that keeps Close from
+// closing the channel meanwhile.
+func (p *Producer[Req, Resp]) hand(ctx context.Context, it *produceItem) error {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return ErrClosed
+	}
+	select {
+	case p.batcher.in <- it:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-p.closing:
+		return ErrClosed
+	}
+}
+
+// settle turns a produce outcome into a promise, which takes over the
+// reference on c.
 func (p *Producer[Req, Resp]) settle(id string, c *call, out produceOutcome) (*Promise[Resp], error) {
-	pr := &Promise[Resp]{id: id, c: c, codec: p.opts.Codec}
+	pr := &Promise[Resp]{id: id, c: c, codec: p.opts.Codec, w: p.waiters, released: make(chan struct{})}
 	switch out.code {
 	case outcomeAppended, outcomeInflight:
 		pr.entryID = out.data
@@ -237,28 +331,96 @@ func (p *Producer[Req, Resp]) settle(id string, c *call, out produceOutcome) (*P
 		p.waiters.resolve(id, c, out.data, nil)
 		return pr, nil
 	default:
-		p.waiters.release(id, c)
+		p.waiters.drop(id, c)
 		return nil, fmt.Errorf("%w: request %q: %s", ErrWrongType, id, out.data)
 	}
+}
+
+// attempt is one try at a setup step, run by a goroutine of its own.
+type attempt struct {
+	done chan struct{}
+	err  error // set before done is closed
+}
+
+// await waits with ctx for the setup step guarded by slot: it returns nil at
+// once when ready reports it done, joins the attempt in progress, or starts
+// one that runs run in its own goroutine, bounded by setupTimeout and stopped
+// by Close. No caller ever waits on Redis without its own ctx.
+func (p *Producer[Req, Resp]) await(ctx context.Context, slot **attempt, ready func() bool, run func(context.Context) error) error {
+	if ready() {
+		return nil
+	}
+	p.setupMu.Lock()
+	if ready() {
+		p.setupMu.Unlock()
+		return nil
+	}
+	select {
+	case <-p.closing:
+		p.setupMu.Unlock()
+		return ErrClosed
+	default:
+	}
+	a := *slot
+	if a == nil && !p.stopping {
+		a = &attempt{done: make(chan struct{})}
+		*slot = a
+		p.loops.Add(1)
+		go func() {
+			defer p.loops.Done()
+			actx, cancel := context.WithTimeout(p.lifetime, setupTimeout)
+			err := run(actx)
+			cancel()
+			if err != nil && p.lifetime.Err() != nil {
+				err = ErrClosed
+			}
+			p.setupMu.Lock()
+			*slot = nil
+			p.setupMu.Unlock()
+			a.err = err
+			close(a.done)
+		}()
+	}
+	p.setupMu.Unlock()
+	if a == nil {
+		return ErrClosed
+	}
+	select {
+	case <-a.done:
+		return a.err
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-p.closing:
+		return ErrClosed
+	}
+}
+
+// ensureMeta records or checks the queue's shard count once.
+func (p *Producer[Req, Resp]) ensureMeta(ctx context.Context) error {
+	return p.await(ctx, &p.metaTry, p.metaOK.Load, func(actx context.Context) error {
+		return checkShards(actx, p.client, p.queue, len(p.shards), &p.metaOK)
+	})
 }
 
 // ensureSubscribed subscribes to the completion notices of every shard once,
 // and starts the listener and backstop loops. It returns after Redis confirmed
 // the subscriptions, so no notice of a request appended afterwards can be missed.
 func (p *Producer[Req, Resp]) ensureSubscribed(ctx context.Context) error {
-	p.subMu.Lock()
-	defer p.subMu.Unlock()
-	if p.subs != nil {
-		return nil
-	}
-	if err := p.checkOpen(); err != nil {
+	if err := p.ensureMeta(ctx); err != nil {
 		return err
 	}
-	if err := checkShards(ctx, p.client, p.queue, len(p.shards), &p.metaOK); err != nil {
-		return err
-	}
+	return p.await(ctx, &p.subTry, p.subscribed.Load, p.subscribe)
+}
+
+// subscribe is one subscription attempt, run by await. Each PubSub is listed
+// in trying while it waits for its confirmation, so that Close can close it
+// (which ends a blocked read); the confirmation read is bounded by ctx's deadline.
+func (p *Producer[Req, Resp]) subscribe(ctx context.Context) error {
 	subs := make([]*redis.PubSub, 0, len(p.shards))
 	fail := func(err error) error {
+		p.setupMu.Lock()
+		p.trying = nil
+		p.setupMu.Unlock()
 		for _, ps := range subs {
 			_ = ps.Close()
 		}
@@ -274,9 +436,28 @@ func (p *Producer[Req, Resp]) ensureSubscribed(ctx context.Context) error {
 			ps = p.client.Subscribe(ctx, k.Channel)
 		}
 		subs = append(subs, ps)
+		p.setupMu.Lock()
+		stopping := p.stopping
+		p.trying = append(p.trying, ps)
+		p.setupMu.Unlock()
+		if stopping {
+			return fail(ErrClosed)
+		}
 		if _, err := ps.Receive(ctx); err != nil {
+			if errors.Is(err, context.DeadlineExceeded) && p.lifetime.Err() == nil {
+				err = fmt.Errorf("not confirmed within %v: %w", setupTimeout, err)
+			}
 			return fail(fmt.Errorf("streamq: subscribe to %s: %w", k.Channel, err))
 		}
+	}
+	p.setupMu.Lock()
+	defer p.setupMu.Unlock()
+	p.trying = nil
+	if p.stopping {
+		for _, ps := range subs {
+			_ = ps.Close()
+		}
+		return ErrClosed
 	}
 	p.subs = subs
 	p.loops.Add(len(subs) + 1)
@@ -284,6 +465,7 @@ func (p *Producer[Req, Resp]) ensureSubscribed(ctx context.Context) error {
 		go p.listen(ps, ps.ChannelWithSubscriptions())
 	}
 	go p.backstop()
+	p.subscribed.Store(true)
 	return nil
 }
 
@@ -373,7 +555,7 @@ func (p *Producer[Req, Resp]) checkRecords(ctx context.Context, k keys.Keys, ids
 			s, ok := v.(string)
 			switch {
 			case !ok:
-				p.waiters.resolveIDErr(part[i], ErrRecordLost)
+				p.waiters.resolveLost(part[i], p.opts.InflightTTL)
 			case len(s) > 0 && s[0] != recordInflight:
 				p.waiters.resolveID(part[i], s)
 			}
@@ -429,10 +611,13 @@ func parseNotice(s string, fn func(id, record string)) error {
 
 // Promise is the future result of a produced request.
 type Promise[Resp any] struct {
-	id      string
-	entryID string
-	c       *call
-	codec   Codec
+	id       string
+	entryID  string
+	c        *call
+	codec    Codec
+	w        *waiters
+	released chan struct{} // closed by Release
+	relOnce  sync.Once
 
 	once sync.Once
 	resp Resp
@@ -446,18 +631,42 @@ func (pr *Promise[Resp]) ID() string { return pr.id }
 // already stored when it was produced.
 func (pr *Promise[Resp]) EntryID() string { return pr.entryID }
 
-// Done returns a channel closed when the result is available.
+// Done returns a channel closed when the result is available. Release does not
+// close it: after Release, use Wait, not Done.
 func (pr *Promise[Resp]) Done() <-chan struct{} { return pr.c.done }
+
+// Release gives up interest in the result. Once every promise of the request
+// id held in this producer is released, the producer forgets the id: no map
+// entry, no record check. The request itself is unaffected: it stays queued
+// and is handled. Wait on a released promise returns ErrReleased (a Wait
+// already blocked returns it too). Release is idempotent and safe for
+// concurrent use; a promise that is neither waited on to the end nor released
+// costs its map entry until its request completes or its record expires.
+func (pr *Promise[Resp]) Release() {
+	pr.relOnce.Do(func() {
+		close(pr.released)
+		pr.w.drop(pr.id, pr.c)
+	})
+}
 
 // Wait blocks until the request completes or ctx ends, and returns the response
 // or the error: a *RequestError (errors.Is ErrFailed, ErrDeadLettered) when the
-// request failed, ErrNoResult, ErrRecordLost, ErrClosed, or ctx's error. Wait may
-// be called any number of times, from any goroutine.
+// request failed, ErrNoResult, ErrRecordLost, ErrClosed, ErrReleased, an error
+// saying the codec failed (or panicked) to decode the response, or ctx's error.
+// Wait may be called any number of times, from any goroutine. A nil ctx panics.
 func (pr *Promise[Resp]) Wait(ctx context.Context) (Resp, error) {
+	mustContext(ctx, "Promise.Wait")
+	var zero Resp
+	select {
+	case <-pr.released:
+		return zero, ErrReleased
+	default:
+	}
 	select {
 	case <-pr.c.done:
+	case <-pr.released:
+		return zero, ErrReleased
 	case <-ctx.Done():
-		var zero Resp
 		return zero, ctx.Err()
 	}
 	pr.once.Do(func() { pr.resp, pr.err = decodeRecord[Resp](pr.codec, pr.c.record, pr.c.err) })
@@ -490,25 +699,36 @@ func decodeRecord[Resp any](codec Codec, record string, err error) (Resp, error)
 
 // call is the shared state of every promise of one request id in one producer.
 type call struct {
-	done     chan struct{}
-	record   string // set before done is closed
-	err      error  // set before done is closed
-	refs     int    // guarded by waiters.mu
-	appended bool   // guarded by waiters.mu: the request is recorded in Redis
+	done       chan struct{}
+	record     string    // set before done is closed
+	err        error     // set before done is closed
+	refs       int       // guarded by waiters.mu: Produce calls in progress and unreleased promises
+	appended   bool      // guarded by waiters.mu: the request is recorded in Redis
+	appendedAt time.Time // guarded by waiters.mu: when appended was first set
 }
 
 // waiters maps request ids to their calls. A call is registered before its
-// request is appended, so a notice that races the append reply is not lost.
+// request is appended, so a notice that races the append reply is not lost. A
+// call leaves the map when it is resolved or when nobody holds a reference.
 type waiters struct {
-	mu sync.Mutex
-	m  map[string]*call
+	mu     sync.Mutex
+	m      map[string]*call
+	closed error // set by failAll: calls acquired later are resolved with it at once
 }
 
 func newWaiters() *waiters { return &waiters{m: make(map[string]*call)} }
 
+// acquire takes a reference on id's call, registering one when there is none.
+// After failAll, it returns a call already resolved with failAll's error, so a
+// promise settled after Close never waits.
 func (w *waiters) acquire(id string) *call {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.closed != nil {
+		c := &call{done: make(chan struct{}), err: w.closed, refs: 1}
+		close(c.done)
+		return c
+	}
 	c := w.m[id]
 	if c == nil {
 		c = &call{done: make(chan struct{})}
@@ -518,20 +738,31 @@ func (w *waiters) acquire(id string) *call {
 	return c
 }
 
-// release drops a reference taken by acquire whose request was not recorded.
-func (w *waiters) release(id string, c *call) {
+// drop gives back a reference taken by acquire: a Produce whose request was not
+// recorded, or a released promise. The last reference removes the call.
+func (w *waiters) drop(id string, c *call) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	c.refs--
-	if c.refs == 0 && !c.appended && w.m[id] == c {
+	if c.refs <= 0 && w.m[id] == c {
 		delete(w.m, id)
 	}
 }
 
 func (w *waiters) markAppended(c *call) {
 	w.mu.Lock()
-	c.appended = true
+	if !c.appended {
+		c.appended = true
+		c.appendedAt = time.Now()
+	}
 	w.mu.Unlock()
+}
+
+// len returns the number of registered calls.
+func (w *waiters) len() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.m)
 }
 
 func (w *waiters) resolveID(id, record string) {
@@ -543,13 +774,28 @@ func (w *waiters) resolveID(id, record string) {
 	}
 }
 
-func (w *waiters) resolveIDErr(id string, err error) {
+// resolveLost resolves id's call with ErrRecordLost, saying how long ago the
+// request was recorded: well within inflightTTL, the record most likely held
+// an outcome that expired before this producer saw it.
+func (w *waiters) resolveLost(id string, inflightTTL time.Duration) {
 	w.mu.Lock()
 	c := w.m[id]
-	w.mu.Unlock()
+	var age time.Duration
 	if c != nil {
-		w.resolve(id, c, "", err)
+		age = time.Since(c.appendedAt).Round(time.Millisecond)
 	}
+	w.mu.Unlock()
+	if c == nil {
+		return
+	}
+	var err error
+	if age < inflightTTL {
+		err = fmt.Errorf("%w (request %q, recorded %v ago, within InflightTTL %v: it most likely completed and its outcome expired)",
+			ErrRecordLost, id, age, inflightTTL)
+	} else {
+		err = fmt.Errorf("%w (request %q, recorded %v ago, InflightTTL %v)", ErrRecordLost, id, age, inflightTTL)
+	}
+	w.resolve(id, c, "", err)
 }
 
 // resolve completes c once; later calls are ignored.
@@ -580,10 +826,12 @@ func (w *waiters) appendedIDs() []string {
 	return ids
 }
 
+// failAll resolves every call with err, and every call acquired later too.
 func (w *waiters) failAll(err error) {
 	w.mu.Lock()
 	calls := w.m
 	w.m = make(map[string]*call)
+	w.closed = err
 	w.mu.Unlock()
 	for id, c := range calls {
 		w.resolve(id, c, "", err)
