@@ -500,11 +500,16 @@ func (p *Producer[Req, Resp]) listen(ps *redis.PubSub, ch <-chan any) {
 }
 
 // backstop periodically reads the records of waiting requests, recovering
-// results whose notice was lost. It runs until Close.
+// results whose notice was lost. It runs until Close. A failed check is
+// retried after a short back-off (from backstopRetry, doubling up to
+// BackstopInterval), not a full interval later: the check after a
+// resubscription often meets a connection that is not usable yet, and a
+// missed result must be found while its record lives (ResultTTL).
 func (p *Producer[Req, Resp]) backstop() {
 	defer p.loops.Done()
-	t := time.NewTicker(p.opts.BackstopInterval)
+	t := time.NewTimer(p.opts.BackstopInterval)
 	defer t.Stop()
+	retry := time.Duration(0)
 	for {
 		select {
 		case <-p.lifetime.Done():
@@ -512,12 +517,27 @@ func (p *Producer[Req, Resp]) backstop() {
 		case <-t.C:
 		case <-p.kick:
 		}
+		next := p.opts.BackstopInterval
 		if err := p.checkWaiting(p.lifetime); err != nil && p.lifetime.Err() == nil {
 			p.slots.onError(err)
-			p.log.Warn("streamq: backstop check failed; will retry", "err", err)
+			retry = min(max(2*retry, backstopRetry), p.opts.BackstopInterval)
+			next = retry
+			p.log.Warn("streamq: backstop check failed; will retry", "err", err, "retry_in", retry)
+		} else {
+			retry = 0
 		}
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+		t.Reset(next)
 	}
 }
+
+// backstopRetry is the first delay before a failed record check is tried again.
+const backstopRetry = 100 * time.Millisecond
 
 // checkWaiting reads the records of every waiting request and resolves those
 // that completed or vanished.
@@ -790,8 +810,8 @@ func (w *waiters) resolveLost(id string, inflightTTL time.Duration) {
 	}
 	var err error
 	if age < inflightTTL {
-		err = fmt.Errorf("%w (request %q, recorded %v ago, within InflightTTL %v: it most likely completed and its outcome expired)",
-			ErrRecordLost, id, age, inflightTTL)
+		err = fmt.Errorf("%w (request %q, recorded %v ago, within InflightTTL %v: most likely it ran and its result expired "+
+			"before this producer saw it, or Redis lost the key)", ErrRecordLost, id, age, inflightTTL)
 	} else {
 		err = fmt.Errorf("%w (request %q, recorded %v ago, InflightTTL %v)", ErrRecordLost, id, age, inflightTTL)
 	}

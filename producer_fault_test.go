@@ -277,27 +277,27 @@ func TestCodecPanicInProducerIsAnError(t *testing.T) {
 	require.NoError(t, p.Enqueue(ctx, "m5", "fine"))
 }
 
-// A notice missed during an outage longer than ResultTTL ends in
-// ErrRecordLost; its advice must be true: the request may have run, and
-// producing it again may run it again.
-func TestMissedNoticeAndExpiredResultSaysItMayHaveRun(t *testing.T) {
+// missNotice produces one request through a proxied producer and makes its
+// completion notice miss the producer: the producer's connections drop and
+// stay down while the request completes (with resultTTL) and, when expire is
+// set, while its result expires. Before the connections come back, hooks are
+// added to the producer's client. It returns the promise and the producer.
+func missNotice(t *testing.T, resultTTL time.Duration, expire bool, hooks []redis.Hook) (*Promise[string], *Producer[string, string]) {
 	q := queueName(t)
 	p, direct, px := proxiedProducer(t, q, 500*time.Millisecond, &ProducerOptions{BackstopInterval: time.Hour})
-	defer p.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(func() { _ = p.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	gate := make(chan struct{})
 	c, err := NewConsumer(direct, q, func(ctx context.Context, m *Message[string]) (string, error) {
 		<-gate
 		return "done", nil
-	}, &ConsumerOptions{ResultTTL: 200 * time.Millisecond, ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+	}, &ConsumerOptions{ResultTTL: resultTTL, ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
 	require.NoError(t, err)
 	runConsumer(t, c)
 	pr, err := p.Produce(ctx, "lost", "x")
 	require.NoError(t, err)
 
-	// The producer's connections drop and stay down while the request
-	// completes and its result expires: its notice reaches nobody.
 	channel := "streamq:{" + q + "}:done"
 	px.Stall(time.Minute)
 	px.Cut()
@@ -308,16 +308,63 @@ func TestMissedNoticeAndExpiredResultSaysItMayHaveRun(t *testing.T) {
 	close(gate)
 	record := "streamq:{" + q + "}:id:lost"
 	eventually(t, 10*time.Second, func() bool { return direct.Get(ctx, record).Val() == `R"done"` }, "no result recorded")
-	eventually(t, 10*time.Second, func() bool { return direct.Exists(ctx, record).Val() == 0 }, "the result did not expire")
+	if expire {
+		eventually(t, 10*time.Second, func() bool { return direct.Exists(ctx, record).Val() == 0 }, "the result did not expire")
+	}
+	for _, h := range hooks {
+		p.client.AddHook(h)
+	}
 	px.Resume()
+	return pr, p
+}
 
+// A notice missed during an outage longer than ResultTTL ends in
+// ErrRecordLost; its advice must be true: the request may have run, and
+// producing it again may run it again.
+func TestMissedNoticeAndExpiredResultSaysItMayHaveRun(t *testing.T) {
+	pr, _ := missNotice(t, 200*time.Millisecond, true, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	// The resubscription checks at once (BackstopInterval is an hour).
-	_, err = pr.Wait(ctx)
+	_, err := pr.Wait(ctx)
 	require.ErrorIs(t, err, ErrRecordLost)
 	msg := err.Error()
 	require.Contains(t, msg, "may have run", "the advice says the request may have completed: %s", msg)
 	require.Contains(t, msg, "ResultTTL", "the advice names the option to raise: %s", msg)
 	require.False(t, strings.Contains(msg, "; produce the id again"), "the advice must not promise a harmless retry: %s", msg)
+}
+
+// failMGet fails the next n MGET commands, as a connection not yet usable
+// right after an outage would.
+type failMGet struct{ n atomic.Int64 }
+
+func (h *failMGet) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *failMGet) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "mget" && h.n.Add(-1) >= 0 {
+			cmd.SetErr(errors.New("injected: connection not ready"))
+			return cmd.Err()
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *failMGet) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// When the record check that follows a resubscription fails, it is tried
+// again soon, not a BackstopInterval later: the missed result is found while
+// its record lives.
+func TestFailedCheckAfterMissedNoticeIsRetriedSoon(t *testing.T) {
+	h := &failMGet{}
+	h.n.Store(2)
+	pr, _ := missNotice(t, time.Hour, false, []redis.Hook{h})
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	got, err := pr.Wait(ctx)
+	require.NoError(t, err, "BackstopInterval is an hour: only a prompt retry finds the result")
+	require.Equal(t, "done", got)
+	require.Negative(t, h.n.Load(), "the injected failures happened")
 }
 
 // mgetCounter counts MGET commands.
