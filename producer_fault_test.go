@@ -17,13 +17,16 @@ import (
 
 // proxiedProducer returns a producer whose client (with readTimeout) reaches
 // the shared real redis-server through a fault proxy, a direct client, and the proxy.
-func proxiedProducer(t *testing.T, q string, readTimeout time.Duration, opts *ProducerOptions) (*Producer[string, string], *redis.Client, *faultproxy.Proxy) {
+func proxiedProducer(t *testing.T, q string, readTimeout time.Duration, opts *ProducerOptions, hooks ...redis.Hook) (*Producer[string, string], *redis.Client, *faultproxy.Proxy) {
 	t.Helper()
 	direct := realRedis(t)
 	px, err := faultproxy.New(direct.Options().Addr)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = px.Close() })
 	client := redis.NewClient(&redis.Options{Addr: px.Addr(), ReadTimeout: readTimeout})
+	for _, h := range hooks {
+		client.AddHook(h)
+	}
 	t.Cleanup(func() { _ = client.Close() })
 	if opts == nil {
 		opts = &ProducerOptions{}
@@ -280,11 +283,16 @@ func TestCodecPanicInProducerIsAnError(t *testing.T) {
 // missNotice produces one request through a proxied producer and makes its
 // completion notice miss the producer: the producer's connections drop and
 // stay down while the request completes (with resultTTL) and, when expire is
-// set, while its result expires. Before the connections come back, hooks are
-// added to the producer's client. It returns the promise and the producer.
-func missNotice(t *testing.T, resultTTL time.Duration, expire bool, hooks []redis.Hook) (*Promise[string], *Producer[string, string]) {
+// set, while its result expires. Before the connections come back, armMGet
+// (when not nil) is told to fail that many MGETs of the producer's client.
+// It returns the promise.
+func missNotice(t *testing.T, resultTTL time.Duration, expire bool, armMGet *failMGet, fails int64) *Promise[string] {
 	q := queueName(t)
-	p, direct, px := proxiedProducer(t, q, 500*time.Millisecond, &ProducerOptions{BackstopInterval: time.Hour})
+	var hooks []redis.Hook
+	if armMGet != nil {
+		hooks = append(hooks, armMGet)
+	}
+	p, direct, px := proxiedProducer(t, q, 500*time.Millisecond, &ProducerOptions{BackstopInterval: time.Hour}, hooks...)
 	t.Cleanup(func() { _ = p.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -311,18 +319,18 @@ func missNotice(t *testing.T, resultTTL time.Duration, expire bool, hooks []redi
 	if expire {
 		eventually(t, 10*time.Second, func() bool { return direct.Exists(ctx, record).Val() == 0 }, "the result did not expire")
 	}
-	for _, h := range hooks {
-		p.client.AddHook(h)
+	if armMGet != nil {
+		armMGet.n.Store(fails)
 	}
 	px.Resume()
-	return pr, p
+	return pr
 }
 
 // A notice missed during an outage longer than ResultTTL ends in
 // ErrRecordLost; its advice must be true: the request may have run, and
 // producing it again may run it again.
 func TestMissedNoticeAndExpiredResultSaysItMayHaveRun(t *testing.T) {
-	pr, _ := missNotice(t, 200*time.Millisecond, true, nil)
+	pr := missNotice(t, 200*time.Millisecond, true, nil, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// The resubscription checks at once (BackstopInterval is an hour).
@@ -341,7 +349,7 @@ type failMGet struct{ n atomic.Int64 }
 func (h *failMGet) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *failMGet) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() == "mget" && h.n.Add(-1) >= 0 {
+		if cmd.Name() == "mget" && h.n.Load() > 0 && h.n.Add(-1) >= 0 {
 			cmd.SetErr(errors.New("injected: connection not ready"))
 			return cmd.Err()
 		}
@@ -357,14 +365,13 @@ func (h *failMGet) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 // its record lives.
 func TestFailedCheckAfterMissedNoticeIsRetriedSoon(t *testing.T) {
 	h := &failMGet{}
-	h.n.Store(2)
-	pr, _ := missNotice(t, time.Hour, false, []redis.Hook{h})
+	pr := missNotice(t, time.Hour, false, h, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	got, err := pr.Wait(ctx)
 	require.NoError(t, err, "BackstopInterval is an hour: only a prompt retry finds the result")
 	require.Equal(t, "done", got)
-	require.Negative(t, h.n.Load(), "the injected failures happened")
+	require.Zero(t, h.n.Load(), "the injected failures happened")
 }
 
 // mgetCounter counts MGET commands.
