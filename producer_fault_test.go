@@ -204,13 +204,11 @@ func TestNilContextLeavesProducerUsable(t *testing.T) {
 		defer func() { got[name] = recover() }()
 		fn()
 	}
-	//lint:ignore SA1012 the nil context is the point of the test
-	panics("Produce", func() { _, _ = p.Produce(nil, "n1", "x") }) //nolint:staticcheck
-	panics("Enqueue", func() { _ = p.Enqueue(nil, "n2", "x") })    //nolint:staticcheck
-	panics("ProduceBatch", func() {
-		_, _ = p.ProduceBatch(nil, []Job[string]{{"n3", "x"}}) //nolint:staticcheck
-	})
-	panics("Wait", func() { _, _ = pr.Wait(nil) }) //nolint:staticcheck
+	// Nil contexts on purpose (staticcheck SA1012 flags them, rightly).
+	panics("Produce", func() { _, _ = p.Produce(nil, "n1", "x") })
+	panics("Enqueue", func() { _ = p.Enqueue(nil, "n2", "x") })
+	panics("ProduceBatch", func() { _, _ = p.ProduceBatch(nil, []Job[string]{{"n3", "x"}}) })
+	panics("Wait", func() { _, _ = pr.Wait(nil) })
 
 	// Still usable: every call works, and Close returns.
 	_, err = p.Produce(ctx, "after", "x")
