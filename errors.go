@@ -8,7 +8,10 @@ import (
 
 // Sentinel errors. Match them with errors.Is.
 var (
-	// ErrClosed is returned by calls on a closed Producer.
+	// ErrClosed is returned by calls on a closed Producer, by Wait on promises
+	// still waiting when it closed, and to calls still in a round trip when
+	// Close stopped waiting for them (CloseTimeout): their outcome is unknown,
+	// and producing the id again is safe.
 	ErrClosed = errors.New("streamq: producer is closed")
 	// ErrInvalidID is returned when a request id is empty or longer than MaxIDLen.
 	ErrInvalidID = errors.New("streamq: invalid request id")
