@@ -18,20 +18,41 @@ import (
 // It reads the queue's shard count from Redis and covers every shard. It is
 // safe for concurrent use.
 type Admin struct {
-	client      redis.UniversalClient
-	queue       string
-	inflightTTL time.Duration
+	client redis.UniversalClient
+	queue  string
+	opts   AdminOptions
 }
 
-// NewAdmin returns an Admin for queue. It does not touch Redis.
-func NewAdmin(client redis.UniversalClient, queue string) (*Admin, error) {
+// AdminOptions configures an Admin. The zero value (or nil) uses the defaults.
+type AdminOptions struct {
+	// Group is the consumer group whose dead letters DeadLetters, Requeue and
+	// PurgeDeadLetters address. Default "" = the queue's answering group.
+	Group string
+	// InflightTTL is the in-flight record TTL Requeue gives a requeued request.
+	// Default DefaultInflightTTL; use the producers' value.
+	InflightTTL time.Duration
+}
+
+// NewAdmin returns an Admin for queue. opts may be nil. It does not touch
+// Redis.
+func NewAdmin(client redis.UniversalClient, queue string, opts *AdminOptions) (*Admin, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: client is nil", ErrInvalidOptions)
 	}
 	if err := keys.ValidateQueue(queue); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidOptions, err)
 	}
-	return &Admin{client: client, queue: queue, inflightTTL: DefaultInflightTTL}, nil
+	var o AdminOptions
+	if opts != nil {
+		o = *opts
+	}
+	switch {
+	case o.InflightTTL == 0:
+		o.InflightTTL = DefaultInflightTTL
+	case o.InflightTTL < time.Millisecond:
+		return nil, optionError("InflightTTL is %v; it must be at least 1ms (leave it 0 for the default %v)", o.InflightTTL, DefaultInflightTTL)
+	}
+	return &Admin{client: client, queue: queue, opts: o}, nil
 }
 
 // shards returns the names of every shard of the queue.
@@ -254,7 +275,7 @@ func (a *Admin) Requeue(ctx context.Context, deadLetterID string) (string, error
 		recKey = k.Record(d.ID)
 	}
 	res, err := scripts.Requeue.Run(ctx, a.client, []string{k.Stream, k.DeadLetter, recKey},
-		id, d.ID, d.Payload, a.inflightTTL.Milliseconds()).Result()
+		id, d.ID, d.Payload, DefaultInflightTTL.Milliseconds()).Result()
 	if errors.Is(err, redis.Nil) {
 		return "", fmt.Errorf("%w: dead letter %s of %s", ErrNotFound, deadLetterID, a.queue)
 	}
