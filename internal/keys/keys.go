@@ -32,14 +32,17 @@ func New(queue string) (Keys, error) {
 	if err := ValidateQueue(queue); err != nil {
 		return Keys{}, err
 	}
-	return build(queue), nil
+	k := build(queue)
+	k.Queue = queue
+	return k, nil
 }
 
-// build returns the names of a queue or shard whose name was validated.
-func build(queue string) Keys {
-	base := "streamq:{" + queue + "}:"
+// build returns the names of a queue whose name was validated.
+func build(queue string) Keys { return buildTagged("streamq:{" + queue + "}:") }
+
+// buildTagged returns the names under base, which holds the hash tag.
+func buildTagged(base string) Keys {
 	return Keys{
-		Queue:        queue,
 		Stream:       base + "stream",
 		DeadLetter:   base + "dead",
 		Channel:      base + "done",
