@@ -24,6 +24,7 @@ type Keys struct {
 	// Channel is the pub/sub channel that carries completion notices.
 	Channel string
 
+	base         string // up to and including the hash tag and its ':'
 	recordPrefix string
 }
 
@@ -46,12 +47,20 @@ func buildTagged(base string) Keys {
 		Stream:       base + "stream",
 		DeadLetter:   base + "dead",
 		Channel:      base + "done",
+		base:         base,
 		recordPrefix: base + "id:",
 	}
 }
 
 // Record returns the key of the record (dedup marker, then result) of a request id.
 func (k Keys) Record(id string) string { return k.recordPrefix + id }
+
+// RequeueMarker returns the key that remembers, for a while, which entry the
+// dead letter id of the dead-letter stream deadLetter was requeued as. The id
+// (a stream id, without ':') comes first, so each pair has its own key.
+func (k Keys) RequeueMarker(deadLetter, id string) string {
+	return k.base + "requeued:" + id + ":" + deadLetter
+}
 
 // RecordPattern returns a SCAN pattern that matches every record key of the queue.
 func (k Keys) RecordPattern() string {
