@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -18,9 +19,10 @@ import (
 // It reads the queue's shard count from Redis and covers every shard. It is
 // safe for concurrent use.
 type Admin struct {
-	client redis.UniversalClient
-	queue  string
-	opts   AdminOptions
+	client   redis.UniversalClient
+	queue    string
+	opts     AdminOptions
+	serverOK atomic.Bool // checkServer passed
 }
 
 // AdminOptions configures an Admin. The zero value (or nil) uses the defaults.
@@ -57,6 +59,12 @@ func NewAdmin(client redis.UniversalClient, queue string, opts *AdminOptions) (*
 
 // shards returns the names of every shard of the queue.
 func (a *Admin) shards(ctx context.Context) ([]keys.Keys, error) {
+	if !a.serverOK.Load() {
+		if err := checkServer(ctx, a.client, nil); err != nil {
+			return nil, err
+		}
+		a.serverOK.Store(true)
+	}
 	n, err := queueShards(ctx, a.client, a.queue)
 	if err != nil {
 		return nil, err

@@ -122,7 +122,7 @@ func (p *Producer[Req, Resp]) Enqueue(ctx context.Context, id string, req Req) e
 	if err != nil {
 		return err
 	}
-	if err := checkShards(ctx, p.client, p.queue, len(p.shards), &p.metaOK); err != nil {
+	if err := checkShards(ctx, p.client, p.queue, len(p.shards), &p.metaOK, p.log); err != nil {
 		return err
 	}
 	out, err := p.submit(ctx, it)
@@ -254,7 +254,7 @@ func (p *Producer[Req, Resp]) ensureSubscribed(ctx context.Context) error {
 	if err := p.checkOpen(); err != nil {
 		return err
 	}
-	if err := checkShards(ctx, p.client, p.queue, len(p.shards), &p.metaOK); err != nil {
+	if err := checkShards(ctx, p.client, p.queue, len(p.shards), &p.metaOK, p.log); err != nil {
 		return err
 	}
 	subs := make([]*redis.PubSub, 0, len(p.shards))
