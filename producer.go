@@ -275,7 +275,7 @@ func (p *Producer[Req, Resp]) ensureSubscribed(ctx context.Context) error {
 		}
 		subs = append(subs, ps)
 		if _, err := ps.Receive(ctx); err != nil {
-			return fail(fmt.Errorf("streamq: subscribe to %s: %w", k.Channel, err))
+			return fail(fmt.Errorf("streamq: subscribe to %s: %w", k.Channel, channelPermission(err, p.queue, len(p.shards))))
 		}
 	}
 	p.subs = subs

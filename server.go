@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/streamq/streamq/internal/keys"
 )
 
 // ErrUnsupportedServer is returned at the first use of a Producer, Consumer or
@@ -106,4 +108,14 @@ func warnEvictionPolicy(ctx context.Context, client redis.UniversalClient, log *
 		log.Warn("streamq: Redis maxmemory-policy can evict any key, queue streams included: requests can be lost under memory pressure; set it to noeviction",
 			"maxmemory-policy", policy)
 	}
+}
+
+// channelPermission explains a NOPERM refusal of a subscription: which ACL
+// channel rule the user lacks.
+func channelPermission(err error, queue string, shards int) error {
+	if err == nil || !strings.HasPrefix(err.Error(), "NOPERM") {
+		return err
+	}
+	return fmt.Errorf("the Redis user may not use the queue's notice channels: grant them with ACL SETUSER <user> %s (see README, Security): %w",
+		keys.ChannelRule(queue, shards), err)
 }

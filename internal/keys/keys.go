@@ -64,8 +64,12 @@ func (k Keys) RequeueMarker(deadLetter, id string) string {
 
 // RecordPattern returns a SCAN pattern that matches every record key of the queue.
 func (k Keys) RecordPattern() string {
-	return strings.NewReplacer("[", `\[`, "]", `\]`, "*", `\*`, "?", `\?`).Replace(k.recordPrefix) + "*"
+	return globEscaper.Replace(k.recordPrefix) + "*"
 }
+
+// globEscaper escapes the characters that are special in Redis glob patterns
+// (SCAN MATCH, ACL key and channel patterns).
+var globEscaper = strings.NewReplacer(`\`, `\\`, "[", `\[`, "]", `\]`, "*", `\*`, "?", `\?`)
 
 // ValidateQueue reports why queue cannot be used as a queue name, or nil.
 func ValidateQueue(queue string) error {

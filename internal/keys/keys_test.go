@@ -86,3 +86,9 @@ func TestShardNamesAreNoQueuesNames(t *testing.T) {
 		}
 	}
 }
+
+func TestChannelRule(t *testing.T) {
+	require.Equal(t, "&streamq:{jobs}:*", ChannelRule("jobs", 1))
+	require.Equal(t, "&streamq:shard:{jobs/????.??????}:*", ChannelRule("jobs", 4))
+	require.Equal(t, `&streamq:{a\*b}:*`, ChannelRule("a*b", 1))
+}

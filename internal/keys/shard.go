@@ -59,6 +59,16 @@ func Shards(queue string, n int) ([]Keys, error) {
 // start with "streamq:{" instead, so the two never meet.
 const shardPrefix = "streamq:shard:"
 
+// ChannelRule returns the ACL channel pattern ("&...") that covers the notice
+// channels of queue with n shards.
+func ChannelRule(queue string, n int) string {
+	q := globEscaper.Replace(queue)
+	if n <= 1 {
+		return "&streamq:{" + q + "}:*"
+	}
+	return "&" + shardPrefix + "{" + q + "/????.??????}:*"
+}
+
 // Meta returns the key recording a queue's shard count, so that producers and
 // consumers that disagree on it are refused instead of splitting the queue.
 func Meta(queue string) string { return "streamq:{" + queue + "}:meta" }
