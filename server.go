@@ -23,19 +23,25 @@ var ErrUnsupportedServer = errors.New("streamq: Redis server too old: 7.0 or new
 // called once at the first use of a Producer, Consumer or Admin.
 //
 // The version comes from HELLO, which every user may send whatever its ACL
-// rules (INFO may be refused) and which in-process test servers answer too.
-// HELLO is sent with the protocol version the client already speaks, so the
-// connection stays as it was.
+// rules (INFO may be refused) and which in-process test servers answer too,
+// or from INFO server where HELLO is unknown. HELLO is sent with the protocol
+// version the client already speaks, so the connection stays as it was.
 func checkServer(ctx context.Context, client redis.UniversalClient, log *slog.Logger) error {
+	var version string
 	reply, err := client.Do(ctx, "HELLO", clientProtocol(client)).Result()
-	if err != nil {
-		var rerr redis.Error
-		if errors.As(err, &rerr) && strings.Contains(strings.ToLower(err.Error()), "unknown command") {
-			return fmt.Errorf("%w: the server does not know HELLO (Redis before 6.0)", ErrUnsupportedServer)
+	switch {
+	case err == nil:
+		version = helloField(reply, "version")
+	case isUnknownCommand(err):
+		// Redis before 6.0, or a proxy that does not pass HELLO on: ask INFO.
+		info, ierr := client.Info(ctx, "server").Result()
+		if ierr != nil {
+			return fmt.Errorf("%w: the server knows neither HELLO nor INFO server (%v)", ErrUnsupportedServer, ierr)
 		}
+		version = infoField(info, "redis_version")
+	default:
 		return fmt.Errorf("streamq: ask the server for its version (HELLO): %w", err)
 	}
-	version := helloField(reply, "version")
 	if !atLeast7(version) {
 		return fmt.Errorf("%w: the server reports version %q", ErrUnsupportedServer, version)
 	}
@@ -78,6 +84,23 @@ func helloField(reply any, name string) string {
 				s, _ := r[i+1].(string)
 				return s
 			}
+		}
+	}
+	return ""
+}
+
+// isUnknownCommand reports whether err is the server's refusal of a command
+// it does not know.
+func isUnknownCommand(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr) && strings.Contains(strings.ToLower(err.Error()), "unknown command")
+}
+
+// infoField returns a field of an INFO reply ("name:value" lines).
+func infoField(info, name string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			return v
 		}
 	}
 	return ""

@@ -15,6 +15,55 @@ import (
 	"github.com/streamq/streamq/internal/redistest"
 )
 
+// replyError is an error reply from the server, as go-redis reports it.
+type replyError string
+
+func (e replyError) Error() string { return string(e) }
+func (replyError) RedisError()     {}
+
+// oldServer is a go-redis hook for a server that does not know HELLO and
+// reports version in INFO server ("" passes INFO on).
+type oldServer struct{ version string }
+
+func (oldServer) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (o oldServer) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if c, ok := cmd.(*redis.Cmd); ok && cmd.Name() == "hello" {
+			c.SetErr(replyError("ERR unknown command 'HELLO'"))
+			return c.Err()
+		}
+		if c, ok := cmd.(*redis.StringCmd); ok && cmd.Name() == "info" && o.version != "" {
+			c.SetVal("# Server\r\nredis_version:" + o.version + "\r\nredis_mode:standalone\r\n")
+			return nil
+		}
+		return next(ctx, cmd)
+	}
+}
+func (oldServer) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestServerVersionWithoutHello: where HELLO is unknown (Redis before 6.0,
+// some proxies), the version comes from INFO server.
+func TestServerVersionWithoutHello(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, tc := range []struct{ version, found string }{{"", ""}, {"5.0.7", "5.0.7"}} {
+		client := sameServer(realRedis(t))
+		t.Cleanup(func() { _ = client.Close() })
+		client.AddHook(oldServer{tc.version})
+		admin, err := NewAdmin(client, queueName(t), nil)
+		require.NoError(t, err)
+		_, err = admin.Stats(ctx)
+		if tc.found == "" {
+			require.NoError(t, err, "the real server's INFO says 7.x")
+			continue
+		}
+		require.ErrorIs(t, err, ErrUnsupportedServer)
+		require.Contains(t, err.Error(), tc.found)
+	}
+}
+
 // fakeVersion is a go-redis hook that answers streamq's HELLO (sent with Do,
 // so a *redis.Cmd; the connection's own HELLO is another type) with another
 // server version.
