@@ -155,3 +155,39 @@ func TestAdminStatsLagAfterDuplicateProduce(t *testing.T) {
 	require.EqualValues(t, 1, s.Groups[0].Lag)
 	require.EqualValues(t, 2, s.Groups[0].Pending)
 }
+
+// TestAdminStatsLagWithALongHistory: when more than lagCountLimit entries
+// sit at or before the group's position (another group still needs them),
+// the lag is counted from the other side.
+func TestAdminStatsLagWithALongHistory(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	admin, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	stream, _, _, _ := firstShardKeys(t, admin)
+	const history, ahead = lagCountLimit + 500, 5
+	pipe := client.Pipeline()
+	for i := range history + ahead {
+		pipe.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{"id", fmt.Sprint(i), "p", "x"}})
+	}
+	_, err = pipe.Exec(ctx)
+	require.NoError(t, err)
+	require.NoError(t, client.XGroupCreate(ctx, stream, "g", "0").Err())
+	read, err := client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c", Streams: []string{stream, ">"}, Count: history, Block: -1}).Result()
+	require.NoError(t, err)
+	require.Len(t, read[0].Messages, history)
+	rest, err := client.XRange(ctx, stream, "("+read[0].Messages[history-1].ID, "+").Result()
+	require.NoError(t, err)
+	require.Len(t, rest, ahead)
+	require.NoError(t, client.XDel(ctx, stream, rest[1].ID).Err())
+	groups, err := client.XInfoGroups(ctx, stream).Result()
+	require.NoError(t, err)
+	require.EqualValues(t, -1, groups[0].Lag, "Redis cannot tell the lag (the case under test)")
+
+	s, err := admin.Stats(ctx)
+	require.NoError(t, err)
+	require.Len(t, s.Groups, 1)
+	require.EqualValues(t, ahead-1, s.Groups[0].Lag)
+}
