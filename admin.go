@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -18,24 +19,52 @@ import (
 // It reads the queue's shard count from Redis and covers every shard. It is
 // safe for concurrent use.
 type Admin struct {
-	client      redis.UniversalClient
-	queue       string
-	inflightTTL time.Duration
+	client   redis.UniversalClient
+	queue    string
+	opts     AdminOptions
+	serverOK atomic.Bool // checkServer passed
 }
 
-// NewAdmin returns an Admin for queue. It does not touch Redis.
-func NewAdmin(client redis.UniversalClient, queue string) (*Admin, error) {
+// AdminOptions configures an Admin. The zero value (or nil) uses the defaults.
+type AdminOptions struct {
+	// Group is the consumer group whose dead letters DeadLetters, Requeue and
+	// PurgeDeadLetters address. Default "" = the queue's answering group.
+	Group string
+	// InflightTTL is the in-flight record TTL Requeue gives a requeued request.
+	// Default DefaultInflightTTL; use the producers' value.
+	InflightTTL time.Duration
+}
+
+// NewAdmin returns an Admin for queue. opts may be nil. It does not touch
+// Redis.
+func NewAdmin(client redis.UniversalClient, queue string, opts *AdminOptions) (*Admin, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: client is nil", ErrInvalidOptions)
 	}
 	if err := keys.ValidateQueue(queue); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidOptions, err)
 	}
-	return &Admin{client: client, queue: queue, inflightTTL: DefaultInflightTTL}, nil
+	var o AdminOptions
+	if opts != nil {
+		o = *opts
+	}
+	switch {
+	case o.InflightTTL == 0:
+		o.InflightTTL = DefaultInflightTTL
+	case o.InflightTTL < time.Millisecond:
+		return nil, optionError("InflightTTL is %v; it must be at least 1ms (leave it 0 for the default %v)", o.InflightTTL, DefaultInflightTTL)
+	}
+	return &Admin{client: client, queue: queue, opts: o}, nil
 }
 
 // shards returns the names of every shard of the queue.
 func (a *Admin) shards(ctx context.Context) ([]keys.Keys, error) {
+	if !a.serverOK.Load() {
+		if err := checkServer(ctx, a.client, nil); err != nil {
+			return nil, err
+		}
+		a.serverOK.Store(true)
+	}
 	n, err := queueShards(ctx, a.client, a.queue)
 	if err != nil {
 		return nil, err
@@ -61,8 +90,12 @@ type GroupStats struct {
 	Consumers int64
 	// Pending is the number of entries delivered and not yet acknowledged.
 	Pending int64
-	// Lag is the number of entries not yet delivered to the group, or -1 when
-	// Redis cannot tell (after deletions in the middle of the stream).
+	// Lag is the number of entries not yet delivered to the group. Redis
+	// reports it, except after an entry past the group's position was deleted
+	// (a duplicate Produce appends and deletes one): then Stats counts the
+	// entries itself, reading up to 10,000 entries (payloads included) on
+	// each side of the group's position, and reports -1 when both sides hold
+	// more.
 	Lag int64
 	// OldestPendingAge is the idle time of the longest-idle pending entry.
 	OldestPendingAge time.Duration
@@ -115,11 +148,17 @@ func (a *Admin) shardStats(ctx context.Context, k keys.Keys, s *Stats, byName ma
 		gs := &s.Groups[i]
 		gs.Consumers = max(gs.Consumers, g.Consumers)
 		gs.Pending += g.Pending
+		lag := g.Lag
+		if lag < 0 {
+			if lag, err = a.countLag(ctx, k.Stream, g.LastDeliveredID, length); err != nil {
+				return err
+			}
+		}
 		switch {
-		case g.Lag < 0 || gs.Lag < 0:
+		case lag < 0 || gs.Lag < 0:
 			gs.Lag = -1
 		default:
-			gs.Lag += g.Lag
+			gs.Lag += lag
 		}
 		if g.Pending > 0 {
 			// The oldest pending entry is not always the longest idle one, so
@@ -136,6 +175,43 @@ func (a *Admin) shardStats(ctx context.Context, k keys.Keys, s *Stats, byName ma
 		}
 	}
 	return nil
+}
+
+// lagCountLimit bounds the entries countLag reads on each side of a group's
+// position.
+const lagCountLimit = 10000
+
+// countLag counts the entries of stream after a group's last-delivered id,
+// for when Redis cannot tell (XINFO GROUPS lag is nil after an entry past that
+// id was deleted, as a duplicate Produce does). It reads the entries up to the
+// id, normally only the pending ones since completed entries are deleted, and
+// subtracts them from length; when there are more than lagCountLimit, it reads
+// the entries after the id instead. It returns -1 when both sides hold more.
+func (a *Admin) countLag(ctx context.Context, stream, lastDelivered string, length int64) (int64, error) {
+	count := func(start, end string) (int64, bool, error) {
+		var n int64
+		for n < lagCountLimit {
+			msgs, err := a.client.XRangeN(ctx, stream, start, end, 1000).Result()
+			if err != nil {
+				return 0, false, err
+			}
+			n += int64(len(msgs))
+			if len(msgs) < 1000 {
+				return n, true, nil
+			}
+			start = "(" + msgs[len(msgs)-1].ID
+		}
+		return n, false, nil
+	}
+	before, ok, err := count("-", lastDelivered)
+	if err != nil || ok {
+		return max(length-before, 0), err
+	}
+	after, ok, err := count("("+lastDelivered, "+")
+	if err != nil || !ok {
+		return -1, err
+	}
+	return after, nil
 }
 
 // DeadLetter is an entry of the dead-letter stream.
@@ -227,10 +303,19 @@ func parseDeadLetter(m redis.XMessage) DeadLetter {
 // ErrNotFound is returned when a dead letter does not exist (any more).
 var ErrNotFound = errors.New("streamq: not found")
 
+// requeueMarkerTTL is how long Requeue remembers the entry a dead letter was
+// requeued as, so that a call sent again (after a lost reply, or by a caller
+// retrying) returns that entry instead of ErrNotFound.
+const requeueMarkerTTL = 10 * time.Minute
+
 // Requeue moves a dead letter back to the queue as a new entry with the same
 // request id and payload, and returns the new entry id. The request's record is
-// reset to in flight, so callers producing the id from now on attach to the new
-// entry and receive its result. Its delivery count starts again.
+// reset to in flight for AdminOptions.InflightTTL, so callers producing the id
+// from now on attach to the new entry and receive its result. Its delivery
+// count starts again.
+//
+// Requeue is idempotent for 10 minutes: asking again for a dead letter it
+// already requeued returns the same entry id and adds nothing.
 func (a *Admin) Requeue(ctx context.Context, deadLetterID string) (string, error) {
 	shards, err := a.shards(ctx)
 	if err != nil {
@@ -241,20 +326,29 @@ func (a *Admin) Requeue(ctx context.Context, deadLetterID string) (string, error
 		return "", err
 	}
 	k := shards[shard]
+	marker := k.RequeueMarker(k.DeadLetter, id)
 	msgs, err := a.client.XRangeN(ctx, k.DeadLetter, id, id, 1).Result()
 	if err != nil {
 		return "", fmt.Errorf("streamq: requeue %s: %w", deadLetterID, err)
 	}
 	if len(msgs) == 0 {
-		return "", fmt.Errorf("%w: dead letter %s of %s", ErrNotFound, deadLetterID, a.queue)
+		// Gone: requeued already (say so again), or never there.
+		entryID, err := a.client.Get(ctx, marker).Result()
+		if errors.Is(err, redis.Nil) {
+			return "", fmt.Errorf("%w: dead letter %s of %s", ErrNotFound, deadLetterID, a.queue)
+		}
+		if err != nil {
+			return "", fmt.Errorf("streamq: requeue %s: %w", deadLetterID, err)
+		}
+		return entryID, nil
 	}
 	d := parseDeadLetter(msgs[0])
 	recKey := k.DeadLetter
 	if d.ID != "" {
 		recKey = k.Record(d.ID)
 	}
-	res, err := scripts.Requeue.Run(ctx, a.client, []string{k.Stream, k.DeadLetter, recKey},
-		id, d.ID, d.Payload, a.inflightTTL.Milliseconds()).Result()
+	res, err := scripts.Requeue.Run(ctx, a.client, []string{k.Stream, k.DeadLetter, recKey, marker},
+		id, d.ID, d.Payload, a.opts.InflightTTL.Milliseconds(), requeueMarkerTTL.Milliseconds()).Result()
 	if errors.Is(err, redis.Nil) {
 		return "", fmt.Errorf("%w: dead letter %s of %s", ErrNotFound, deadLetterID, a.queue)
 	}

@@ -98,15 +98,16 @@ func (c *Consumer[Req, Resp]) Name() string { return c.opts.Name }
 // stream, so nothing produced earlier is missed), resumes its own pending
 // entries, then reads new ones and claims idle entries of other consumers.
 // Redis errors are logged and retried; they do not end Run. Run returns an
-// error only when the consumer is already running or the queue has another
-// shard count (ErrShardMismatch).
+// error only when the consumer is already running, the queue has another
+// shard count (ErrShardMismatch) or the server is older than Redis 7.0
+// (ErrUnsupportedServer).
 func (c *Consumer[Req, Resp]) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("streamq: Consumer.Run called while it is already running; use one Consumer per Run")
 	}
 	defer c.running.Store(false)
 	if err := c.ensureGroupRetry(ctx); err != nil {
-		if errors.Is(err, ErrShardMismatch) {
+		if errors.Is(err, ErrShardMismatch) || errors.Is(err, ErrUnsupportedServer) {
 			return err
 		}
 		return nil // ctx ended before Redis could be reached
@@ -137,7 +138,7 @@ func (c *Consumer[Req, Resp]) ensureGroup(ctx context.Context, shard int) error 
 func (c *Consumer[Req, Resp]) ensureGroupRetry(ctx context.Context) error {
 	var b backoff
 	for {
-		err := checkShards(ctx, c.client, c.queue, len(c.shards), &c.metaOK)
+		err := checkShards(ctx, c.client, c.queue, len(c.shards), &c.metaOK, c.log)
 		for shard := range c.shards {
 			if err == nil {
 				err = c.ensureGroup(ctx, shard)
@@ -146,7 +147,7 @@ func (c *Consumer[Req, Resp]) ensureGroupRetry(ctx context.Context) error {
 		if err == nil {
 			return nil
 		}
-		if errors.Is(err, ErrShardMismatch) {
+		if errors.Is(err, ErrShardMismatch) || errors.Is(err, ErrUnsupportedServer) {
 			return err
 		}
 		c.log.Error("streamq: cannot create the consumer group; retrying", "err", err)

@@ -398,7 +398,7 @@ func (p *Producer[Req, Resp]) await(ctx context.Context, slot **attempt, ready f
 // ensureMeta records or checks the queue's shard count once.
 func (p *Producer[Req, Resp]) ensureMeta(ctx context.Context) error {
 	return p.await(ctx, &p.metaTry, p.metaOK.Load, func(actx context.Context) error {
-		return checkShards(actx, p.client, p.queue, len(p.shards), &p.metaOK)
+		return checkShards(actx, p.client, p.queue, len(p.shards), &p.metaOK, p.log)
 	})
 }
 
@@ -447,7 +447,7 @@ func (p *Producer[Req, Resp]) subscribe(ctx context.Context) error {
 			if errors.Is(err, context.DeadlineExceeded) && p.lifetime.Err() == nil {
 				err = fmt.Errorf("not confirmed within %v: %w", setupTimeout, err)
 			}
-			return fail(fmt.Errorf("streamq: subscribe to %s: %w", k.Channel, err))
+			return fail(fmt.Errorf("streamq: subscribe to %s: %w", k.Channel, channelPermission(err, p.queue, len(p.shards))))
 		}
 	}
 	p.setupMu.Lock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -20,10 +21,14 @@ import (
 var ErrShardMismatch = errors.New("streamq: shard count differs from the queue's")
 
 // checkShards records the queue's shard count on first use and verifies it on
-// later uses. ok caches a successful check.
-func checkShards(ctx context.Context, client redis.UniversalClient, queue string, n int, ok *atomic.Bool) error {
+// later uses; before that it checks the server (checkServer, warnings to log).
+// ok caches a successful check.
+func checkShards(ctx context.Context, client redis.UniversalClient, queue string, n int, ok *atomic.Bool, log *slog.Logger) error {
 	if ok.Load() {
 		return nil
+	}
+	if err := checkServer(ctx, client, log); err != nil {
+		return err
 	}
 	key := keys.Meta(queue)
 	set, err := client.SetNX(ctx, key, n, 0).Result()

@@ -120,6 +120,7 @@ func (p *Proxy) Close() error {
 	err := p.ln.Close()
 	p.Cut()
 	p.wg.Wait()
+	p.forgetReplyCuts()
 	return err
 }
 
@@ -198,6 +199,11 @@ func (p *Proxy) forward(c *pair, dst, src net.Conn) {
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
+			if src == c.client {
+				p.markReplyCut(c, buf[:n])
+			} else if takeReplyCut(c) {
+				return // the reply is dropped; closing the pair cuts the client
+			}
 			if !p.waitForward(c.done) {
 				return
 			}

@@ -219,3 +219,70 @@ func TestClose(t *testing.T) {
 	_, err = net.DialTimeout("tcp", p.Addr(), time.Second)
 	require.Error(t, err)
 }
+
+func TestCutReplyToForwardsTheRequestAndDropsTheReply(t *testing.T) {
+	var got []string
+	var mu sync.Mutex
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					line, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					mu.Lock()
+					got = append(got, line)
+					mu.Unlock()
+					if _, err := c.Write([]byte("ok " + line)); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() { _ = ln.Close(); wg.Wait() })
+	p := newProxy(t, ln.Addr().String())
+	fired := p.CutReplyTo([]byte("second"))
+
+	c, err := net.Dial("tcp", p.Addr())
+	require.NoError(t, err)
+	defer c.Close()
+	r := bufio.NewReader(c)
+	_, err = c.Write([]byte("first\n"))
+	require.NoError(t, err)
+	line, err := r.ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "ok first\n", line)
+	_, err = c.Write([]byte("second\n"))
+	require.NoError(t, err)
+	_, err = r.ReadString('\n')
+	require.ErrorIs(t, err, io.EOF, "the reply is dropped and the connection closed")
+	<-fired
+	mu.Lock()
+	require.Equal(t, []string{"first\n", "second\n"}, got, "the server received the request")
+	mu.Unlock()
+
+	// The fault fired once: a new connection works.
+	c2, err := net.Dial("tcp", p.Addr())
+	require.NoError(t, err)
+	defer c2.Close()
+	_, err = c2.Write([]byte("second\n"))
+	require.NoError(t, err)
+	line, err = bufio.NewReader(c2).ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "ok second\n", line)
+}

@@ -24,6 +24,7 @@ type Keys struct {
 	// Channel is the pub/sub channel that carries completion notices.
 	Channel string
 
+	base         string // up to and including the hash tag and its ':'
 	recordPrefix string
 }
 
@@ -32,17 +33,21 @@ func New(queue string) (Keys, error) {
 	if err := ValidateQueue(queue); err != nil {
 		return Keys{}, err
 	}
-	return build(queue), nil
+	k := build(queue)
+	k.Queue = queue
+	return k, nil
 }
 
-// build returns the names of a queue or shard whose name was validated.
-func build(queue string) Keys {
-	base := "streamq:{" + queue + "}:"
+// build returns the names of a queue whose name was validated.
+func build(queue string) Keys { return buildTagged("streamq:{" + queue + "}:") }
+
+// buildTagged returns the names under base, which holds the hash tag.
+func buildTagged(base string) Keys {
 	return Keys{
-		Queue:        queue,
 		Stream:       base + "stream",
 		DeadLetter:   base + "dead",
 		Channel:      base + "done",
+		base:         base,
 		recordPrefix: base + "id:",
 	}
 }
@@ -50,10 +55,21 @@ func build(queue string) Keys {
 // Record returns the key of the record (dedup marker, then result) of a request id.
 func (k Keys) Record(id string) string { return k.recordPrefix + id }
 
+// RequeueMarker returns the key that remembers, for a while, which entry the
+// dead letter id of the dead-letter stream deadLetter was requeued as. The id
+// (a stream id, without ':') comes first, so each pair has its own key.
+func (k Keys) RequeueMarker(deadLetter, id string) string {
+	return k.base + "requeued:" + id + ":" + deadLetter
+}
+
 // RecordPattern returns a SCAN pattern that matches every record key of the queue.
 func (k Keys) RecordPattern() string {
-	return strings.NewReplacer("[", `\[`, "]", `\]`, "*", `\*`, "?", `\?`).Replace(k.recordPrefix) + "*"
+	return globEscaper.Replace(k.recordPrefix) + "*"
 }
+
+// globEscaper escapes the characters that are special in Redis glob patterns
+// (SCAN MATCH, ACL key and channel patterns).
+var globEscaper = strings.NewReplacer(`\`, `\\`, "[", `\[`, "]", `\]`, "*", `\*`, "?", `\?`)
 
 // ValidateQueue reports why queue cannot be used as a queue name, or nil.
 func ValidateQueue(queue string) error {

@@ -1,6 +1,7 @@
 package keys
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -67,4 +68,27 @@ func TestShardOfIsStable(t *testing.T) {
 		require.Greater(t, c, 600, "ids spread over shards: %v", counts)
 	}
 	require.Equal(t, ShardOf("order-17", 6), ShardOf("order-17", 6))
+}
+
+func TestShardNamesAreNoQueuesNames(t *testing.T) {
+	ks, err := Shards("jobs", 2)
+	require.NoError(t, err)
+	for i, k := range ks {
+		require.True(t, strings.HasPrefix(k.Stream, "streamq:shard:{jobs/"), k.Stream)
+		tag := k.Stream[strings.Index(k.Stream, "{")+1 : strings.Index(k.Stream, "}")]
+		require.Regexp(t, `^jobs/\d{4}\.\d{6}$`, tag, "fixed width, for exact ACL patterns")
+		require.Equal(t, fmt.Sprintf("jobs/%04d", i), tag[:9])
+		// The queue named like the tag has other names.
+		q, err := New(tag)
+		require.NoError(t, err)
+		for _, pair := range [][2]string{{k.Stream, q.Stream}, {k.DeadLetter, q.DeadLetter}, {k.Channel, q.Channel}, {k.Record("x"), q.Record("x")}} {
+			require.NotEqual(t, pair[0], pair[1])
+		}
+	}
+}
+
+func TestChannelRule(t *testing.T) {
+	require.Equal(t, "&streamq:{jobs}:*", ChannelRule("jobs", 1))
+	require.Equal(t, "&streamq:shard:{jobs/????.??????}:*", ChannelRule("jobs", 4))
+	require.Equal(t, `&streamq:{a\*b}:*`, ChannelRule("a*b", 1))
 }

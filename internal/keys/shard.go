@@ -12,9 +12,17 @@ const MaxShards = 1024
 const slotCount = 16384
 
 // Shards returns the names of the n shards of queue. With n == 1 the only
-// shard is the queue itself. With n > 1, shard i's hash tag is chosen so that
-// its slot falls in the i-th n-th of the slot space: shards spread evenly over
-// the masters of a cluster whose masters own equal slot ranges.
+// shard is the queue itself. With n > 1, shard i's names are
+// "streamq:shard:{<queue>/<iiii>.<kkkkkk>}:...", with i and k zero-padded
+// decimals: k is the first suffix whose slot falls in the i-th n-th of the
+// slot space, so shards spread evenly over the masters of a cluster whose
+// masters own equal slot ranges.
+//
+// Shard names live under their own prefix ("streamq:shard:{", where a
+// queue's names start with "streamq:{"), so no queue name produces a shard's
+// names: queue "jobs/0001.000002" and a shard of queue "jobs" never share a
+// key. The fixed width lets an ACL pattern name exactly one queue's shards:
+// "streamq:shard:{<queue>/????.??????}:*".
 func Shards(queue string, n int) ([]Keys, error) {
 	if err := ValidateQueue(queue); err != nil {
 		return nil, err
@@ -30,11 +38,14 @@ func Shards(queue string, n int) ([]Keys, error) {
 	for i := range out {
 		lo, hi := i*slotCount/n, (i+1)*slotCount/n
 		for attempt := 0; ; attempt++ {
-			name := fmt.Sprintf("%s/%d.%d", queue, i, attempt)
-			if s := Slot(name); s >= lo && s < hi {
+			// A window holds n-ths of 16384 slots: with n = MaxShards the
+			// expected attempt is about 1,000, and more than 999,999 (which
+			// would widen the name) has a probability below 1e-400.
+			tag := fmt.Sprintf("%s/%04d.%06d", queue, i, attempt)
+			if s := Slot(tag); s >= lo && s < hi {
 				// The queue name was validated; the shard suffix may take it
 				// past MaxQueueNameLen, which limits what users choose.
-				k := build(name)
+				k := buildTagged(shardPrefix + "{" + tag + "}:")
 				k.Queue = queue
 				out[i] = k
 				break
@@ -42,6 +53,20 @@ func Shards(queue string, n int) ([]Keys, error) {
 		}
 	}
 	return out, nil
+}
+
+// shardPrefix starts the names of the shards of a sharded queue. Queue names
+// start with "streamq:{" instead, so the two never meet.
+const shardPrefix = "streamq:shard:"
+
+// ChannelRule returns the ACL channel pattern ("&...") that covers the notice
+// channels of queue with n shards.
+func ChannelRule(queue string, n int) string {
+	q := globEscaper.Replace(queue)
+	if n <= 1 {
+		return "&streamq:{" + q + "}:*"
+	}
+	return "&" + shardPrefix + "{" + q + "/????.??????}:*"
 }
 
 // Meta returns the key recording a queue's shard count, so that producers and

@@ -3,20 +3,33 @@
 -- The request keeps its id; its record is reset to in flight so that new callers
 -- of that id attach to the new entry instead of getting the old error.
 --
+-- Idempotent by dead-letter id: a marker remembers the new entry id for a while,
+-- so a call sent again after its reply was lost (go-redis resends a command
+-- after a connection error) returns the entry the first call created instead
+-- of reporting the dead letter missing.
+--
+-- The first write is the XADD, so under maxmemory the script is refused before
+-- it changes anything (a script is checked for memory at its first write).
+--
 -- KEYS[1]   the stream
 -- KEYS[2]   the dead-letter stream
 -- KEYS[3]   the record key of the request id
+-- KEYS[4]   the requeue marker of the dead letter
 -- ARGV[1]   dead-letter entry id
 -- ARGV[2]   request id
 -- ARGV[3]   payload
 -- ARGV[4]   in-flight record TTL in milliseconds
+-- ARGV[5]   marker TTL in milliseconds
 --
--- Returns the new entry id, or false when the dead letter no longer exists.
-if redis.call("XDEL", KEYS[2], ARGV[1]) == 0 then
-  return false
+-- Returns the new entry id (also when the marker says this dead letter was
+-- already requeued), or false when the dead letter does not exist.
+if #redis.call("XRANGE", KEYS[2], ARGV[1], ARGV[1]) == 0 then
+  return redis.call("GET", KEYS[4])
 end
 local eid = redis.call("XADD", KEYS[1], "*", "id", ARGV[2], "p", ARGV[3])
+redis.call("XDEL", KEYS[2], ARGV[1])
 if ARGV[2] ~= "" then
   redis.call("SET", KEYS[3], "P" .. eid, "PX", ARGV[4])
 end
+redis.call("SET", KEYS[4], eid, "PX", ARGV[5])
 return eid

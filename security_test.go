@@ -1,0 +1,285 @@
+package streamq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamq/streamq/internal/redistest"
+)
+
+// aclCommands is every command streamq sends, for the least-privilege rule in
+// README's Security section. Keep the two the same: TestSecurityLeastPrivilege
+// runs the whole workload as a user allowed only these commands and fails on
+// any refusal. On a cluster, sharded pub/sub adds ssubscribe and spublish.
+var aclCommands = []string{
+	"del", "eval", "evalsha", "exists", "get", "mget", "publish", "set", "subscribe", "type",
+	"xack", "xadd", "xautoclaim", "xclaim", "xdel", "xgroup|create", "xgroup|delconsumer",
+	"xinfo|consumers", "xinfo|groups", "xlen", "xpending", "xrange", "xreadgroup", "xtrim",
+	"hincrby", "hdel", "hmget", "pexpire", "pttl",
+	"ping", // go-redis's pub/sub health checks
+}
+
+// aclOptional are commands streamq tries and does without when refused:
+// CONFIG GET maxmemory-policy, for the eviction warning. Redis's ACL LOG
+// records each refusal.
+var aclOptional = []string{"config|get"}
+
+// aclQueueRules returns the key and channel patterns of one queue: the
+// queue's names, or for a sharded queue its meta key and its shards' names.
+func aclQueueRules(q string, shards int) []string {
+	if shards == 1 {
+		return []string{"~streamq:{" + q + "}:*", "&streamq:{" + q + "}:*"}
+	}
+	return []string{"~streamq:{" + q + "}:meta",
+		"~streamq:shard:{" + q + "/????.??????}:*", "&streamq:shard:{" + q + "/????.??????}:*"}
+}
+
+// aclUser creates a user with rules on srv and returns a client logged in as it.
+func aclUser(t *testing.T, admin *redis.Client, name string, rules ...string) *redis.Client {
+	t.Helper()
+	args := []any{"ACL", "SETUSER", name, "reset", "on", ">secret-" + name}
+	for _, r := range rules {
+		args = append(args, r)
+	}
+	require.NoError(t, admin.Do(context.Background(), args...).Err())
+	c := redis.NewClient(&redis.Options{Addr: admin.Options().Addr, Username: name, Password: "secret-" + name, PoolSize: 32})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// TestSecurityLeastPrivilege runs every feature as a user restricted to the
+// commands of aclCommands and to its queues' keys and channels: a single-shard
+// queue and a 2-shard one. Redis's ACL LOG must stay empty.
+func TestSecurityLeastPrivilege(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	root := srv.Client(t)
+	ctx := context.Background()
+	single, sharded := queueName(t), queueName(t)
+	rules := []string{"-@all"}
+	for _, c := range aclCommands {
+		rules = append(rules, "+"+c)
+	}
+	rules = append(rules, aclQueueRules(single, 1)...)
+	rules = append(rules, aclQueueRules(sharded, 2)...)
+	user := aclUser(t, root, "streamq-app", rules...)
+	require.NoError(t, root.Do(ctx, "ACL", "LOG", "RESET").Err())
+
+	t.Run("single", func(t *testing.T) { aclWorkload(t, user, single, 1) })
+	t.Run("sharded", func(t *testing.T) { aclWorkload(t, user, sharded, 2) })
+
+	entries, err := root.Do(ctx, "ACL", "LOG").Slice()
+	require.NoError(t, err)
+	for _, e := range entries {
+		m, _ := e.(map[any]any)
+		if obj, _ := m["object"].(string); m["reason"] == "command" && slices.Contains(aclOptional, obj) {
+			t.Logf("refused, optional: %v", obj)
+			continue
+		}
+		t.Errorf("refused: %v", e)
+	}
+}
+
+// TestSecurityLeastPrivilegeCluster runs the workload on a Redis Cluster as a
+// user with aclCommands plus what a cluster needs: sharded pub/sub and the
+// slot map.
+func TestSecurityLeastPrivilegeCluster(t *testing.T) {
+	t.Parallel()
+	cluster := redistest.StartCluster(t, 3, 0)
+	ctx := context.Background()
+	single, sharded := queueName(t), queueName(t)
+	args := []any{"ACL", "SETUSER", "streamq-app", "reset", "on", ">secret", "-@all"}
+	for _, c := range append(slices.Clone(aclCommands), aclClusterCommands...) {
+		args = append(args, "+"+c)
+	}
+	for _, r := range append(aclQueueRules(single, 1), aclQueueRules(sharded, 3)...) {
+		args = append(args, r)
+	}
+	for _, addr := range cluster.Addrs() {
+		node := redis.NewClient(&redis.Options{Addr: addr})
+		require.NoError(t, node.Do(ctx, args...).Err())
+		require.NoError(t, node.Do(ctx, "ACL", "LOG", "RESET").Err())
+		require.NoError(t, node.Close())
+	}
+	opts := cluster.Options()
+	opts.Username, opts.Password = "streamq-app", "secret"
+	user := redis.NewClusterClient(opts)
+	t.Cleanup(func() { _ = user.Close() })
+
+	t.Run("single", func(t *testing.T) { aclWorkload(t, user, single, 1) })
+	t.Run("sharded", func(t *testing.T) { aclWorkload(t, user, sharded, 3) })
+
+	for _, addr := range cluster.Addrs() {
+		node := redis.NewClient(&redis.Options{Addr: addr})
+		entries, err := node.Do(ctx, "ACL", "LOG").Slice()
+		require.NoError(t, err)
+		require.NoError(t, node.Close())
+		for _, e := range entries {
+			m, _ := e.(map[any]any)
+			if obj, _ := m["object"].(string); m["reason"] == "command" && slices.Contains(aclOptional, obj) {
+				continue
+			}
+			t.Errorf("refused on %s: %v", addr, e)
+		}
+	}
+}
+
+// aclClusterCommands are the commands a Redis Cluster adds to aclCommands:
+// sharded pub/sub, and go-redis's cluster client reads the slot map and the
+// command table (to find each command's keys).
+var aclClusterCommands = []string{"ssubscribe", "spublish", "cluster|slots", "command"}
+
+// aclWorkload produces (one by one, in a batch, fire-and-forget, duplicates),
+// consumes with retries and dead letters, claims entries a stopped consumer
+// held, trims and prunes, and uses every Admin method, all as client's user.
+func aclWorkload(t *testing.T, client redis.UniversalClient, q string, shards int) {
+	ctx := context.Background()
+	log := testLogger(t)
+	admin, err := NewAdmin(client, q, &AdminOptions{InflightTTL: time.Hour})
+	require.NoError(t, err)
+	p, err := NewProducer[string, string](client, q, &ProducerOptions{Shards: shards, Logger: log})
+	require.NoError(t, err)
+	defer p.Close()
+
+	// Entries held by a consumer that then vanished: read into its pending
+	// list, never completed.
+	require.NoError(t, p.Enqueue(ctx, "ghost-1", "g"))
+	require.NoError(t, p.Enqueue(ctx, "ghost-2", "g"))
+	names, err := admin.Keys(ctx)
+	require.NoError(t, err)
+	for _, k := range names {
+		err := client.XGroupCreateMkStream(ctx, k.Stream, DefaultGroup, "0").Err()
+		if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
+			require.NoError(t, err)
+		}
+		err = client.XReadGroup(ctx, &redis.XReadGroupArgs{
+			Group: DefaultGroup, Consumer: "ghost", Streams: []string{k.Stream, ">"}, Count: 10, Block: -1,
+		}).Err()
+		if !errors.Is(err, redis.Nil) { // nil: no ghost entry on this shard
+			require.NoError(t, err)
+		}
+	}
+
+	var mu sync.Mutex
+	runs := map[string]int{}
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		mu.Lock()
+		runs[m.ID]++
+		mu.Unlock()
+		switch {
+		case strings.HasPrefix(m.ID, "poison"):
+			return "", Permanent(errors.New("poison"))
+		case strings.HasPrefix(m.ID, "flaky") && m.Deliveries < 3:
+			return "", fmt.Errorf("flaky, delivery %d", m.Deliveries)
+		case strings.HasPrefix(m.ID, "tired") && m.Deliveries < 9:
+			return "", errors.New("always fails")
+		}
+		return "ok:" + m.Payload, nil
+	}, &ConsumerOptions{
+		Shards: shards, Workers: 4, MinIdle: 500 * time.Millisecond, ClaimInterval: 100 * time.Millisecond,
+		ReadBlock: 100 * time.Millisecond, RetryBackoff: 20 * time.Millisecond, MaxDeliveries: 2,
+		TrimInterval: 200 * time.Millisecond, ConsumerIdleTimeout: time.Second, Logger: log,
+	})
+	require.NoError(t, err)
+	runConsumer(t, c)
+
+	wait := func(pr *Promise[string]) (string, error) {
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		return pr.Wait(wctx)
+	}
+	var prs []*Promise[string]
+	for i := range 10 {
+		pr, err := p.Produce(ctx, fmt.Sprintf("job-%d", i), fmt.Sprint(i))
+		require.NoError(t, err)
+		prs = append(prs, pr)
+	}
+	batch, err := p.ProduceBatch(ctx, []Job[string]{{ID: "batch-1", Request: "b1"}, {ID: "batch-2", Request: "b2"}, {ID: "job-1", Request: "dup"}})
+	require.NoError(t, err)
+	prs = append(prs, batch...)
+	require.NoError(t, p.Enqueue(ctx, "fire", "f"))
+	flaky, err := p.Produce(ctx, "flaky-1", "x")
+	require.NoError(t, err)
+	poison, err := p.Produce(ctx, "poison-1", "x")
+	require.NoError(t, err)
+	tired, err := p.Produce(ctx, "tired-1", "x")
+	require.NoError(t, err)
+	for _, pr := range prs {
+		_, err := wait(pr)
+		require.NoError(t, err)
+	}
+	got, err := wait(flaky)
+	require.Error(t, err, "MaxDeliveries 2: flaky-1 needs 3")
+	require.Empty(t, got)
+	_, err = wait(poison)
+	require.ErrorIs(t, err, ErrDeadLettered)
+	_, err = wait(tired)
+	require.ErrorIs(t, err, ErrDeadLettered)
+	for _, id := range []string{"ghost-1", "ghost-2"} { // claimed from the vanished consumer
+		pr, err := p.Produce(ctx, id, "g")
+		require.NoError(t, err)
+		got, err := wait(pr)
+		require.NoError(t, err)
+		require.Equal(t, "ok:g", got)
+	}
+
+	_, err = c.Trim(ctx)
+	require.NoError(t, err)
+	// XGROUP DELCONSUMER runs, here or in the periodic trim.
+	eventually(t, 30*time.Second, func() bool {
+		_, err := c.PruneConsumers(ctx)
+		require.NoError(t, err)
+		for _, k := range names {
+			cs, err := client.XInfoConsumers(ctx, k.Stream, DefaultGroup).Result()
+			require.NoError(t, err)
+			if slices.ContainsFunc(cs, func(c redis.XInfoConsumer) bool { return c.Name == "ghost" }) {
+				return false
+			}
+		}
+		return true
+	}, "the vanished consumer is pruned once idle with nothing pending")
+	stats, err := admin.Stats(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, stats.DeadLetters)
+	dls, err := admin.DeadLetters(ctx, "", 10)
+	require.NoError(t, err)
+	require.Len(t, dls, 3)
+	_, err = admin.Requeue(ctx, dls[0].DeadLetterID)
+	require.NoError(t, err)
+	n, err := admin.PurgeDeadLetters(ctx, dls[1].DeadLetterID)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	eventually(t, 30*time.Second, func() bool {
+		s, err := admin.Stats(ctx)
+		return err == nil && s.DeadLetters == 2 // the requeued one failed again
+	}, "requeued request dead-lettered again")
+	_, err = admin.PurgeDeadLetters(ctx)
+	require.NoError(t, err)
+}
+
+// TestSecurityMissingChannelPermission: a user with the queue's keys but not
+// its channel gets an error from Produce that names the missing permission.
+func TestSecurityMissingChannelPermission(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	root := srv.Client(t)
+	q := queueName(t)
+	user := aclUser(t, root, "no-channels", "+@all", "~streamq:{"+q+"}:*", "resetchannels")
+	p, err := NewProducer[string, string](user, q, &ProducerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	_, err = p.Produce(context.Background(), "a", "x")
+	require.Error(t, err)
+	t.Log(err)
+	require.Contains(t, err.Error(), "&streamq:{"+q+"}:*", "the error names the channel permission to grant")
+	require.Contains(t, err.Error(), "NOPERM")
+}
