@@ -20,18 +20,65 @@ import (
 type Admin struct {
 	client      redis.UniversalClient
 	queue       string
+	group       string
 	inflightTTL time.Duration
 }
 
-// NewAdmin returns an Admin for queue. It does not touch Redis.
-func NewAdmin(client redis.UniversalClient, queue string) (*Admin, error) {
+// AdminOptions configures an Admin. The zero value (or nil) uses the defaults.
+type AdminOptions struct {
+	// Group is the consumer group whose dead letters DeadLetters, Requeue and
+	// PurgeDeadLetters address. Default "" = the queue's answering group.
+	Group string
+	// InflightTTL is the in-flight record TTL Requeue gives a requeued request.
+	// Default DefaultInflightTTL; use the producers' value.
+	InflightTTL time.Duration
+}
+
+// NewAdmin returns an Admin for queue. opts may be nil for the defaults. It
+// does not touch Redis.
+func NewAdmin(client redis.UniversalClient, queue string, opts *AdminOptions) (*Admin, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: client is nil", ErrInvalidOptions)
 	}
 	if err := keys.ValidateQueue(queue); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidOptions, err)
 	}
-	return &Admin{client: client, queue: queue, inflightTTL: DefaultInflightTTL}, nil
+	var o AdminOptions
+	if opts != nil {
+		o = *opts
+	}
+	if err := validName("Group", o.Group); err != nil {
+		return nil, err
+	}
+	setDefault(&o.InflightTTL, DefaultInflightTTL)
+	return &Admin{client: client, queue: queue, group: o.Group, inflightTTL: o.InflightTTL}, nil
+}
+
+// deadTarget says where the dead letters of the Admin's group are, and which
+// group a requeue is for.
+type deadTarget struct {
+	group  string // the group a requeued entry is for; "" when unknown (every group runs it)
+	fanout bool   // a fan-out group: its own dead-letter stream, no record
+}
+
+// target resolves the Admin's group against the queue's answering group.
+func (a *Admin) target(ctx context.Context) (deadTarget, error) {
+	answering, err := a.client.Get(ctx, keys.AnsweringGroup(a.queue)).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return deadTarget{}, fmt.Errorf("streamq: read the answering group of %s: %w", a.queue, err)
+	}
+	if a.group == "" || a.group == answering {
+		return deadTarget{group: answering}, nil
+	}
+	return deadTarget{group: a.group, fanout: true}, nil
+}
+
+// deadLetterKey returns the dead-letter stream of the target in shard k.
+func (t deadTarget) deadLetterKey(k keys.Keys) string {
+	if t.fanout {
+		return k.GroupDeadLetter(t.group)
+	}
+	return k.DeadLetter
 }
 
 // shards returns the names of every shard of the queue.
@@ -160,11 +207,15 @@ type DeadLetter struct {
 	At time.Time
 }
 
-// DeadLetters returns up to count dead letters starting after the one whose
-// DeadLetterID is after ("" for the start): oldest first within a shard,
-// shard after shard.
+// DeadLetters returns up to count dead letters of the Admin's group (see
+// AdminOptions.Group) starting after the one whose DeadLetterID is after (""
+// for the start): oldest first within a shard, shard after shard.
 func (a *Admin) DeadLetters(ctx context.Context, after string, count int64) ([]DeadLetter, error) {
 	shards, err := a.shards(ctx)
+	if err != nil {
+		return nil, err
+	}
+	t, err := a.target(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -178,7 +229,7 @@ func (a *Admin) DeadLetters(ctx context.Context, after string, count int64) ([]D
 	}
 	var out []DeadLetter
 	for shard := first; shard < len(shards) && int64(len(out)) < count; shard++ {
-		msgs, err := a.client.XRangeN(ctx, shards[shard].DeadLetter, start, "+", count-int64(len(out))).Result()
+		msgs, err := a.client.XRangeN(ctx, t.deadLetterKey(shards[shard]), start, "+", count-int64(len(out))).Result()
 		if err != nil {
 			return nil, fmt.Errorf("streamq: list dead letters of %s: %w", a.queue, err)
 		}
@@ -228,9 +279,12 @@ func parseDeadLetter(m redis.XMessage) DeadLetter {
 var ErrNotFound = errors.New("streamq: not found")
 
 // Requeue moves a dead letter back to the queue as a new entry with the same
-// request id and payload, and returns the new entry id. The request's record is
-// reset to in flight, so callers producing the id from now on attach to the new
-// entry and receive its result. Its delivery count starts again.
+// request id and payload, and returns the new entry id. The new entry runs in
+// the Admin's group only (other groups acknowledge it without running it).
+// For the answering group, the request's record is reset to in flight, so
+// callers producing the id from now on attach to the new entry and receive its
+// result; a fan-out group's requeue leaves the record alone. Its delivery
+// count starts again.
 func (a *Admin) Requeue(ctx context.Context, deadLetterID string) (string, error) {
 	shards, err := a.shards(ctx)
 	if err != nil {
@@ -241,7 +295,12 @@ func (a *Admin) Requeue(ctx context.Context, deadLetterID string) (string, error
 		return "", err
 	}
 	k := shards[shard]
-	msgs, err := a.client.XRangeN(ctx, k.DeadLetter, id, id, 1).Result()
+	t, err := a.target(ctx)
+	if err != nil {
+		return "", err
+	}
+	dead := t.deadLetterKey(k)
+	msgs, err := a.client.XRangeN(ctx, dead, id, id, 1).Result()
 	if err != nil {
 		return "", fmt.Errorf("streamq: requeue %s: %w", deadLetterID, err)
 	}
@@ -249,12 +308,16 @@ func (a *Admin) Requeue(ctx context.Context, deadLetterID string) (string, error
 		return "", fmt.Errorf("%w: dead letter %s of %s", ErrNotFound, deadLetterID, a.queue)
 	}
 	d := parseDeadLetter(msgs[0])
-	recKey := k.DeadLetter
+	recKey := dead
 	if d.ID != "" {
 		recKey = k.Record(d.ID)
 	}
-	res, err := scripts.Requeue.Run(ctx, a.client, []string{k.Stream, k.DeadLetter, recKey},
-		id, d.ID, d.Payload, a.inflightTTL.Milliseconds()).Result()
+	setRecord := "1"
+	if t.fanout {
+		setRecord = "0"
+	}
+	res, err := scripts.Requeue.Run(ctx, a.client, []string{k.Stream, dead, recKey},
+		id, d.ID, d.Payload, a.inflightTTL.Milliseconds(), t.group, setRecord).Result()
 	if errors.Is(err, redis.Nil) {
 		return "", fmt.Errorf("%w: dead letter %s of %s", ErrNotFound, deadLetterID, a.queue)
 	}
@@ -265,19 +328,23 @@ func (a *Admin) Requeue(ctx context.Context, deadLetterID string) (string, error
 	return entryID, nil
 }
 
-// PurgeDeadLetters deletes dead letters: the given ids, or all of them when
-// none is given. It returns how many were deleted.
+// PurgeDeadLetters deletes dead letters of the Admin's group: the given ids,
+// or all of them when none is given. It returns how many were deleted.
 func (a *Admin) PurgeDeadLetters(ctx context.Context, deadLetterIDs ...string) (int64, error) {
 	shards, err := a.shards(ctx)
+	if err != nil {
+		return 0, err
+	}
+	t, err := a.target(ctx)
 	if err != nil {
 		return 0, err
 	}
 	var total int64
 	if len(deadLetterIDs) == 0 {
 		for _, k := range shards {
-			n, err := a.client.XLen(ctx, k.DeadLetter).Result()
+			n, err := a.client.XLen(ctx, t.deadLetterKey(k)).Result()
 			if err == nil {
-				err = a.client.Del(ctx, k.DeadLetter).Err()
+				err = a.client.Del(ctx, t.deadLetterKey(k)).Err()
 			}
 			if err != nil {
 				return total, fmt.Errorf("streamq: purge dead letters of %s: %w", a.queue, err)
@@ -298,7 +365,7 @@ func (a *Admin) PurgeDeadLetters(ctx context.Context, deadLetterIDs ...string) (
 		if len(ids) == 0 {
 			continue
 		}
-		n, err := a.client.XDel(ctx, shards[shard].DeadLetter, ids...).Result()
+		n, err := a.client.XDel(ctx, t.deadLetterKey(shards[shard]), ids...).Result()
 		if err != nil {
 			return total, fmt.Errorf("streamq: purge dead letters of %s: %w", a.queue, err)
 		}

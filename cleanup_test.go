@@ -54,7 +54,7 @@ func TestTrimKeepsWhatALaggingGroupNeeds(t *testing.T) {
 	cleanupBackends(t, func(t *testing.T, client *redis.Client, _ *miniredis.Miniredis) {
 		ctx := context.Background()
 		q := queueName(t)
-		admin, err := NewAdmin(client, q)
+		admin, err := NewAdmin(client, q, nil)
 		require.NoError(t, err)
 		stream, _, _, _ := firstShardKeys(t, admin)
 		p, err := NewProducer[int, int](client, q, &ProducerOptions{Logger: testLogger(t)})
@@ -148,7 +148,7 @@ func TestTrimConcurrentWithAppendsLosesNothing(t *testing.T) {
 	cleanupBackends(t, func(t *testing.T, client *redis.Client, mini *miniredis.Miniredis) {
 		ctx := context.Background()
 		q := queueName(t)
-		admin, err := NewAdmin(client, q)
+		admin, err := NewAdmin(client, q, nil)
 		require.NoError(t, err)
 		stream, _, _, _ := firstShardKeys(t, admin)
 		const producers = 4
@@ -290,7 +290,7 @@ func TestPruneConsumersRemovesOnlyIdleEmptyConsumers(t *testing.T) {
 	cleanupBackends(t, func(t *testing.T, client *redis.Client, mini *miniredis.Miniredis) {
 		ctx := context.Background()
 		q := queueName(t)
-		admin, err := NewAdmin(client, q)
+		admin, err := NewAdmin(client, q, nil)
 		require.NoError(t, err)
 		stream, _, _, _ := firstShardKeys(t, admin)
 		const group, idle = "g", time.Second
@@ -396,7 +396,7 @@ func TestStatsOfAConstructedQueue(t *testing.T) {
 	cleanupBackends(t, func(t *testing.T, client *redis.Client, mini *miniredis.Miniredis) {
 		ctx := context.Background()
 		q := queueName(t)
-		admin, err := NewAdmin(client, q)
+		admin, err := NewAdmin(client, q, nil)
 		require.NoError(t, err)
 		stream, dead, _, _ := firstShardKeys(t, admin)
 
@@ -517,7 +517,7 @@ func TestRecordsAlwaysHaveATTL(t *testing.T) {
 			cleanupBackends(t, func(t *testing.T, client *redis.Client, mini *miniredis.Miniredis) {
 				ctx := context.Background()
 				q := queueName(t)
-				admin, err := NewAdmin(client, q)
+				admin, err := NewAdmin(client, q, nil)
 				require.NoError(t, err)
 				const inflightTTL, resultTTL, n = 10 * time.Minute, 3 * time.Second, 60
 				p, err := NewProducer[int, int](client, q, &ProducerOptions{InflightTTL: inflightTTL, Logger: testLogger(t)})

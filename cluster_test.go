@@ -300,7 +300,7 @@ func testClusterSafeTrim(t *testing.T, client redis.UniversalClient) {
 		}
 		lagDone.Add(1)
 		return m.Payload, nil
-	}, &ConsumerOptions{Shards: clusterShards, Group: "lagging", Workers: 8, Prefetch: 64,
+	}, &ConsumerOptions{Shards: clusterShards, Group: "lagging", Fanout: true, Workers: 8, Prefetch: 64,
 		ReadBlock: 100 * time.Millisecond, TrimInterval: -1, Logger: testLogger(t)})
 	require.NoError(t, err)
 	stopLag := runConsumer(t, lag)
@@ -319,7 +319,7 @@ func testClusterSafeTrim(t *testing.T, client redis.UniversalClient) {
 		ReadBlock: 100 * time.Millisecond, TrimInterval: -1, Logger: testLogger(t)})
 	require.NoError(t, err)
 	runConsumer(t, fast)
-	admin, err := NewAdmin(client, q)
+	admin, err := NewAdmin(client, q, nil)
 	require.NoError(t, err)
 	eventually(t, 30*time.Second, func() bool {
 		s, err := admin.Stats(ctx)
@@ -396,7 +396,7 @@ func testClusterStats(t *testing.T, client redis.UniversalClient) {
 	for i := range n {
 		require.NoError(t, p.Enqueue(ctx, "s"+strconv.Itoa(i), i))
 	}
-	admin, err := NewAdmin(client, q)
+	admin, err := NewAdmin(client, q, nil)
 	require.NoError(t, err)
 	s, err := admin.Stats(ctx)
 	require.NoError(t, err)
@@ -578,7 +578,7 @@ func TestClusterFailover(t *testing.T) {
 		require.Equal(t, 3*i, got)
 	}
 
-	admin, err := NewAdmin(c.Client(t), q)
+	admin, err := NewAdmin(c.Client(t), q, nil)
 	require.NoError(t, err)
 	eventually(t, time.Minute, func() bool {
 		s, err := admin.Stats(ctx)
@@ -658,7 +658,7 @@ func clusterThroughput(t *testing.T, newClient func(testing.TB) redis.UniversalC
 		runConsumer(t, cons)
 	}
 	// Let the consumers create their groups before the clock starts.
-	admin, err := NewAdmin(client(), q)
+	admin, err := NewAdmin(client(), q, nil)
 	require.NoError(t, err)
 	eventually(t, 30*time.Second, func() bool {
 		s, err := admin.Stats(ctx)

@@ -343,7 +343,7 @@ func TestCrashPoisonMessageDeadLetteredAfterMaxDeliveries(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"1", "2", "3"}, seen, "delivery counts seen by the poison's handler")
 
-	admin, err := NewAdmin(client, q)
+	admin, err := NewAdmin(client, q, nil)
 	require.NoError(t, err)
 	dls, err := admin.DeadLetters(ctx, "", 100)
 	require.NoError(t, err)

@@ -228,7 +228,7 @@ func ExampleAdmin_DeadLetters() {
 	_, err = pr.Wait(ctx)
 	fmt.Println("dead-lettered:", errors.Is(err, streamq.ErrDeadLettered))
 
-	admin, err := streamq.NewAdmin(client, "orders")
+	admin, err := streamq.NewAdmin(client, "orders", nil)
 	if err != nil {
 		panic(err)
 	}

@@ -154,6 +154,14 @@ type ConsumerOptions struct {
 	// group sees every request. Defaults to DefaultGroup ("streamq").
 	Group string
 
+	// Fanout makes Group a fan-out group: it sees every request, records no
+	// outcome for callers, and its final failures go to its own dead-letter
+	// stream (Admin with AdminOptions.Group addresses them). A queue has one
+	// answering group, the one whose outcomes callers receive; every other
+	// group must set Fanout (Run refuses a second answering group with
+	// ErrAnsweringGroup). Defaults to false: the answering group.
+	Fanout bool
+
 	// Name identifies this consumer inside its group. A consumer restarted with
 	// the same name resumes its own pending entries at once; a new name leaves
 	// them to be claimed after MinIdle. Use a name stable per process slot

@@ -295,7 +295,7 @@ func TestPrefetchFetchFailureDeadLetters(t *testing.T) {
 	require.EqualValues(t, 20, goodHandled.Load())
 	require.EqualValues(t, 4, badAttempts.Load(), "2 deliveries x (1 + FetchRetries) attempts")
 
-	admin, err := NewAdmin(client, q)
+	admin, err := NewAdmin(client, q, nil)
 	require.NoError(t, err)
 	dls, err := admin.DeadLetters(ctx, "", 10)
 	require.NoError(t, err)

@@ -206,7 +206,7 @@ func TestRecoveryRetriesCountDeliveries(t *testing.T) {
 	mu.Lock()
 	require.Equal(t, []int{1, 2, 3}, seen, "delivery counts seen by the handler")
 	mu.Unlock()
-	admin, err := NewAdmin(client, q)
+	admin, err := NewAdmin(client, q, nil)
 	require.NoError(t, err)
 	dls, err := admin.DeadLetters(context.Background(), "", 10)
 	require.NoError(t, err)
@@ -273,7 +273,7 @@ func TestRecoveryPermanentErrorDeadLettersAtOnce(t *testing.T) {
 		require.ErrorIs(t, err, ErrDeadLettered)
 		require.ErrorContains(t, err, "bad input: x")
 		require.EqualValues(t, 1, runs.Load())
-		admin, err := NewAdmin(client, q)
+		admin, err := NewAdmin(client, q, nil)
 		require.NoError(t, err)
 		dls, err := admin.DeadLetters(ctx, "", 10)
 		require.NoError(t, err)
@@ -549,7 +549,7 @@ func TestRecoveryRequeueRunsTheRequestAgain(t *testing.T) {
 		_, err = again.Wait(ctx)
 		require.ErrorIs(t, err, ErrDeadLettered)
 
-		admin, err := NewAdmin(client, q)
+		admin, err := NewAdmin(client, q, nil)
 		require.NoError(t, err)
 		dls, err := admin.DeadLetters(ctx, "", 10)
 		require.NoError(t, err)
@@ -602,7 +602,7 @@ func TestRecoveryUndecodableEntriesAreDeadLettered(t *testing.T) {
 
 		requireResults(t, client, q, good, prs, time.Now().Add(30*time.Second))
 		h.requireOnceEach(t, good)
-		admin, err := NewAdmin(client, q)
+		admin, err := NewAdmin(client, q, nil)
 		require.NoError(t, err)
 		var dls []DeadLetter
 		eventually(t, 10*time.Second, func() bool {

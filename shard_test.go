@@ -65,7 +65,7 @@ func TestShardedQueue(t *testing.T) {
 		}
 		mu.Unlock()
 
-		admin, err := NewAdmin(client, q)
+		admin, err := NewAdmin(client, q, nil)
 		require.NoError(t, err)
 		names, err := admin.Keys(ctx)
 		require.NoError(t, err)
@@ -121,7 +121,7 @@ func TestShardedDeadLettersAndRequeue(t *testing.T) {
 		_, err = pr.Wait(ctx)
 		require.ErrorIs(t, err, ErrDeadLettered)
 	}
-	admin, err := NewAdmin(client, q)
+	admin, err := NewAdmin(client, q, nil)
 	require.NoError(t, err)
 	var all []DeadLetter
 	after := ""

@@ -186,7 +186,7 @@ func TestSoakMemoryIsFlat(t *testing.T) {
 	mc := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 1})
 	t.Cleanup(func() { _ = mc.Close() })
 	const q, ttl = "soak", 2 * time.Second
-	admin, err := NewAdmin(mc, q)
+	admin, err := NewAdmin(mc, q, nil)
 	require.NoError(t, err)
 	stream, _, _, pattern := firstShardKeys(t, admin)
 

@@ -212,7 +212,7 @@ func TestCacheFetcherSourceEndToEnd(t *testing.T) {
 	_, err = missing.Wait(wctx)
 	require.ErrorIs(t, err, streamq.ErrDeadLettered)
 	require.Contains(t, err.Error(), "s3://requests/in/ghost")
-	admin, err := streamq.NewAdmin(rdb, "docs")
+	admin, err := streamq.NewAdmin(rdb, "docs", nil)
 	require.NoError(t, err)
 	dls, err := admin.DeadLetters(ctx, "", 10)
 	require.NoError(t, err)

@@ -187,7 +187,7 @@ func produceAndWait(ctx context.Context, p *streamq.Producer[Transfer, Receipt],
 }
 
 func mustAdmin(client *redis.Client, queue string) *streamq.Admin {
-	a, err := streamq.NewAdmin(client, queue)
+	a, err := streamq.NewAdmin(client, queue, nil)
 	if err != nil {
 		panic(err)
 	}

@@ -169,7 +169,7 @@ func run() error {
 		}
 	}
 	sort.Strings(repeated)
-	admin, err := streamq.NewAdmin(client, queue)
+	admin, err := streamq.NewAdmin(client, queue, nil)
 	if err != nil {
 		return err
 	}

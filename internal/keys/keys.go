@@ -50,6 +50,11 @@ func build(queue string) Keys {
 // Record returns the key of the record (dedup marker, then result) of a request id.
 func (k Keys) Record(id string) string { return k.recordPrefix + id }
 
+// GroupDeadLetter returns the dead-letter stream of a fan-out consumer group:
+// the DeadLetter name followed by ":" and the group's name. The answering
+// group's dead letters are in DeadLetter itself.
+func (k Keys) GroupDeadLetter(group string) string { return k.DeadLetter + ":" + group }
+
 // RecordPattern returns a SCAN pattern that matches every record key of the queue.
 func (k Keys) RecordPattern() string {
 	return strings.NewReplacer("[", `\[`, "]", `\]`, "*", `\*`, "?", `\?`).Replace(k.recordPrefix) + "*"
