@@ -123,4 +123,3 @@ func TestSecondAnsweringGroupRefused(t *testing.T) {
 	require.ErrorIs(t, err, ErrAnsweringGroup)
 	require.Contains(t, err.Error(), "Fanout")
 }
-
