@@ -232,11 +232,12 @@ type run[Req, Resp any] struct {
 
 	completers []*coalescer[*completion] // one per shard: shards fail independently
 	places     *shardPlaces
-	fetches    sync.WaitGroup
-	workers    sync.WaitGroup
-	loops      sync.WaitGroup // leaser and trimmer
-	feeder     sync.WaitGroup
-	stopLoops  chan struct{}
+
+	fetches   sync.WaitGroup
+	workers   sync.WaitGroup
+	loops     sync.WaitGroup // leaser and trimmer
+	feeder    sync.WaitGroup
+	stopLoops chan struct{}
 }
 
 func newRun[Req, Resp any](c *Consumer[Req, Resp]) *run[Req, Resp] {
