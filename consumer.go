@@ -260,8 +260,10 @@ func (r *run[Req, Resp]) start(ctx context.Context) {
 		// The channel holds every outcome the shard can hold (its share of
 		// Prefetch), so a hand-off never blocks on a shard that cannot
 		// complete: workers stay free for the other shards.
-		inflight := max(2, (r.places.share(shard)+o.MaxCompleteBatch-1)/o.MaxCompleteBatch)
-		r.completers[shard] = newCoalescer(inflight, o.MaxCompleteBatch, 1<<62, 0,
+		share := r.places.share(shard)
+		batch := min(o.MaxCompleteBatch, max(1, share/completeSplit))
+		inflight := max(2, (share+batch-1)/batch)
+		r.completers[shard] = newCoalescer(inflight, batch, 1<<62, 0,
 			func(*completion) int { return 0 }, func(b []*completion) { r.completeShard(shard, b) })
 	}
 	r.workers.Add(o.Workers)
@@ -674,6 +676,11 @@ func (r *run[Req, Resp]) deadLetter(s *slot, reason string) {
 		"deliveries", s.entry.Deliveries, "reason", reason)
 	r.handOff(&completion{s: s, code: recordDead, value: []byte(reason)})
 }
+
+// completeSplit: a completion batch holds at most 1/completeSplit of a shard's
+// places, so that a second send starts while one is in flight instead of
+// the ring waiting for each round trip.
+const completeSplit = 2
 
 // recordSkip completes an entry requeued for another group: acknowledged,
 // nothing recorded.
