@@ -174,7 +174,10 @@ type ConsumerOptions struct {
 	Workers int
 
 	// Prefetch is the depth of the prefetch ring: how many messages are held at
-	// once, read ahead and fetched, waiting or in a handler. It bounds the
+	// once, read ahead and fetched, waiting, in a handler, or handled with the
+	// outcome not yet recorded. With Shards > 1, each shard holds at most its
+	// share (Prefetch/Shards), so a shard whose completions fail stalls only
+	// itself. It bounds the
 	// payloads in the consumer's memory, and how many entries one consumer
 	// takes from the stream ahead of others. Deeper rings read and complete in
 	// bigger batches (less Redis CPU per message); with large payloads or slow
