@@ -35,8 +35,8 @@ type AdminOptions struct {
 	InflightTTL time.Duration
 }
 
-// NewAdmin returns an Admin for queue. opts may be nil. It does not touch
-// Redis.
+// NewAdmin returns an Admin for queue. opts may be nil for the defaults. It
+// does not touch Redis.
 func NewAdmin(client redis.UniversalClient, queue string, opts *AdminOptions) (*Admin, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: client is nil", ErrInvalidOptions)
@@ -48,6 +48,9 @@ func NewAdmin(client redis.UniversalClient, queue string, opts *AdminOptions) (*
 	if opts != nil {
 		o = *opts
 	}
+	if err := validName("Group", o.Group); err != nil {
+		return nil, err
+	}
 	switch {
 	case o.InflightTTL == 0:
 		o.InflightTTL = DefaultInflightTTL
@@ -55,6 +58,33 @@ func NewAdmin(client redis.UniversalClient, queue string, opts *AdminOptions) (*
 		return nil, optionError("InflightTTL is %v; it must be at least 1ms (leave it 0 for the default %v)", o.InflightTTL, DefaultInflightTTL)
 	}
 	return &Admin{client: client, queue: queue, opts: o}, nil
+}
+
+// deadTarget says where the dead letters of the Admin's group are, and which
+// group a requeue is for.
+type deadTarget struct {
+	group  string // the group a requeued entry is for; "" when unknown (every group runs it)
+	fanout bool   // a fan-out group: its own dead-letter stream, no record
+}
+
+// target resolves the Admin's group against the queue's answering group.
+func (a *Admin) target(ctx context.Context) (deadTarget, error) {
+	answering, err := a.client.Get(ctx, keys.AnsweringGroup(a.queue)).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return deadTarget{}, fmt.Errorf("streamq: read the answering group of %s: %w", a.queue, err)
+	}
+	if a.opts.Group == "" || a.opts.Group == answering {
+		return deadTarget{group: answering}, nil
+	}
+	return deadTarget{group: a.opts.Group, fanout: true}, nil
+}
+
+// deadLetterKey returns the dead-letter stream of the target in shard k.
+func (t deadTarget) deadLetterKey(k keys.Keys) string {
+	if t.fanout {
+		return k.GroupDeadLetter(t.group)
+	}
+	return k.DeadLetter
 }
 
 // shards returns the names of every shard of the queue.
@@ -236,11 +266,15 @@ type DeadLetter struct {
 	At time.Time
 }
 
-// DeadLetters returns up to count dead letters starting after the one whose
-// DeadLetterID is after ("" for the start): oldest first within a shard,
-// shard after shard.
+// DeadLetters returns up to count dead letters of the Admin's group (see
+// AdminOptions.Group) starting after the one whose DeadLetterID is after (""
+// for the start): oldest first within a shard, shard after shard.
 func (a *Admin) DeadLetters(ctx context.Context, after string, count int64) ([]DeadLetter, error) {
 	shards, err := a.shards(ctx)
+	if err != nil {
+		return nil, err
+	}
+	t, err := a.target(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -254,7 +288,7 @@ func (a *Admin) DeadLetters(ctx context.Context, after string, count int64) ([]D
 	}
 	var out []DeadLetter
 	for shard := first; shard < len(shards) && int64(len(out)) < count; shard++ {
-		msgs, err := a.client.XRangeN(ctx, shards[shard].DeadLetter, start, "+", count-int64(len(out))).Result()
+		msgs, err := a.client.XRangeN(ctx, t.deadLetterKey(shards[shard]), start, "+", count-int64(len(out))).Result()
 		if err != nil {
 			return nil, fmt.Errorf("streamq: list dead letters of %s: %w", a.queue, err)
 		}
@@ -309,10 +343,12 @@ var ErrNotFound = errors.New("streamq: not found")
 const requeueMarkerTTL = 10 * time.Minute
 
 // Requeue moves a dead letter back to the queue as a new entry with the same
-// request id and payload, and returns the new entry id. The request's record is
-// reset to in flight for AdminOptions.InflightTTL, so callers producing the id
-// from now on attach to the new entry and receive its result. Its delivery
-// count starts again.
+// request id and payload, and returns the new entry id. The new entry runs in
+// the Admin's group only (other groups acknowledge it without running it).
+// For the answering group, the request's record is reset to in flight for
+// AdminOptions.InflightTTL, so callers producing the id from now on attach to
+// the new entry and receive its result; a fan-out group's requeue leaves the
+// record alone. Its delivery count starts again.
 //
 // Requeue is idempotent for 10 minutes: asking again for a dead letter it
 // already requeued returns the same entry id and adds nothing.
@@ -326,8 +362,13 @@ func (a *Admin) Requeue(ctx context.Context, deadLetterID string) (string, error
 		return "", err
 	}
 	k := shards[shard]
-	marker := k.RequeueMarker(k.DeadLetter, id)
-	msgs, err := a.client.XRangeN(ctx, k.DeadLetter, id, id, 1).Result()
+	t, err := a.target(ctx)
+	if err != nil {
+		return "", err
+	}
+	dead := t.deadLetterKey(k)
+	marker := k.RequeueMarker(dead, id)
+	msgs, err := a.client.XRangeN(ctx, dead, id, id, 1).Result()
 	if err != nil {
 		return "", fmt.Errorf("streamq: requeue %s: %w", deadLetterID, err)
 	}
@@ -343,12 +384,16 @@ func (a *Admin) Requeue(ctx context.Context, deadLetterID string) (string, error
 		return entryID, nil
 	}
 	d := parseDeadLetter(msgs[0])
-	recKey := k.DeadLetter
+	recKey := dead
 	if d.ID != "" {
 		recKey = k.Record(d.ID)
 	}
-	res, err := scripts.Requeue.Run(ctx, a.client, []string{k.Stream, k.DeadLetter, recKey, marker},
-		id, d.ID, d.Payload, a.opts.InflightTTL.Milliseconds(), requeueMarkerTTL.Milliseconds()).Result()
+	setRecord := "1"
+	if t.fanout {
+		setRecord = "0"
+	}
+	res, err := scripts.Requeue.Run(ctx, a.client, []string{k.Stream, dead, recKey, marker},
+		id, d.ID, d.Payload, a.opts.InflightTTL.Milliseconds(), requeueMarkerTTL.Milliseconds(), t.group, setRecord).Result()
 	if errors.Is(err, redis.Nil) {
 		return "", fmt.Errorf("%w: dead letter %s of %s", ErrNotFound, deadLetterID, a.queue)
 	}
@@ -359,19 +404,23 @@ func (a *Admin) Requeue(ctx context.Context, deadLetterID string) (string, error
 	return entryID, nil
 }
 
-// PurgeDeadLetters deletes dead letters: the given ids, or all of them when
-// none is given. It returns how many were deleted.
+// PurgeDeadLetters deletes dead letters of the Admin's group: the given ids,
+// or all of them when none is given. It returns how many were deleted.
 func (a *Admin) PurgeDeadLetters(ctx context.Context, deadLetterIDs ...string) (int64, error) {
 	shards, err := a.shards(ctx)
+	if err != nil {
+		return 0, err
+	}
+	t, err := a.target(ctx)
 	if err != nil {
 		return 0, err
 	}
 	var total int64
 	if len(deadLetterIDs) == 0 {
 		for _, k := range shards {
-			n, err := a.client.XLen(ctx, k.DeadLetter).Result()
+			n, err := a.client.XLen(ctx, t.deadLetterKey(k)).Result()
 			if err == nil {
-				err = a.client.Del(ctx, k.DeadLetter).Err()
+				err = a.client.Del(ctx, t.deadLetterKey(k)).Err()
 			}
 			if err != nil {
 				return total, fmt.Errorf("streamq: purge dead letters of %s: %w", a.queue, err)
@@ -392,7 +441,7 @@ func (a *Admin) PurgeDeadLetters(ctx context.Context, deadLetterIDs ...string) (
 		if len(ids) == 0 {
 			continue
 		}
-		n, err := a.client.XDel(ctx, shards[shard].DeadLetter, ids...).Result()
+		n, err := a.client.XDel(ctx, t.deadLetterKey(shards[shard]), ids...).Result()
 		if err != nil {
 			return total, fmt.Errorf("streamq: purge dead letters of %s: %w", a.queue, err)
 		}

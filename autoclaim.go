@@ -32,7 +32,7 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 	claimCursor, nextClaim := "0-0", time.Now()
 	var b backoff
 	for ctx.Err() == nil {
-		n, err := r.ring.reserve(ctx, share)
+		n, err := r.reservePlaces(ctx, shard, share)
 		if err != nil {
 			return
 		}
@@ -53,7 +53,7 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 			block := min(o.ReadBlock, time.Until(nextClaim))
 			got, err = r.readNew(read, shard, n, max(block, time.Millisecond))
 		}
-		r.ring.give(n - got)
+		r.givePlaces(shard, n-got)
 		if err != nil {
 			if isNoGroup(err) {
 				r.c.log.Warn("streamq: consumer group vanished (Redis restarted without persistence, or the stream was deleted); recreating it", "err", err)

@@ -300,7 +300,7 @@ func testClusterSafeTrim(t *testing.T, client redis.UniversalClient) {
 		}
 		lagDone.Add(1)
 		return m.Payload, nil
-	}, &ConsumerOptions{Shards: clusterShards, Group: "lagging", Workers: 8, Prefetch: 64,
+	}, &ConsumerOptions{Shards: clusterShards, Group: "lagging", Fanout: true, Workers: 8, Prefetch: 64,
 		ReadBlock: 100 * time.Millisecond, TrimInterval: -1, Logger: testLogger(t)})
 	require.NoError(t, err)
 	stopLag := runConsumer(t, lag)

@@ -99,7 +99,8 @@ func (c *Consumer[Req, Resp]) Name() string { return c.opts.Name }
 // entries, then reads new ones and claims idle entries of other consumers.
 // Redis errors are logged and retried; they do not end Run. Run returns an
 // error only when the consumer is already running, the queue has another
-// shard count (ErrShardMismatch) or the server is older than Redis 7.0
+// shard count (ErrShardMismatch), another group answers the queue
+// (ErrAnsweringGroup), or the server is older than Redis 7.0
 // (ErrUnsupportedServer).
 func (c *Consumer[Req, Resp]) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
@@ -107,7 +108,7 @@ func (c *Consumer[Req, Resp]) Run(ctx context.Context) error {
 	}
 	defer c.running.Store(false)
 	if err := c.ensureGroupRetry(ctx); err != nil {
-		if errors.Is(err, ErrShardMismatch) || errors.Is(err, ErrUnsupportedServer) {
+		if errors.Is(err, ErrShardMismatch) || errors.Is(err, ErrUnsupportedServer) || errors.Is(err, ErrAnsweringGroup) {
 			return err
 		}
 		return nil // ctx ended before Redis could be reached
@@ -119,16 +120,56 @@ func (c *Consumer[Req, Resp]) Run(ctx context.Context) error {
 	return nil
 }
 
+// ErrAnsweringGroup is returned by Run when the queue is answered by another
+// consumer group: a queue has one answering group (the one whose outcomes
+// callers receive), and every other group must be a fan-out group
+// (ConsumerOptions.Fanout).
+var ErrAnsweringGroup = errors.New("streamq: the queue has another answering consumer group")
+
 // ensureGroup creates the consumer group (and the stream) of a shard unless
-// it exists.
+// it exists. It looks first: under maxmemory, Redis refuses XGROUP CREATE
+// even when the group exists, and a consumer could not start.
 func (c *Consumer[Req, Resp]) ensureGroup(ctx context.Context, shard int) error {
 	stream := c.shards[shard].Stream
-	err := c.client.XGroupCreateMkStream(ctx, stream, c.opts.Group, "0").Err()
+	groups, err := c.client.XInfoGroups(ctx, stream).Result()
+	if err == nil {
+		for _, g := range groups {
+			if g.Name == c.opts.Group {
+				return nil
+			}
+		}
+	}
+	err = c.client.XGroupCreateMkStream(ctx, stream, c.opts.Group, "0").Err()
 	if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
 		if strings.HasPrefix(err.Error(), "WRONGTYPE") {
 			return fmt.Errorf("%w: %s is not a stream: %v", ErrWrongType, stream, err)
 		}
 		return fmt.Errorf("streamq: create group %q on %s: %w", c.opts.Group, stream, err)
+	}
+	return nil
+}
+
+// checkAnswering registers the group as the queue's answering group on first
+// use, or checks that it is (a fan-out group checks that it is not). It reads
+// before it writes, so that it works under maxmemory.
+func (c *Consumer[Req, Resp]) checkAnswering(ctx context.Context) error {
+	key := keys.AnsweringGroup(c.queue)
+	got, err := c.client.Get(ctx, key).Result()
+	if errors.Is(err, redis.Nil) && !c.opts.Fanout {
+		if _, err = c.client.SetNX(ctx, key, c.opts.Group, 0).Result(); err == nil {
+			got, err = c.client.Get(ctx, key).Result()
+		}
+	}
+	switch {
+	case errors.Is(err, redis.Nil): // a fan-out group before any answering one
+		return nil
+	case err != nil:
+		return fmt.Errorf("streamq: read the answering group of %s: %w", c.queue, err)
+	case c.opts.Fanout && got == c.opts.Group:
+		return fmt.Errorf("%w: group %q answers queue %q, so its consumers cannot set Fanout", ErrAnsweringGroup, got, c.queue)
+	case !c.opts.Fanout && got != c.opts.Group:
+		return fmt.Errorf("%w: group %q answers queue %q; set ConsumerOptions.Fanout on group %q's consumers, or delete the key %s if the answering group was renamed",
+			ErrAnsweringGroup, got, c.queue, c.opts.Group, key)
 	}
 	return nil
 }
@@ -139,6 +180,9 @@ func (c *Consumer[Req, Resp]) ensureGroupRetry(ctx context.Context) error {
 	var b backoff
 	for {
 		err := checkShards(ctx, c.client, c.queue, len(c.shards), &c.metaOK, c.log)
+		if err == nil {
+			err = c.checkAnswering(ctx)
+		}
 		for shard := range c.shards {
 			if err == nil {
 				err = c.ensureGroup(ctx, shard)
@@ -147,7 +191,7 @@ func (c *Consumer[Req, Resp]) ensureGroupRetry(ctx context.Context) error {
 		if err == nil {
 			return nil
 		}
-		if errors.Is(err, ErrShardMismatch) || errors.Is(err, ErrUnsupportedServer) {
+		if errors.Is(err, ErrShardMismatch) || errors.Is(err, ErrUnsupportedServer) || errors.Is(err, ErrAnsweringGroup) {
 			return err
 		}
 		c.log.Error("streamq: cannot create the consumer group; retrying", "err", err)
@@ -165,7 +209,8 @@ func (c *Consumer[Req, Resp]) ensureGroupRetry(ctx context.Context) error {
 //   - fetch goroutines: one per slot with a remote payload, until the slot is ready.
 //   - workers (work): take slots in ring order, charge redelivered ones, run the
 //     handler, hand outcomes on and give the ring place back.
-//   - completer senders (coalescer): record outcomes in batches, then untrack slots.
+//   - completer senders (one coalescer per shard): record outcomes in batches,
+//     then forget the slots (their places go back to the ring).
 //   - leaser (leaseLoop): renews the leases of owned slots, marks lost ones.
 //   - trimmer (trimLoop): trims the stream and prunes idle consumers.
 //
@@ -186,7 +231,9 @@ type run[Req, Resp any] struct {
 	releaseMu sync.Mutex
 	unstarted []*slot // slots drained at shutdown, to release
 
-	completer *coalescer[*completion]
+	completers []*coalescer[*completion] // one per shard: shards fail independently
+	places     *shardPlaces
+
 	fetches   sync.WaitGroup
 	workers   sync.WaitGroup
 	loops     sync.WaitGroup // leaser and trimmer
@@ -198,6 +245,7 @@ func newRun[Req, Resp any](c *Consumer[Req, Resp]) *run[Req, Resp] {
 	return &run[Req, Resp]{
 		c:         c,
 		ring:      newRing(c.opts.Prefetch),
+		places:    newShardPlaces(c.opts.Prefetch, len(c.shards)),
 		owned:     make(map[ownedKey]*slot),
 		stopLoops: make(chan struct{}),
 	}
@@ -208,8 +256,17 @@ func (r *run[Req, Resp]) start(ctx context.Context) {
 	r.runCtx = ctx
 	r.bg, r.cancelBg = context.WithCancel(context.WithoutCancel(ctx))
 	r.handlerCtx, r.cancelHandlers = context.WithCancelCause(context.WithoutCancel(ctx))
-	r.completer = newCoalescer(2, o.MaxCompleteBatch, 1<<62, 0,
-		func(*completion) int { return 0 }, r.sendCompletions)
+	r.completers = make([]*coalescer[*completion], len(r.c.shards))
+	for shard := range r.completers {
+		// The channel holds every outcome the shard can hold (its share of
+		// Prefetch), so a hand-off never blocks on a shard that cannot
+		// complete: workers stay free for the other shards.
+		share := r.places.share(shard)
+		batch := min(o.MaxCompleteBatch, max(1, share/completeSplit))
+		inflight := max(2, (share+batch-1)/batch)
+		r.completers[shard] = newCoalescer(inflight, batch, 1<<62, 0,
+			func(*completion) int { return 0 }, func(b []*completion) { r.completeShard(shard, b) })
+	}
 	r.workers.Add(o.Workers)
 	for range o.Workers {
 		go r.work()
@@ -247,7 +304,9 @@ func (r *run[Req, Resp]) shutdown() {
 	timeout.Stop()
 	r.fetches.Wait()
 	r.releaseUnstarted()
-	r.completer.close()
+	for _, c := range r.completers {
+		c.close()
+	}
 	close(r.stopLoops)
 	r.loops.Wait()
 	r.cancelBg()
@@ -267,10 +326,86 @@ func (r *run[Req, Resp]) track(s *slot) bool {
 }
 
 // forget drops slots whose entries are completed, released or left to a retry,
-// and gives their places back to the ring.
+// and gives their places back to the ring and to their shards.
 func (r *run[Req, Resp]) forget(slots ...*slot) {
 	r.untrack(slots...)
-	r.ring.give(len(slots))
+	for _, s := range slots {
+		r.givePlaces(s.shard, 1)
+	}
+}
+
+// reservePlaces blocks until the shard may hold at least one more entry and
+// takes up to limit places, from the shard's share and from the ring. The
+// feeder pushes at most that many slots and gives back the rest.
+func (r *run[Req, Resp]) reservePlaces(ctx context.Context, shard, limit int) (int, error) {
+	n, err := r.places.reserve(ctx, shard, limit)
+	if err != nil {
+		return 0, err
+	}
+	got, err := r.ring.reserve(ctx, n)
+	r.places.give(shard, n-got)
+	return got, err
+}
+
+// givePlaces returns n places of a shard.
+func (r *run[Req, Resp]) givePlaces(shard, n int) {
+	r.ring.give(n)
+	r.places.give(shard, n)
+}
+
+// shardPlaces splits Prefetch between the shards: a shard holds at most its
+// share of entries (read, running, or handled and not yet recorded), so a
+// shard whose completions fail stalls only itself.
+type shardPlaces struct {
+	mu    sync.Mutex
+	free  []int
+	max   []int
+	freed []chan struct{} // capacity 1 each: "the shard's free went up"
+}
+
+func newShardPlaces(prefetch, shards int) *shardPlaces {
+	p := &shardPlaces{free: make([]int, shards), max: make([]int, shards), freed: make([]chan struct{}, shards)}
+	for i := range shards {
+		n := prefetch / shards
+		if i < prefetch%shards {
+			n++
+		}
+		p.free[i], p.max[i] = max(n, 1), max(n, 1)
+		p.freed[i] = make(chan struct{}, 1)
+	}
+	return p
+}
+
+func (p *shardPlaces) share(shard int) int { return p.max[shard] }
+
+func (p *shardPlaces) reserve(ctx context.Context, shard, limit int) (int, error) {
+	for {
+		p.mu.Lock()
+		n := min(p.free[shard], limit)
+		p.free[shard] -= n
+		p.mu.Unlock()
+		if n > 0 {
+			return n, nil
+		}
+		select {
+		case <-p.freed[shard]:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+}
+
+func (p *shardPlaces) give(shard, n int) {
+	if n == 0 {
+		return
+	}
+	p.mu.Lock()
+	p.free[shard] += n
+	p.mu.Unlock()
+	select {
+	case p.freed[shard] <- struct{}{}:
+	default:
+	}
 }
 
 // untrack stops renewing the leases of slots' entries.
@@ -311,6 +446,9 @@ func (r *run[Req, Resp]) admit(shard int, msgs []redis.XMessage, charge bool, de
 		default:
 			s.entry.ID, s.entry.Data = id, []byte(data)
 		}
+		if g, ok := m.Values[fieldGroup].(string); ok && g != o.Group {
+			s.skip, s.dead = true, "" // requeued for another group: acknowledge only
+		}
 		if !r.track(s) {
 			continue
 		}
@@ -325,6 +463,7 @@ func (r *run[Req, Resp]) admit(shard int, msgs []redis.XMessage, charge bool, de
 const (
 	fieldID      = "id"
 	fieldPayload = "p"
+	fieldGroup   = "g" // set by Requeue: only this group runs the entry
 )
 
 func fieldNames(v map[string]any) string {
@@ -341,7 +480,10 @@ func fieldNames(v map[string]any) string {
 // work takes slots in ring order until the feeder closes the ring.
 func (r *run[Req, Resp]) work() {
 	defer r.workers.Done()
-	var last <-chan struct{} // closed when this worker's last outcome is recorded
+	// last[shard] is closed when this worker's last outcome of that shard is
+	// recorded. Per shard: a shard that cannot complete must not hold up the
+	// others' redelivered entries.
+	last := make([]<-chan struct{}, len(r.c.shards))
 	for s := range r.ring.slots {
 		if r.runCtx.Err() != nil {
 			r.drain(s)
@@ -355,12 +497,12 @@ func (r *run[Req, Resp]) work() {
 			r.drain(s)
 			continue
 		}
-		if s.charge && last != nil {
+		if s.charge && last[s.shard] != nil {
 			// A redelivered message may be the one that crashed an earlier
 			// process: record this worker's last outcome before starting it, so
 			// a crash cannot undo work that already succeeded.
 			select {
-			case <-last:
+			case <-last[s.shard]:
 			case <-r.runCtx.Done():
 				r.drain(s)
 				continue
@@ -368,7 +510,7 @@ func (r *run[Req, Resp]) work() {
 		}
 		r.process(s)
 		if s.outcome != nil {
-			last = s.outcome
+			last[s.shard] = s.outcome
 		}
 	}
 }
@@ -384,6 +526,10 @@ func (r *run[Req, Resp]) drain(s *slot) {
 func (r *run[Req, Resp]) process(s *slot) {
 	if s.isLost() {
 		r.forget(s)
+		return
+	}
+	if s.skip {
+		r.handOff(&completion{s: s, code: recordSkip})
 		return
 	}
 	if s.dead != "" {
@@ -431,11 +577,11 @@ func (r *run[Req, Resp]) process(s *slot) {
 	r.handOff(&completion{s: s, code: recordResult, value: payload})
 }
 
-// handOff passes an outcome to the completer and gives the slot's ring place
-// back at once: the payload is no longer needed, and the ring refills while
-// the outcome waits for its round trip. The entry stays tracked (leased) until
-// its outcome is recorded. Outcomes in flight are bounded by the completer's
-// channel, on which handOff blocks when Redis falls behind.
+// handOff passes an outcome to its shard's completer. The slot keeps its
+// place (the entry is held, and leased, until its outcome is recorded), so
+// the entries a consumer holds never exceed Prefetch; the payload is dropped
+// at once. The completer's channel has room for the shard's whole share, so
+// handOff does not block on a shard whose completions fail.
 func (r *run[Req, Resp]) handOff(cp *completion) {
 	cp.done = make(chan struct{})
 	cp.s.outcome = cp.done
@@ -444,14 +590,13 @@ func (r *run[Req, Resp]) handOff(cp *completion) {
 		cp.s.entry.Data = nil // the payload itself; dead letters keep it
 	}
 	select {
-	case r.completer.in <- cp:
+	case r.completers[cp.s.shard].in <- cp:
 	case <-r.bg.Done():
 		// Shutdown gave up on Redis: the entry stays pending and is delivered
 		// again later.
-		r.untrack(cp.s)
+		r.forget(cp.s)
 		close(cp.done)
 	}
-	r.ring.give(1)
 }
 
 // chargeDelivery counts the delivery of a claimed or resumed entry as its
@@ -533,6 +678,15 @@ func (r *run[Req, Resp]) deadLetter(s *slot, reason string) {
 	r.handOff(&completion{s: s, code: recordDead, value: []byte(reason)})
 }
 
+// completeSplit: a completion batch holds at most 1/completeSplit of a shard's
+// places, so that a second send starts while one is in flight instead of
+// the ring waiting for each round trip.
+const completeSplit = 2
+
+// recordSkip completes an entry requeued for another group: acknowledged,
+// nothing recorded.
+const recordSkip = 'S'
+
 // completion is the outcome of one message on its way to Redis.
 type completion struct {
 	s     *slot
@@ -541,32 +695,22 @@ type completion struct {
 	done  chan struct{} // closed once the outcome is recorded, or given up on
 }
 
-// sendCompletions records a batch of outcomes: one script call per shard.
-func (r *run[Req, Resp]) sendCompletions(batch []*completion) {
-	if len(r.c.shards) == 1 {
-		r.completeShard(0, batch)
-		return
-	}
-	groups := make(map[int][]*completion)
-	for _, cp := range batch {
-		groups[cp.s.shard] = append(groups[cp.s.shard], cp)
-	}
-	var wg sync.WaitGroup
-	for shard, group := range groups {
-		wg.Go(func() { r.completeShard(shard, group) })
-	}
-	wg.Wait()
-}
-
-// completeShard records the outcomes of one shard in one round trip: results
-// first-writer-wins, XACK, XDEL, dead letters and the notice, atomically.
+// completeShard records the outcomes of one shard in one round trip: XACK,
+// XDEL, results first-writer-wins, dead letters and the notice, atomically
+// (a fan-out group only acknowledges and dead-letters to its own stream).
 // It retries until Redis takes them or shutdown gives up; entries it gives up
-// on stay pending and are reclaimed by another consumer later.
+// on stay pending and are reclaimed by another consumer later. Each shard has
+// its own completer, so a shard that fails here stalls only itself.
 func (r *run[Req, Resp]) completeShard(shard int, batch []*completion) {
 	o := &r.c.opts
 	k := r.c.shards[shard]
 	keyList := make([]string, 2, 2+len(batch))
-	keyList[0], keyList[1] = k.Stream, k.DeadLetter
+	dead := k.DeadLetter
+	fanout := "0"
+	if o.Fanout {
+		dead, fanout = k.GroupDeadLetter(o.Group), "1"
+	}
+	keyList[0], keyList[1] = k.Stream, dead
 	store := "1"
 	if o.DiscardResults {
 		store = "0"
@@ -575,21 +719,25 @@ func (r *run[Req, Resp]) completeShard(shard int, batch []*completion) {
 	if r.c.sharded {
 		publish = "SPUBLISH"
 	}
-	args := make([]any, 8, 8+6*len(batch))
+	args := make([]any, 9, 9+6*len(batch))
 	args[0], args[1], args[2], args[3] = o.Group, k.Channel, o.ResultTTL.Milliseconds(), store
 	args[4], args[5], args[6], args[7] = o.DeadLetterMaxLen, o.Name, time.Now().UnixMilli(), publish
+	args[8] = fanout
 	for _, cp := range batch {
 		e := cp.s.entry
-		if e.ID != "" {
+		if e.ID != "" && !o.Fanout {
 			keyList = append(keyList, k.Record(e.ID))
 		} else {
-			keyList = append(keyList, k.DeadLetter)
+			keyList = append(keyList, dead)
 		}
 		var payload []byte
+		value := cp.value
 		if cp.code == recordDead {
 			payload = e.Data
+		} else if o.Fanout {
+			value = nil // a fan-out group records no result
 		}
-		args = append(args, e.EntryID, e.ID, string(cp.code), cp.value, payload, e.Deliveries)
+		args = append(args, e.EntryID, e.ID, string(cp.code), value, payload, e.Deliveries)
 	}
 	var b backoff
 	for {
@@ -603,7 +751,7 @@ func (r *run[Req, Resp]) completeShard(shard int, batch []*completion) {
 			r.forgetCompletions(batch)
 			return
 		}
-		r.c.log.Warn("streamq: recording outcomes failed; retrying", "entries", len(batch), "err", err)
+		r.c.log.Warn("streamq: recording outcomes failed; retrying", "entries", len(batch), "stream", k.Stream, "err", err)
 		r.c.slots.onError(err)
 		_ = sleepCtx(r.bg, b.next())
 	}
@@ -623,13 +771,16 @@ func (r *run[Req, Resp]) completeShard(shard int, batch []*completion) {
 	r.forgetCompletions(batch)
 }
 
+// forgetCompletions forgets the slots of recorded (or abandoned) outcomes:
+// their places go back to the ring only now, so that handled entries whose
+// outcome waits for Redis count against Prefetch.
 func (r *run[Req, Resp]) forgetCompletions(batch []*completion) {
 	slots := make([]*slot, len(batch))
 	for i, cp := range batch {
 		slots[i] = cp.s
 		close(cp.done)
 	}
-	r.untrack(slots...) // their ring places were given back at hand-off
+	r.forget(slots...)
 }
 
 // backoff is a capped exponential back-off for retrying Redis calls.

@@ -168,6 +168,14 @@ type ConsumerOptions struct {
 	// group sees every request. Defaults to DefaultGroup ("streamq").
 	Group string
 
+	// Fanout makes Group a fan-out group: it sees every request, records no
+	// outcome for callers, and its final failures go to its own dead-letter
+	// stream (Admin with AdminOptions.Group addresses them). A queue has one
+	// answering group, the one whose outcomes callers receive; every other
+	// group must set Fanout (Run refuses a second answering group with
+	// ErrAnsweringGroup). Defaults to false: the answering group.
+	Fanout bool
+
 	// Name identifies this consumer inside its group. A consumer restarted with
 	// the same name resumes its own pending entries at once; a new name leaves
 	// them to be claimed after MinIdle. Use a name stable per process slot
@@ -180,7 +188,10 @@ type ConsumerOptions struct {
 	Workers int
 
 	// Prefetch is the depth of the prefetch ring: how many messages are held at
-	// once, read ahead and fetched, waiting or in a handler. It bounds the
+	// once, read ahead and fetched, waiting, in a handler, or handled with the
+	// outcome not yet recorded. With Shards > 1, each shard holds at most its
+	// share (Prefetch/Shards), so a shard whose completions fail stalls only
+	// itself. It bounds the
 	// payloads in the consumer's memory, and how many entries one consumer
 	// takes from the stream ahead of others. Deeper rings read and complete in
 	// bigger batches (less Redis CPU per message); with large payloads or slow

@@ -136,6 +136,7 @@ type slot struct {
 	charge bool // claimed or resumed: count a delivery when the handler starts
 	entry  Entry
 	dead   string // non-empty: dead-letter with this reason instead of handling
+	skip   bool   // requeued for another group: acknowledge without handling
 
 	ready    chan struct{}
 	data     []byte
@@ -251,7 +252,7 @@ func (r *ring) signal() {
 // is kept in s.fetchErr and the message takes the failure path. A failure is
 // never remembered beyond this slot, so a redelivery fetches afresh.
 func (r *run[Req, Resp]) startFetch(ctx context.Context, s *slot) {
-	if _, inline := r.c.opts.Fetcher.(InlineFetcher); inline || s.dead != "" {
+	if _, inline := r.c.opts.Fetcher.(InlineFetcher); inline || s.dead != "" || s.skip {
 		s.data = s.entry.Data
 		close(s.ready)
 		return

@@ -22,7 +22,8 @@ var ErrShardMismatch = errors.New("streamq: shard count differs from the queue's
 
 // checkShards records the queue's shard count on first use and verifies it on
 // later uses; before that it checks the server (checkServer, warnings to log).
-// ok caches a successful check.
+// ok caches a successful check. It reads before it writes: under maxmemory,
+// Redis refuses SETNX even when the key exists, and a consumer could not start.
 func checkShards(ctx context.Context, client redis.UniversalClient, queue string, n int, ok *atomic.Bool, log *slog.Logger) error {
 	if ok.Load() {
 		return nil
@@ -31,18 +32,23 @@ func checkShards(ctx context.Context, client redis.UniversalClient, queue string
 		return err
 	}
 	key := keys.Meta(queue)
-	set, err := client.SetNX(ctx, key, n, 0).Result()
-	if err != nil {
-		return fmt.Errorf("streamq: record the shard count of %s: %w", queue, err)
-	}
-	if !set {
-		got, err := client.Get(ctx, key).Result()
+	got, err := client.Get(ctx, key).Result()
+	if errors.Is(err, redis.Nil) {
+		var set bool
+		set, err = client.SetNX(ctx, key, n, 0).Result()
 		if err != nil {
-			return fmt.Errorf("streamq: read the shard count of %s: %w", queue, err)
+			return fmt.Errorf("streamq: record the shard count of %s: %w", queue, err)
 		}
-		if got != strconv.Itoa(n) {
-			return fmt.Errorf("%w: queue %q has %s shards, this one is configured with %d", ErrShardMismatch, queue, got, n)
+		got = strconv.Itoa(n)
+		if !set {
+			got, err = client.Get(ctx, key).Result()
 		}
+	}
+	if err != nil {
+		return fmt.Errorf("streamq: read the shard count of %s: %w", queue, err)
+	}
+	if got != strconv.Itoa(n) {
+		return fmt.Errorf("%w: queue %q has %s shards, this one is configured with %d", ErrShardMismatch, queue, got, n)
 	}
 	ok.Store(true)
 	return nil

@@ -62,6 +62,11 @@ func (k Keys) RequeueMarker(deadLetter, id string) string {
 	return k.base + "requeued:" + id + ":" + deadLetter
 }
 
+// GroupDeadLetter returns the dead-letter stream of a fan-out consumer group:
+// the DeadLetter name followed by ":" and the group's name. The answering
+// group's dead letters are in DeadLetter itself.
+func (k Keys) GroupDeadLetter(group string) string { return k.DeadLetter + ":" + group }
+
 // RecordPattern returns a SCAN pattern that matches every record key of the queue.
 func (k Keys) RecordPattern() string {
 	return globEscaper.Replace(k.recordPrefix) + "*"

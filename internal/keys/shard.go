@@ -73,6 +73,10 @@ func ChannelRule(queue string, n int) string {
 // consumers that disagree on it are refused instead of splitting the queue.
 func Meta(queue string) string { return "streamq:{" + queue + "}:meta" }
 
+// AnsweringGroup returns the key naming the queue's answering consumer group:
+// the one group whose outcomes callers receive (see ConsumerOptions.Fanout).
+func AnsweringGroup(queue string) string { return "streamq:{" + queue + "}:answering" }
+
 // ShardOf returns the shard of a request id: a stable hash of the id, so that
 // every producer routes an id to the same shard and deduplication holds.
 func ShardOf(id string, n int) int {

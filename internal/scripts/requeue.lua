@@ -20,15 +20,23 @@
 -- ARGV[3]   payload
 -- ARGV[4]   in-flight record TTL in milliseconds
 -- ARGV[5]   marker TTL in milliseconds
+-- ARGV[6]   the group that runs the new entry (field "g"; other groups only
+--           acknowledge it), or "" for every group
+-- ARGV[7]   "1": reset the record to in flight (the answering group); "0": leave
+--           it (a fan-out group's dead letter)
 --
 -- Returns the new entry id (also when the marker says this dead letter was
 -- already requeued), or false when the dead letter does not exist.
 if #redis.call("XRANGE", KEYS[2], ARGV[1], ARGV[1]) == 0 then
   return redis.call("GET", KEYS[4])
 end
-local eid = redis.call("XADD", KEYS[1], "*", "id", ARGV[2], "p", ARGV[3])
+local fields = {"id", ARGV[2], "p", ARGV[3]}
+if ARGV[6] ~= "" then
+  fields[5], fields[6] = "g", ARGV[6]
+end
+local eid = redis.call("XADD", KEYS[1], "*", unpack(fields))
 redis.call("XDEL", KEYS[2], ARGV[1])
-if ARGV[2] ~= "" then
+if ARGV[2] ~= "" and ARGV[7] ~= "0" then
   redis.call("SET", KEYS[3], "P" .. eid, "PX", ARGV[4])
 end
 redis.call("SET", KEYS[4], eid, "PX", ARGV[5])

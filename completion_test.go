@@ -1,0 +1,289 @@
+package streamq
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamq/streamq/internal/keys"
+	"github.com/streamq/streamq/internal/redistest"
+	"github.com/streamq/streamq/internal/scripts"
+)
+
+// completeFault fails runs of complete.lua whose first key is one of the
+// given streams (while enabled), and counts the runs that failed for any reason.
+type completeFault struct {
+	mu      sync.Mutex
+	streams map[string]bool
+	failed  atomic.Int64
+}
+
+func (h *completeFault) set(streams ...string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.streams = map[string]bool{}
+	for _, s := range streams {
+		h.streams[s] = true
+	}
+}
+
+func (h *completeFault) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *completeFault) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *completeFault) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		if len(args) < 4 || !isScript(args, scripts.Complete) {
+			return next(ctx, cmd)
+		}
+		stream, _ := args[3].(string)
+		h.mu.Lock()
+		fail := h.streams[stream]
+		h.mu.Unlock()
+		if fail {
+			h.failed.Add(1)
+			err := errors.New("injected fault: shard unreachable")
+			cmd.SetErr(err)
+			return err
+		}
+		err := next(ctx, cmd)
+		if err != nil {
+			h.failed.Add(1)
+		}
+		return err
+	}
+}
+
+// isScript reports whether an EVAL/EVALSHA command runs s.
+func isScript(args []any, s *redis.Script) bool {
+	name, _ := args[0].(string)
+	body, _ := args[1].(string)
+	switch strings.ToLower(name) {
+	case "evalsha":
+		return body == s.Hash()
+	case "eval":
+		sum := sha1.Sum([]byte(body))
+		return hex.EncodeToString(sum[:]) == s.Hash()
+	}
+	return false
+}
+
+// TestFailingShardStallsOnlyItself: shard 1's completions fail; shard 0 keeps
+// completing, and the entries the consumer holds never exceed Prefetch.
+func TestFailingShardStallsOnlyItself(t *testing.T) {
+	ctx := context.Background()
+	base := realRedis(t)
+	client := sameServer(base)
+	t.Cleanup(func() { _ = client.Close() })
+	q := queueName(t)
+	shards, err := keys.Shards(q, 2)
+	require.NoError(t, err)
+	fault := &completeFault{}
+	fault.set(shards[1].Stream)
+	client.AddHook(fault)
+	const prefetch = 32
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[int]) (int, error) {
+		return m.Payload, nil
+	}, &ConsumerOptions{Shards: 2, Workers: 8, Prefetch: prefetch, MaxCompleteBatch: 4,
+		ReadBlock: 50 * time.Millisecond, ShutdownTimeout: time.Second, Logger: testLogger(t)})
+	require.NoError(t, err)
+	stop := runConsumer(t, c)
+
+	p, err := NewProducer[int, int](base, q, &ProducerOptions{Shards: 2, Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	const n = 1200
+	var shard0 []*Promise[int]
+	jobs := make([]Job[int], 0, 100)
+	for i := 0; i < n; i++ {
+		jobs = append(jobs, Job[int]{ID: "j" + strconv.Itoa(i), Request: i})
+		if len(jobs) == cap(jobs) || i == n-1 {
+			prs, err := p.ProduceBatch(ctx, jobs)
+			require.NoError(t, err)
+			for _, pr := range prs {
+				if keys.ShardOf(pr.ID(), 2) == 0 {
+					shard0 = append(shard0, pr)
+				}
+			}
+			jobs = jobs[:0]
+		}
+	}
+
+	// Sample what the consumer holds: entries read and not acknowledged.
+	held := func() int64 {
+		var total int64
+		for _, k := range shards {
+			s, err := base.XPending(ctx, k.Stream, DefaultGroup).Result()
+			if err == nil {
+				total += s.Count
+			}
+		}
+		return total
+	}
+	var maxHeld atomic.Int64
+	sampleDone := make(chan struct{})
+	stopSampling := make(chan struct{})
+	go func() {
+		defer close(sampleDone)
+		for {
+			maxHeld.Store(max(maxHeld.Load(), held()))
+			select {
+			case <-stopSampling:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+		}
+	}()
+
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	completed := 0
+	for _, pr := range shard0 {
+		if _, err := pr.Wait(wctx); err != nil {
+			break
+		}
+		completed++
+	}
+	close(stopSampling)
+	<-sampleDone
+	t.Logf("shard 0 completed %d of %d while shard 1 failed; max held %d (Prefetch %d)",
+		completed, len(shard0), maxHeld.Load(), prefetch)
+	require.Equal(t, len(shard0), completed, "shard 0 stalled while only shard 1 failed")
+	require.LessOrEqual(t, maxHeld.Load(), int64(prefetch), "the consumer held more entries than Prefetch")
+	require.Positive(t, fault.failed.Load(), "shard 1's completions were refused")
+
+	// Shard 1 recovers: everything completes.
+	fault.set()
+	stop()
+	c2, err := NewConsumer(client, q, func(ctx context.Context, m *Message[int]) (int, error) {
+		return m.Payload, nil
+	}, &ConsumerOptions{Shards: 2, Workers: 8, Prefetch: prefetch, MinIdle: 100 * time.Millisecond,
+		ClaimInterval: 20 * time.Millisecond, ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, c2)
+	eventually(t, 30*time.Second, func() bool { return held() == 0 }, "shard 1 drains once it recovers")
+}
+
+// TestQueueDrainsUnderOOM: with maxmemory reached (noeviction), a consumer
+// still starts (its group and shard count exist) and completes the queue.
+func TestQueueDrainsUnderOOM(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	q := queueName(t)
+	// First use: the shard count and the group exist.
+	warm, err := NewConsumer(client, q, func(ctx context.Context, m *Message[int]) (int, error) {
+		return m.Payload, nil
+	}, &ConsumerOptions{ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+	require.NoError(t, err)
+	stopWarm := runConsumer(t, warm)
+	eventually(t, 10*time.Second, func() bool {
+		g, err := client.XInfoGroups(ctx, "streamq:{"+q+"}:stream").Result()
+		return err == nil && len(g) == 1
+	}, "group created")
+	stopWarm()
+
+	p, err := NewProducer[int, int](client, q, &ProducerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	const n = 300
+	var prs []*Promise[int]
+	for i := 0; i < n; i += 100 {
+		jobs := make([]Job[int], 0, 100)
+		for j := i; j < i+100; j++ {
+			jobs = append(jobs, Job[int]{ID: "m" + strconv.Itoa(j), Request: j})
+		}
+		part, err := p.ProduceBatch(ctx, jobs)
+		require.NoError(t, err)
+		prs = append(prs, part...)
+	}
+	// Fill memory past 4 MB, then cap it there.
+	pad := strings.Repeat("x", 1000)
+	for i := 0; ; i++ {
+		pipe := client.Pipeline()
+		for j := range 500 {
+			pipe.Set(ctx, fmt.Sprintf("junk:%d:%d", i, j), pad, 0)
+		}
+		_, err := pipe.Exec(ctx)
+		require.NoError(t, err)
+		if usedMemory(t, client) > 4<<20 {
+			break
+		}
+	}
+	require.NoError(t, client.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
+	require.NoError(t, client.ConfigSet(ctx, "maxmemory", "4mb").Err())
+	t.Cleanup(func() { client.ConfigSet(context.Background(), "maxmemory", "0") })
+	err = client.Set(ctx, "probe", "x", 0).Err()
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "OOM", "the server refuses writes")
+
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[int]) (int, error) {
+		return m.Payload + 1, nil
+	}, &ConsumerOptions{ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, c)
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	for i, pr := range prs {
+		got, err := pr.Wait(wctx)
+		require.NoError(t, err, "request %d did not complete under OOM", i)
+		require.Equal(t, i+1, got)
+	}
+	eventually(t, 10*time.Second, func() bool {
+		return client.XLen(ctx, "streamq:{"+q+"}:stream").Val() == 0
+	}, "the queue drains")
+}
+
+// TestRetriedCompletionWritesItsDeadLetter: the first completion attempt of a
+// dead letter fails (the dead-letter key holds a string); once the key is
+// fixed, the retry writes exactly one dead letter.
+func TestRetriedCompletionWritesItsDeadLetter(t *testing.T) {
+	ctx := context.Background()
+	base := realRedis(t)
+	client := sameServer(base)
+	t.Cleanup(func() { _ = client.Close() })
+	fault := &completeFault{}
+	client.AddHook(fault)
+	q := queueName(t)
+	k, err := keys.New(q)
+	require.NoError(t, err)
+	require.NoError(t, base.Set(ctx, k.DeadLetter, "not a stream", 0).Err())
+
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[int]) (int, error) {
+		return 0, Permanent(errors.New("bad request"))
+	}, &ConsumerOptions{ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, c)
+	p, err := NewProducer[int, int](base, q, &ProducerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	pr, err := p.Produce(ctx, "poison", 1)
+	require.NoError(t, err)
+	eventually(t, 10*time.Second, func() bool { return fault.failed.Load() > 0 }, "a completion attempt failed")
+	require.NoError(t, base.Del(ctx, k.DeadLetter).Err())
+
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err = pr.Wait(wctx)
+	require.ErrorIs(t, err, ErrDeadLettered)
+	eventually(t, 10*time.Second, func() bool { return base.XPending(ctx, k.Stream, DefaultGroup).Val().Count == 0 },
+		"the entry is acknowledged")
+	dl, err := base.XRange(ctx, k.DeadLetter, "-", "+").Result()
+	require.NoError(t, err, "the dead-letter stream exists")
+	require.Len(t, dl, 1, "exactly one dead letter")
+	require.Equal(t, "poison", dl[0].Values["id"])
+}
