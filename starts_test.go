@@ -473,4 +473,3 @@ func TestResendChargeReplyLost(t *testing.T) {
 	h.requireFirstStarts(t, ids)
 	requireDrained(t, raw, q)
 }
-

@@ -25,6 +25,7 @@ type Keys struct {
 	Channel string
 
 	recordPrefix string
+	startsPrefix string
 }
 
 // New returns the names of queue, or an error when the name cannot be used.
@@ -44,11 +45,16 @@ func build(queue string) Keys {
 		DeadLetter:   base + "dead",
 		Channel:      base + "done",
 		recordPrefix: base + "id:",
+		startsPrefix: base + "starts:",
 	}
 }
 
 // Record returns the key of the record (dedup marker, then result) of a request id.
 func (k Keys) Record(id string) string { return k.recordPrefix + id }
+
+// Starts returns the key of the hash that counts, per entry id, the handler
+// starts of the entries of consumer group group.
+func (k Keys) Starts(group string) string { return k.startsPrefix + group }
 
 // RecordPattern returns a SCAN pattern that matches every record key of the queue.
 func (k Keys) RecordPattern() string {

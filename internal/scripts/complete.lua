@@ -7,6 +7,8 @@
 -- KEYS[1]          the stream
 -- KEYS[2]          the dead-letter stream
 -- KEYS[2+i]        the record key of item i; the dead-letter key when the item has no id
+-- KEYS[#KEYS]      the group's start-count hash (see charge.lua): completed ids are
+--                  removed from it
 -- ARGV[1]          consumer group
 -- ARGV[2]          notification channel
 -- ARGV[3]          record TTL in milliseconds
@@ -23,7 +25,8 @@
 --
 -- Returns the number of items.
 local group, channel, ttl, store = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == "1"
-local n = #KEYS - 2
+local starts = KEYS[#KEYS]
+local n = #KEYS - 3
 local ids = {}
 local notice = {}
 for i = 1, n do
@@ -61,6 +64,7 @@ end
 -- unpack() has a limit of a few thousand values: go in chunks.
 for i = 1, #ids, 1000 do
   redis.call("XACK", KEYS[1], group, unpack(ids, i, math.min(i + 999, #ids)))
+  redis.call("HDEL", starts, unpack(ids, i, math.min(i + 999, #ids)))
 end
 -- Delete the entries only when no other group may still need them; with
 -- several groups, the periodic trim removes what every group is done with.
