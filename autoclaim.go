@@ -198,7 +198,7 @@ func (r *run[Req, Resp]) adopt(ctx context.Context, shard, n int) (int, error) {
 		return 0, err
 	}
 	pending := sum.Consumers[o.Name]
-	if pending == 0 || pending <= int64(r.heldOrRetrying(shard)) {
+	if pending <= int64(r.heldOrRetrying(shard)) {
 		return 0, nil
 	}
 	list, err := r.c.client.XPendingExt(ctx, &redis.XPendingExtArgs{
