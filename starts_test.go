@@ -21,6 +21,7 @@ import (
 
 	"github.com/streamq/streamq/internal/crashtest"
 	"github.com/streamq/streamq/internal/faultproxy"
+	"github.com/streamq/streamq/internal/redistest"
 	"github.com/streamq/streamq/internal/scripts"
 )
 
@@ -472,4 +473,30 @@ func TestResendChargeReplyLost(t *testing.T) {
 	requireResults(t, raw, q, ids, prs, start.Add(resendBound))
 	h.requireFirstStarts(t, ids)
 	requireDrained(t, raw, q)
+}
+
+// TestChargeWorksOutOfMemory: with maxmemory reached (noeviction), a handler
+// start can still be charged: completions free memory only after handlers
+// ran, so a refused charge would wedge the queue.
+func TestChargeWorksOutOfMemory(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	stream, starts := "streamq:{oom}:stream", "streamq:{oom}:starts:g"
+	require.NoError(t, c.XGroupCreateMkStream(ctx, stream, "g", "0").Err())
+	eid := c.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{"id", "a", "p", "x"}}).Val()
+	require.NoError(t, c.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "me", Streams: []string{stream, ">"}, Block: -1}).Err())
+	require.NoError(t, scripts.Charge.Load(ctx, c).Err())
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "1").Err())
+	require.ErrorContains(t, c.Set(ctx, "streamq:{oom}:x", "y", 0).Err(), "OOM", "the server is not out of memory")
+	res, err := scripts.Charge.Run(ctx, c, []string{stream, starts, stream}, "g", "me", 1000, 60000, eid, 0).Int64Slice()
+	require.NoError(t, err)
+	require.Equal(t, []int64{1}, res)
+	require.Equal(t, "1", c.HGet(ctx, starts, eid).Val())
+	// Resent (its reply lost): the same start, not a second one.
+	res, err = scripts.Charge.Run(ctx, c, []string{stream, starts, stream}, "g", "me", 1000, 60000, eid, 0).Int64Slice()
+	require.NoError(t, err)
+	require.Equal(t, []int64{1}, res)
 }

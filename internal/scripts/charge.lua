@@ -12,7 +12,7 @@
 -- even when it ran): the caller passes the starts it saw at admission; a
 -- count already at that + 1 is this same charge, and is returned unchanged.
 --
--- Under maxmemory the first write is XCLAIM (not refused when out of memory),
+-- Under maxmemory the first write is PEXPIRE (not refused when out of memory),
 -- after which Redis lets the script finish its writes: charging must keep
 -- working when memory is full, or no handler could start and free any.
 --
@@ -31,7 +31,8 @@
 -- owns the entry now (not counted); -2 when it left the pending list.
 local n = #KEYS - 2
 local out = {}
-local charged = false
+local floor = tonumber(ARGV[3])
+redis.call("PEXPIRE", KEYS[2], ARGV[4])
 for i = 1, n do
   local eid = ARGV[3 + 2 * i]
   local expected = tonumber(ARGV[4 + 2 * i])
@@ -41,28 +42,26 @@ for i = 1, n do
   elseif p[1][2] ~= ARGV[2] then
     out[i] = -1
   else
-    -- Renews the lease too (JUSTID: Redis's counter is not touched).
-    redis.call("XCLAIM", KEYS[1], ARGV[1], ARGV[2], 0, eid, "JUSTID")
-    local cur = tonumber(redis.call("HGET", KEYS[2], eid) or "0")
-    if cur == expected + 1 then
-      out[i] = cur -- this charge, resent
+    -- The common case, a first start, is one command.
+    if expected == 0 and redis.call("HSETNX", KEYS[2], eid, 1) == 1 then
+      out[i] = 1
     else
-      out[i] = redis.call("HINCRBY", KEYS[2], eid, 1)
+      local cur = tonumber(redis.call("HGET", KEYS[2], eid) or "0")
+      if cur == expected + 1 then
+        out[i] = cur -- this charge, resent
+      else
+        out[i] = redis.call("HINCRBY", KEYS[2], eid, 1)
+      end
     end
-    charged = true
     local rec = KEYS[2 + i]
     if rec ~= KEYS[1] then
-      local v = redis.pcall("GET", rec)
-      if type(v) == "string" and v == "P" .. eid then
-        local ttl = redis.call("PTTL", rec)
-        if ttl >= 0 and ttl < tonumber(ARGV[3]) then
-          redis.call("PEXPIRE", rec, ARGV[3])
-        end
+      local ttl = redis.call("PTTL", rec)
+      if ttl >= 0 and ttl < floor and redis.pcall("GET", rec) == "P" .. eid then
+        redis.call("PEXPIRE", rec, floor)
       end
     end
   end
 end
-if charged then
-  redis.call("PEXPIRE", KEYS[2], ARGV[4])
-end
+-- Again: the hash may have been created above.
+redis.call("PEXPIRE", KEYS[2], ARGV[4])
 return out
