@@ -227,11 +227,16 @@ func TestForeignEntryWithInvalidIDDeadLettered(t *testing.T) {
 		require.NoError(t, err)
 		return len(dls) == 2
 	}, "two dead letters expected")
+	var reasons []string
 	for _, dl := range dls {
 		require.Contains(t, dl.Error, "invalid request id")
+		require.Empty(t, dl.ID, "a dead letter of an invalid id names no request")
+		require.Zero(t, dl.Deliveries, "refused at admission: never started")
+		reasons = append(reasons, dl.Error)
 	}
-	require.Contains(t, dls[0].Error, "empty")
-	require.Contains(t, dls[1].Error, "100000 bytes")
+	all := strings.Join(reasons, "\n")
+	require.Contains(t, all, "the id is empty")
+	require.Contains(t, all, "the id is 100000 bytes")
 	h.mu.Lock()
 	require.Equal(t, map[string][]int{"good": {1}}, h.seen, "only the valid entry reaches the handler")
 	h.mu.Unlock()
@@ -295,9 +300,11 @@ func TestCodecPanicIsDeadLetter(t *testing.T) {
 	requireDrained(t, client, q)
 }
 
-// TestInflightRecordKeptWhileRunning: a handler runs three times longer than
-// InflightTTL. Its record stays in flight while it runs, so its caller gets
-// the result, and a second Produce of the id during the run attaches to it.
+// TestInflightRecordKeptWhileRunning: a handler runs four times longer than
+// InflightTTL. Its record stays in flight while it runs (lease renewals keep
+// it at least 3 x MinIdle ahead; the run also outlasts that, so renewals, not
+// only the start's charge, must extend it), so its caller gets the result, and
+// a second Produce of the id during the run attaches to it.
 func TestInflightRecordKeptWhileRunning(t *testing.T) {
 	t.Parallel()
 	client := realRedis(t)
@@ -319,7 +326,7 @@ func TestInflightRecordKeptWhileRunning(t *testing.T) {
 			return "", context.Cause(ctx)
 		}
 		return "done:" + m.Payload, nil
-	}, fastOpts(t, "slow", 300*time.Millisecond))
+	}, fastOpts(t, "slow", time.Second))
 	require.NoError(t, err)
 	runConsumer(t, c)
 
@@ -333,7 +340,7 @@ func TestInflightRecordKeptWhileRunning(t *testing.T) {
 	require.True(t, strings.HasPrefix(rec, "P"), "record while the handler runs: %q", rec)
 	pr2, err := p.Produce(ctx, "long", "y")
 	require.NoError(t, err)
-	time.Sleep(time.Until(producedAt.Add(3 * inflightTTL)))
+	time.Sleep(time.Until(producedAt.Add(4 * inflightTTL)))
 	close(release)
 
 	wctx := waitCtx(t, 20*time.Second)
