@@ -19,8 +19,8 @@ const releaseIdle = 365 * 24 * time.Hour
 // feed is the feeder goroutine: it fills the ring. It first resumes this
 // consumer's own pending entries (left by an earlier process with the same
 // name), then alternates between claim passes and adoption passes (each every
-// ClaimInterval) and reads of new entries. It reads only as many entries as the ring has room for, and
-// waits for room on a signal. Reads are never interrupted halfway (their context
+// ClaimInterval) and reads of new entries. It reads only as many entries as the
+// ring has room for, and waits for room on a signal. Reads are never interrupted halfway (their context
 // is not cancelled), so entries a read returns are always admitted: at shutdown
 // they are released rather than stranded.
 func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
@@ -311,14 +311,10 @@ func (r *run[Req, Resp]) leaseLoop() {
 		}
 		r.mu.Unlock()
 		for shard, slots := range byShard {
-			ids := make([]string, len(slots))
-			for i, s := range slots {
-				ids[i] = s.entry.EntryID
-			}
 			lost, err := r.leaseShard(r.bg, shard, slots, 0, r.recordFloor())
 			if err != nil {
 				r.c.slots.onError(err)
-				r.c.log.Warn("streamq: renewing leases failed; will retry", "entries", len(ids), "err", err)
+				r.c.log.Warn("streamq: renewing leases failed; will retry", "entries", len(slots), "err", err)
 			}
 			for _, id := range lost {
 				r.mu.Lock()

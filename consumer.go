@@ -325,7 +325,8 @@ func (r *run[Req, Resp]) admit(shard int, msgs []redis.XMessage, starts func(i i
 			// Written by another program: the same rules as Produce, and no
 			// record (the id cannot name one).
 			s.entry.Data, s.entry.Deliveries = []byte(data), n
-			s.dead = fmt.Sprintf("invalid request id %s: %v (was it written by another program?)", describeID(id), validateID(id))
+			s.dead = fmt.Sprintf("%v (id %s; Produce refuses it: was the entry written by another program?)",
+				strings.TrimPrefix(validateID(id).Error(), "streamq: "), describeID(id))
 		case n >= o.MaxDeliveries:
 			s.entry.ID, s.entry.Data, s.entry.Deliveries = id, []byte(data), n
 			s.dead = fmt.Sprintf("started %d times (MaxDeliveries=%d) without completing: its consumers crashed or lost it",
