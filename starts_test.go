@@ -317,6 +317,8 @@ func TestInflightRecordKeptWhileRunning(t *testing.T) {
 	var runs atomic.Int64
 	started := make(chan struct{}, 1)
 	release := make(chan struct{})
+	opts := fastOpts(t, "slow", time.Second)
+	opts.ShutdownTimeout = 2 * time.Second // a failed run ends quickly
 	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
 		runs.Add(1)
 		started <- struct{}{}
@@ -326,7 +328,7 @@ func TestInflightRecordKeptWhileRunning(t *testing.T) {
 			return "", context.Cause(ctx)
 		}
 		return "done:" + m.Payload, nil
-	}, fastOpts(t, "slow", time.Second))
+	}, opts)
 	require.NoError(t, err)
 	runConsumer(t, c)
 
