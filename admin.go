@@ -258,7 +258,8 @@ type DeadLetter struct {
 	Payload []byte
 	// Error is why the request was dead-lettered.
 	Error string
-	// Deliveries is how many times it was delivered.
+	// Deliveries is how many times its handler started (0 when it was
+	// dead-lettered at admission, without starting).
 	Deliveries int
 	// Consumer is the consumer that dead-lettered it.
 	Consumer string

@@ -18,9 +18,9 @@ const releaseIdle = 365 * 24 * time.Hour
 
 // feed is the feeder goroutine: it fills the ring. It first resumes this
 // consumer's own pending entries (left by an earlier process with the same
-// name), then alternates between claim passes (every ClaimInterval) and reads of
-// new entries. It reads only as many entries as the ring has room for, and
-// waits for room on a signal. Reads are never interrupted halfway (their context
+// name), then alternates between claim passes and adoption passes (each every
+// ClaimInterval) and reads of new entries. It reads only as many entries as the
+// ring has room for, and waits for room on a signal. Reads are never interrupted halfway (their context
 // is not cancelled), so entries a read returns are always admitted: at shutdown
 // they are released rather than stranded.
 func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
@@ -30,6 +30,7 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 	read := context.WithoutCancel(ctx)
 	history, cursor := true, "-"
 	claimCursor, nextClaim := "0-0", time.Now()
+	nextAdopt := time.Now().Add(o.ClaimInterval)
 	var b backoff
 	for ctx.Err() == nil {
 		n, err := r.reservePlaces(ctx, shard, share)
@@ -49,8 +50,11 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 			if err == nil && claimCursor == "0-0" {
 				nextClaim = time.Now().Add(o.ClaimInterval)
 			}
+		case !time.Now().Before(nextAdopt):
+			got, err = r.adopt(read, shard, n)
+			nextAdopt = time.Now().Add(o.ClaimInterval)
 		default:
-			block := min(o.ReadBlock, time.Until(nextClaim))
+			block := min(o.ReadBlock, time.Until(nextClaim), time.Until(nextAdopt))
 			got, err = r.readNew(read, shard, n, max(block, time.Millisecond))
 		}
 		r.givePlaces(shard, n-got)
@@ -93,18 +97,19 @@ func (r *run[Req, Resp]) readNew(ctx context.Context, shard, n int, block time.D
 	}
 	got := 0
 	for _, st := range res {
-		got += r.admit(shard, st.Messages, false, func(int) int { return 1 })
+		got += r.admit(shard, st.Messages, func(int) int { return 0 })
 	}
 	return got, nil
 }
 
 // readHistory reads up to n of this consumer's own pending entries of a shard
-// after cursor, with their delivery counts so far, and returns how many it
+// after cursor, with their handler starts so far, and returns how many it
 // saw and how many it admitted. It does not count a delivery: the handler's
 // start does (see charge.lua). Entries deleted while pending are acknowledged.
 func (r *run[Req, Resp]) readHistory(ctx context.Context, shard, n int, cursor string) (seen, got int, next string, err error) {
 	o := &r.c.opts
-	res, err := scripts.Resume.Run(ctx, r.c.client, []string{r.c.shards[shard].Stream},
+	k := r.c.shards[shard]
+	res, err := scripts.Resume.Run(ctx, r.c.client, []string{k.Stream, k.Starts(o.Group)},
 		o.Group, o.Name, cursor, n).Slice()
 	if err != nil {
 		return 0, 0, cursor, err
@@ -132,10 +137,11 @@ func (r *run[Req, Resp]) readHistory(ctx context.Context, shard, n int, cursor s
 // claim runs one XAUTOCLAIM step on a shard for up to n entries idle for
 // MinIdle, from cursor, and returns how many it admitted and the next cursor
 // ("0-0" when the pass is over). Claimed entries go through the ring like
-// read ones, with their Redis delivery count.
+// read ones, with their handler starts so far.
 func (r *run[Req, Resp]) claim(ctx context.Context, shard, n int, cursor string) (int, string, error) {
 	o := &r.c.opts
-	res, err := scripts.Claim.Run(ctx, r.c.client, []string{r.c.shards[shard].Stream},
+	k := r.c.shards[shard]
+	res, err := scripts.Claim.Run(ctx, r.c.client, []string{k.Stream, k.Starts(o.Group)},
 		o.Group, o.Name, o.MinIdle.Milliseconds(), cursor, n).Slice()
 	if err != nil {
 		return 0, cursor, err
@@ -160,17 +166,106 @@ func (r *run[Req, Resp]) claim(ctx context.Context, shard, n int, cursor string)
 	return got, next, nil
 }
 
-// admitClaimed admits claimed or resumed entries: their counts are the
-// deliveries so far, and each is charged one more when its handler starts.
+// admitClaimed admits claimed, resumed or adopted entries: their counts are
+// the handler starts so far, and each start is charged when it happens.
 func (r *run[Req, Resp]) admitClaimed(shard int, msgs []redis.XMessage, counts []any) int {
-	return r.admit(shard, msgs, true, func(i int) int {
+	return r.admit(shard, msgs, func(i int) int {
 		if i < len(counts) {
 			if c, ok := counts[i].(int64); ok {
 				return int(c)
 			}
 		}
-		return 1
+		return 0
 	})
+}
+
+// adopt is the adoption pass of a shard: it admits up to n entries of this
+// consumer's own pending list that it does not hold, and returns how many.
+//
+// go-redis sends a command again after a connection error even when the
+// server ran it. A resent XREADGROUP or claim.lua leaves the entries the first
+// run took in this consumer's pending list, unseen: without this pass they
+// would wait for MinIdle and some claim pass. It costs one XPENDING summary
+// per ClaimInterval; only when this consumer's pending count exceeds what it
+// holds (plus the retries it scheduled) does it list its pending ids and take
+// the unheld ones (adopt.lua), with their start counts. So such entries run
+// within about ClaimInterval, counted once.
+func (r *run[Req, Resp]) adopt(ctx context.Context, shard, n int) (int, error) {
+	o := &r.c.opts
+	k := r.c.shards[shard]
+	sum, err := r.c.client.XPending(ctx, k.Stream, o.Group).Result()
+	if err != nil {
+		return 0, err
+	}
+	pending := sum.Consumers[o.Name]
+	if pending <= int64(r.heldOrRetrying(shard)) {
+		return 0, nil
+	}
+	list, err := r.c.client.XPendingExt(ctx, &redis.XPendingExtArgs{
+		Stream: k.Stream, Group: o.Group, Start: "-", End: "+", Count: pending, Consumer: o.Name,
+	}).Result()
+	if err != nil {
+		return 0, err
+	}
+	args := []any{o.Group, o.Name}
+	r.mu.Lock()
+	for _, p := range list {
+		key := ownedKey{shard, p.ID}
+		if _, held := r.owned[key]; held {
+			continue
+		}
+		if _, retry := r.retrying[key]; retry {
+			continue
+		}
+		if len(args)-2 < n {
+			args = append(args, p.ID)
+		}
+	}
+	r.mu.Unlock()
+	if len(args) == 2 {
+		return 0, nil
+	}
+	res, err := scripts.Adopt.Run(ctx, r.c.client, []string{k.Stream, k.Starts(o.Group)}, args...).Slice()
+	if err != nil {
+		return 0, err
+	}
+	if len(res) != 3 {
+		return 0, fmt.Errorf("streamq: adopt: unexpected reply of %d elements", len(res))
+	}
+	msgs := parseEntries(res[0])
+	counts, _ := res[1].([]any)
+	if gone, _ := res[2].([]any); len(gone) > 0 {
+		r.c.log.Info("streamq: dropped own pending entries whose stream entries were deleted", "count", len(gone))
+	}
+	got := r.admitClaimed(shard, msgs, counts)
+	if got > 0 {
+		r.c.log.Info("streamq: took back own pending entries whose read or claim reply was lost", "count", got)
+	}
+	return got, nil
+}
+
+// heldOrRetrying counts the entries of a shard that this consumer holds or
+// left pending for a retry that is not due yet, and forgets retries that are
+// due (any claim pass may take those now).
+func (r *run[Req, Resp]) heldOrRetrying(shard int) int {
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for k := range r.owned {
+		if k.shard == shard {
+			n++
+		}
+	}
+	for k, due := range r.retrying {
+		switch {
+		case !now.Before(due):
+			delete(r.retrying, k)
+		case k.shard == shard:
+			n++
+		}
+	}
+	return n
 }
 
 // parseEntries converts entries in a script reply ({id, {field, value, ...}}) to XMessages.
@@ -209,17 +304,17 @@ func (r *run[Req, Resp]) leaseLoop() {
 			return
 		case <-t.C:
 		}
-		byShard := make([][]string, len(r.c.shards))
+		byShard := make([][]*slot, len(r.c.shards))
 		r.mu.Lock()
-		for k := range r.owned {
-			byShard[k.shard] = append(byShard[k.shard], k.id)
+		for k, s := range r.owned {
+			byShard[k.shard] = append(byShard[k.shard], s)
 		}
 		r.mu.Unlock()
-		for shard, ids := range byShard {
-			lost, err := r.setIdle(r.bg, shard, ids, 0)
+		for shard, slots := range byShard {
+			lost, err := r.leaseShard(r.bg, shard, slots, 0, r.recordFloor())
 			if err != nil {
 				r.c.slots.onError(err)
-				r.c.log.Warn("streamq: renewing leases failed; will retry", "entries", len(ids), "err", err)
+				r.c.log.Warn("streamq: renewing leases failed; will retry", "entries", len(slots), "err", err)
 			}
 			for _, id := range lost {
 				r.mu.Lock()
@@ -234,21 +329,26 @@ func (r *run[Req, Resp]) leaseLoop() {
 	}
 }
 
-// setIdle sets the idle time of the given entries of a shard that this
-// consumer still owns, in chunks, and returns those it no longer owns.
-func (r *run[Req, Resp]) setIdle(ctx context.Context, shard int, ids []string, idle time.Duration) ([]string, error) {
+// leaseShard sets the idle time of the entries of the given slots of a shard
+// that this consumer still owns, in chunks, and returns those it no longer
+// owns. With a floor > 0 it also keeps their in-flight records alive at least
+// that long (see lease.lua); 0 leaves records alone.
+func (r *run[Req, Resp]) leaseShard(ctx context.Context, shard int, slots []*slot, idle, floor time.Duration) ([]string, error) {
 	o := &r.c.opts
 	var lost []string
 	const chunk = 500
-	for len(ids) > 0 {
-		n := min(chunk, len(ids))
-		args := make([]any, 0, 3+n)
-		args = append(args, o.Group, o.Name, idle.Milliseconds())
-		for _, id := range ids[:n] {
-			args = append(args, id)
+	for len(slots) > 0 {
+		n := min(chunk, len(slots))
+		args := make([]any, 0, 4+n)
+		args = append(args, o.Group, o.Name, idle.Milliseconds(), floor.Milliseconds())
+		keyList := make([]string, 1, 1+n)
+		keyList[0] = r.c.shards[shard].Stream
+		for _, s := range slots[:n] {
+			args = append(args, s.entry.EntryID)
+			keyList = append(keyList, r.recordKey(shard, s))
 		}
-		ids = ids[n:]
-		res, err := scripts.Lease.Run(ctx, r.c.client, []string{r.c.shards[shard].Stream}, args...).StringSlice()
+		slots = slots[n:]
+		res, err := scripts.Lease.Run(ctx, r.c.client, keyList, args...).StringSlice()
 		if err != nil {
 			return lost, err
 		}
@@ -259,12 +359,17 @@ func (r *run[Req, Resp]) setIdle(ctx context.Context, shard int, ids []string, i
 
 // retryAfter leaves a failed entry pending and makes it claimable after delay,
 // by setting its idle time to MinIdle-delay. The next delivery goes to whichever
-// consumer's claim pass comes first, and Redis counts it.
+// consumer's claim pass comes first, and its start is counted then.
 func (r *run[Req, Resp]) retryAfter(s *slot, delay time.Duration) {
+	// Mark it a retry before untracking, so that the adoption pass never sees
+	// it neither held nor retrying and takes it before its time.
+	r.mu.Lock()
+	r.retrying[s.key()] = time.Now().Add(delay)
+	r.mu.Unlock()
 	// Untrack first, so that a lease renewal does not undo the new idle time.
 	r.untrack(s)
 	idle := max(r.c.opts.MinIdle-delay, 0)
-	if _, err := r.setIdle(r.bg, s.shard, []string{s.entry.EntryID}, idle); err != nil {
+	if _, err := r.leaseShard(r.bg, s.shard, []*slot{s}, idle, 0); err != nil {
 		r.c.log.Warn("streamq: scheduling a retry failed; the entry will be retried after MinIdle",
 			"id", s.entry.ID, "entry", s.entry.EntryID, "err", err)
 	}
@@ -283,9 +388,9 @@ func (r *run[Req, Resp]) releaseUnstarted() {
 	}
 	// Untrack first, so that a lease renewal does not undo the release.
 	r.untrack(slots...)
-	byShard := make([][]string, len(r.c.shards))
+	byShard := make([][]*slot, len(r.c.shards))
 	for _, s := range slots {
-		byShard[s.shard] = append(byShard[s.shard], s.entry.EntryID)
+		byShard[s.shard] = append(byShard[s.shard], s)
 	}
 	ctx, cancel := context.WithTimeout(r.bg, r.c.opts.ShutdownTimeout)
 	defer cancel()
@@ -293,7 +398,7 @@ func (r *run[Req, Resp]) releaseUnstarted() {
 		if len(ids) == 0 {
 			continue
 		}
-		if _, err := r.setIdle(ctx, shard, ids, releaseIdle); err != nil {
+		if _, err := r.leaseShard(ctx, shard, ids, releaseIdle, 0); err != nil {
 			r.c.log.Warn("streamq: releasing prefetched entries failed; they will be claimed after MinIdle",
 				"entries", len(ids), "err", err)
 		} else {

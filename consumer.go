@@ -26,8 +26,10 @@ type Message[Req any] struct {
 	EntryID string
 	// Payload is the decoded request.
 	Payload Req
-	// Deliveries counts the deliveries of this request, this one included
-	// (1 on the first). It is kept by Redis, so it counts crashed attempts too.
+	// Deliveries counts the handler starts of this request, this one included
+	// (1 on the first). Each start is recorded in Redis before the handler
+	// runs, so starts that crashed their process count too; entries that were
+	// read, claimed or released without starting count nothing.
 	Deliveries int
 }
 
@@ -233,6 +235,10 @@ type run[Req, Resp any] struct {
 
 	completers []*coalescer[*completion] // one per shard: shards fail independently
 	places     *shardPlaces
+	charger    *coalescer[*chargeReq] // counts handler starts, many per round trip
+	// retrying holds entries left pending for a retry, until the retry is due:
+	// the adoption pass must not take them early. Guarded by mu.
+	retrying map[ownedKey]time.Time
 
 	fetches   sync.WaitGroup
 	workers   sync.WaitGroup
@@ -247,6 +253,7 @@ func newRun[Req, Resp any](c *Consumer[Req, Resp]) *run[Req, Resp] {
 		ring:      newRing(c.opts.Prefetch),
 		places:    newShardPlaces(c.opts.Prefetch, len(c.shards)),
 		owned:     make(map[ownedKey]*slot),
+		retrying:  make(map[ownedKey]time.Time),
 		stopLoops: make(chan struct{}),
 	}
 }
@@ -267,6 +274,8 @@ func (r *run[Req, Resp]) start(ctx context.Context) {
 		r.completers[shard] = newCoalescer(inflight, batch, 1<<62, 0,
 			func(*completion) int { return 0 }, func(b []*completion) { r.completeShard(shard, b) })
 	}
+	r.charger = newCoalescer(2, maxChargeBatch, 1<<62, 0,
+		func(*chargeReq) int { return 0 }, r.sendCharges)
 	r.workers.Add(o.Workers)
 	for range o.Workers {
 		go r.work()
@@ -301,6 +310,7 @@ func (r *run[Req, Resp]) shutdown() {
 	r.feeder.Wait()
 	close(r.ring.slots)
 	r.workers.Wait()
+	r.charger.close()
 	timeout.Stop()
 	r.fetches.Wait()
 	r.releaseUnstarted()
@@ -419,30 +429,44 @@ func (r *run[Req, Resp]) untrack(slots ...*slot) {
 	r.mu.Unlock()
 }
 
-// admit turns read or claimed entries of a shard into slots, pushes them into
-// the places the feeder reserved, and returns how many it pushed. For claimed
-// (or resumed) entries, deliveries are the deliveries so far and charge is
-// set: the handler's start counts one more. Read entries were counted by the
-// read. An entry this consumer already holds is skipped: a claim pass can
-// return its own entries (resumed ones not yet leased, or after a lease
-// outage), and a second slot would run the request twice.
-func (r *run[Req, Resp]) admit(shard int, msgs []redis.XMessage, charge bool, deliveries func(i int) int) int {
+// admit turns read, claimed or resumed entries of a shard into slots, pushes
+// them into the places the feeder reserved, and returns how many it pushed.
+// starts(i) is the number of handler starts of msgs[i] so far (0 for entries
+// read as new); the slot's Deliveries is that plus one, the count its handler
+// will see once charge.lua has recorded the start. An entry that already
+// started MaxDeliveries times, or whose fields or request id are invalid, is
+// dead-lettered without running. An entry this consumer already holds is
+// skipped: a claim pass can return its own entries (resumed ones not yet
+// leased, or after a lease outage), and a second slot would run the request
+// twice.
+func (r *run[Req, Resp]) admit(shard int, msgs []redis.XMessage, starts func(i int) int) int {
 	o := &r.c.opts
 	admitted := 0
 	for i, m := range msgs {
-		s := &slot{shard: shard, charge: charge, ready: make(chan struct{})}
-		s.entry = Entry{EntryID: m.ID, Deliveries: deliveries(i)}
+		n := starts(i)
+		s := &slot{shard: shard, ready: make(chan struct{})}
+		s.entry = Entry{EntryID: m.ID, Deliveries: n + 1}
 		id, idOK := m.Values[fieldID].(string)
 		data, dataOK := m.Values[fieldPayload].(string)
 		switch {
 		case !idOK || !dataOK:
 			s.entry.ID = id
+			if validateID(id) != nil {
+				s.entry.ID = "" // no record for an id Produce would refuse
+			}
+			s.entry.Deliveries = n
 			s.dead = fmt.Sprintf("undecodable entry: fields %q and %q are required, got %s (was it written by another program?)",
 				fieldID, fieldPayload, fieldNames(m.Values))
-		case charge && s.entry.Deliveries >= o.MaxDeliveries, s.entry.Deliveries > o.MaxDeliveries:
-			s.entry.ID, s.entry.Data = id, []byte(data)
-			s.dead = fmt.Sprintf("delivered %d times (MaxDeliveries=%d) without completing: its consumers crashed or lost it",
-				s.entry.Deliveries, o.MaxDeliveries)
+		case validateID(id) != nil:
+			// Written by another program: the same rules as Produce, and no
+			// record (the id cannot name one).
+			s.entry.Data, s.entry.Deliveries = []byte(data), n
+			s.dead = fmt.Sprintf("%v (id %s; Produce refuses it: was the entry written by another program?)",
+				strings.TrimPrefix(validateID(id).Error(), "streamq: "), describeID(id))
+		case n >= o.MaxDeliveries:
+			s.entry.ID, s.entry.Data, s.entry.Deliveries = id, []byte(data), n
+			s.dead = fmt.Sprintf("started %d times (MaxDeliveries=%d) without completing: its consumers crashed or lost it",
+				n, o.MaxDeliveries)
 		default:
 			s.entry.ID, s.entry.Data = id, []byte(data)
 		}
@@ -457,6 +481,15 @@ func (r *run[Req, Resp]) admit(shard int, msgs []redis.XMessage, charge bool, de
 		r.ring.push(s)
 	}
 	return admitted
+}
+
+// describeID names a request id in a message: quoted, and cut when long.
+func describeID(id string) string {
+	const limit = 64
+	if len(id) <= limit {
+		return fmt.Sprintf("%q", id)
+	}
+	return fmt.Sprintf("%q... (%d bytes)", id[:limit], len(id))
 }
 
 // Entry field names.
@@ -497,7 +530,7 @@ func (r *run[Req, Resp]) work() {
 			r.drain(s)
 			continue
 		}
-		if s.charge && last[s.shard] != nil {
+		if s.entry.Deliveries > 1 && last[s.shard] != nil {
 			// A redelivered message may be the one that crashed an earlier
 			// process: record this worker's last outcome before starting it, so
 			// a crash cannot undo work that already succeeded.
@@ -537,15 +570,19 @@ func (r *run[Req, Resp]) process(s *slot) {
 		return
 	}
 	// The attempt starts here: a fetch failure counts like a handler failure.
-	if s.charge && !r.chargeDelivery(s) {
+	switch r.chargeDelivery(s) {
+	case chargeSkip:
 		r.forget(s)
+		return
+	case chargeStopped:
+		r.drain(s)
 		return
 	}
 	if s.fetchErr != nil {
 		r.fail(s, s.fetchErr)
 		return
 	}
-	req, err := decode[Req](r.c.opts.Codec, s.data)
+	req, err := decodeSafely[Req](r.c.opts.Codec, s.data)
 	if err != nil {
 		r.deadLetter(s, "undecodable request: "+err.Error())
 		return
@@ -569,7 +606,7 @@ func (r *run[Req, Resp]) process(s *slot) {
 		r.fail(s, err)
 		return
 	}
-	payload, err := encode(r.c.opts.Codec, resp)
+	payload, err := encodeSafely(r.c.opts.Codec, resp)
 	if err != nil {
 		r.fail(s, Permanent(err))
 		return
@@ -599,30 +636,134 @@ func (r *run[Req, Resp]) handOff(cp *completion) {
 	}
 }
 
-// chargeDelivery counts the delivery of a claimed or resumed entry as its
-// handler starts, and reports whether the handler may run. It may not when
-// another consumer owns the entry now, or the entry is gone. When Redis cannot
-// be reached, the entry is left pending (it will be claimed again).
-func (r *run[Req, Resp]) chargeDelivery(s *slot) bool {
-	o := &r.c.opts
-	n, err := scripts.Charge.Run(r.bg, r.c.client, []string{r.c.shards[s.shard].Stream},
-		o.Group, o.Name, s.entry.EntryID).Int()
-	switch {
-	case err != nil:
-		r.c.slots.onError(err)
-		r.c.log.Warn("streamq: counting a delivery failed; leaving the entry to be claimed again",
-			"id", s.entry.ID, "entry", s.entry.EntryID, "err", err)
-		return false
-	case n == -1:
-		r.c.log.Info("streamq: a claimed entry was taken by another consumer before it started",
-			"id", s.entry.ID, "entry", s.entry.EntryID)
-		return false
-	case n < 0:
-		return false
+// maxChargeBatch bounds the entries of one charge.lua call.
+const maxChargeBatch = 512
+
+// chargeReq asks the charger to record the start of s's handler.
+type chargeReq struct {
+	s   *slot
+	n   int   // the starts including this one, or -1 / -2 (see charge.lua)
+	err error // the script's error
+	out chan struct{}
+}
+
+// Results of chargeDelivery.
+const (
+	chargeRun     = iota // counted: the handler may run
+	chargeSkip           // another consumer owns the entry now, or it is gone
+	chargeStopped        // shutdown began before the start could be counted
+)
+
+// chargeDelivery records, durably and before the handler runs, that s's
+// handler starts, and sets s.entry.Deliveries to the starts including this
+// one. Every start is counted, however the entry arrived; a start that is not
+// recorded first would never be counted if the handler crashed the process.
+// Concurrent workers' charges share round trips (the charger is a group
+// commit). A failed charge is retried (charge.lua is idempotent) until it
+// succeeds or the consumer shuts down; the entry is then released unstarted.
+func (r *run[Req, Resp]) chargeDelivery(s *slot) int {
+	var b backoff
+	for {
+		req := &chargeReq{s: s, out: make(chan struct{})}
+		r.charger.in <- req
+		<-req.out
+		switch {
+		case req.err == nil && req.n == -1:
+			r.c.log.Info("streamq: an entry was taken by another consumer before it started",
+				"id", s.entry.ID, "entry", s.entry.EntryID)
+			return chargeSkip
+		case req.err == nil && req.n < 0:
+			return chargeSkip
+		case req.err == nil:
+			s.entry.Deliveries = req.n
+			return chargeRun
+		}
+		r.c.slots.onError(req.err)
+		r.c.log.Warn("streamq: recording a handler start failed; retrying",
+			"id", s.entry.ID, "entry", s.entry.EntryID, "err", req.err)
+		if sleepCtx(r.runCtx, b.next()) != nil {
+			return chargeStopped
+		}
 	}
-	s.entry.Deliveries = n
-	s.charge = false
-	return true
+}
+
+// startsTTL is how long a group's start counts live after the last start of
+// any of its entries (on that shard). Counts of completed entries are deleted
+// at completion; this bounds what is left by entries removed otherwise (a
+// deleted group, a stream deleted by hand).
+const startsTTL = 7 * 24 * time.Hour
+
+// sendCharges records a batch of handler starts: one charge.lua call per shard.
+func (r *run[Req, Resp]) sendCharges(batch []*chargeReq) {
+	byShard := make(map[int][]*chargeReq)
+	for _, req := range batch {
+		byShard[req.s.shard] = append(byShard[req.s.shard], req)
+	}
+	var wg sync.WaitGroup
+	for shard, reqs := range byShard {
+		wg.Go(func() { r.chargeShard(shard, reqs) })
+	}
+	wg.Wait()
+}
+
+func (r *run[Req, Resp]) chargeShard(shard int, reqs []*chargeReq) {
+	o := &r.c.opts
+	k := r.c.shards[shard]
+	keyList := make([]string, 2, 2+len(reqs))
+	keyList[0], keyList[1] = k.Stream, k.Starts(o.Group)
+	args := make([]any, 4, 4+2*len(reqs))
+	args[0], args[1], args[2], args[3] = o.Group, o.Name, r.recordFloor().Milliseconds(), startsTTL.Milliseconds()
+	for _, req := range reqs {
+		keyList = append(keyList, r.recordKey(shard, req.s))
+		args = append(args, req.s.entry.EntryID, req.s.entry.Deliveries-1)
+	}
+	res, err := scripts.Charge.Run(r.bg, r.c.client, keyList, args...).Int64Slice()
+	if err == nil && len(res) != len(reqs) {
+		err = fmt.Errorf("streamq: charge: %d results for %d entries", len(res), len(reqs))
+	}
+	for i, req := range reqs {
+		if err != nil {
+			req.err = err
+		} else {
+			req.n = int(res[i])
+		}
+		close(req.out)
+	}
+}
+
+// recordFloor is how far ahead the in-flight record of an entry this consumer
+// holds is kept alive: three lease periods past MinIdle, so a record outlives
+// every lease renewal and the claim that follows a crash.
+func (r *run[Req, Resp]) recordFloor() time.Duration { return 3 * r.c.opts.MinIdle }
+
+// recordKey returns the key of s's record, or the stream's key when the
+// entry has no record (the scripts skip it).
+func (r *run[Req, Resp]) recordKey(shard int, s *slot) string {
+	k := r.c.shards[shard]
+	if s.entry.ID == "" {
+		return k.Stream
+	}
+	return k.Record(s.entry.ID)
+}
+
+// decodeSafely decodes a request; a panicking codec is a decode failure.
+func decodeSafely[T any](c Codec, data []byte) (v T, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("decoding panicked: %v", p)
+		}
+	}()
+	return decode[T](c, data)
+}
+
+// encodeSafely encodes a response; a panicking codec is an encode failure.
+func encodeSafely[T any](c Codec, v T) (b []byte, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("encoding panicked: %v", p)
+		}
+	}()
+	return encode(c, v)
 }
 
 // call runs the handler, turning a panic into an error.
@@ -704,7 +845,7 @@ type completion struct {
 func (r *run[Req, Resp]) completeShard(shard int, batch []*completion) {
 	o := &r.c.opts
 	k := r.c.shards[shard]
-	keyList := make([]string, 2, 2+len(batch))
+	keyList := make([]string, 2, 3+len(batch))
 	dead := k.DeadLetter
 	fanout := "0"
 	if o.Fanout {
@@ -739,6 +880,7 @@ func (r *run[Req, Resp]) completeShard(shard int, batch []*completion) {
 		}
 		args = append(args, e.EntryID, e.ID, string(cp.code), value, payload, e.Deliveries)
 	}
+	keyList = append(keyList, k.Starts(o.Group)) // last: complete.lua drops the start counts
 	var b backoff
 	for {
 		err := scripts.Complete.Run(r.bg, r.c.client, keyList, args...).Err()

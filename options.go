@@ -78,8 +78,10 @@ type ProducerOptions struct {
 	MaxPayloadBytes int
 
 	// InflightTTL is how long the record of a request that has not completed yet
-	// lives. While it lives, producing the same id attaches to the queued request.
-	// It must outlast the time a request can spend in the queue.
+	// lives while no consumer holds it. While it lives, producing the same id
+	// attaches to the queued request. It must outlast the time a request can
+	// wait in the queue; it does not bound the time spent working on it: while
+	// a consumer holds the request, the record is kept at least 3×MinIdle ahead.
 	// Defaults to DefaultInflightTTL (24h).
 	InflightTTL time.Duration
 
@@ -237,8 +239,10 @@ type ConsumerOptions struct {
 	// Defaults to DefaultClaimInterval (1s).
 	ClaimInterval time.Duration
 
-	// MaxDeliveries is how many times a message is delivered before it is
-	// dead-lettered. Deliveries are counted by Redis, so crashes count too.
+	// MaxDeliveries is how many times a message's handler may start before it
+	// is dead-lettered. Each start is recorded in Redis before the handler runs,
+	// so starts that crashed their process count too; reads, claims and
+	// releases of entries that never started do not.
 	// Defaults to DefaultMaxDeliveries (5).
 	MaxDeliveries int
 

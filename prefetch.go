@@ -132,11 +132,10 @@ func (f *CacheFetcher) cacheKey(e Entry) string {
 // and then closes ready; after ready, the worker that took the slot owns it.
 // lost and cancel are shared with the lease loop and guarded by mu.
 type slot struct {
-	shard  int
-	charge bool // claimed or resumed: count a delivery when the handler starts
-	entry  Entry
-	dead   string // non-empty: dead-letter with this reason instead of handling
-	skip   bool   // requeued for another group: acknowledge without handling
+	shard int
+	entry Entry
+	dead  string // non-empty: dead-letter with this reason instead of handling
+	skip  bool   // requeued for another group: acknowledge without handling
 
 	ready    chan struct{}
 	data     []byte

@@ -1,21 +1,25 @@
 // Package faultproxy is a TCP proxy on loopback that a test controls, to put
 // network faults between clients and a server: it can cut every live
 // connection at once, or stall them (forward nothing, close nothing) for a
-// while.
+// while, or lose the reply to one chosen request (the server runs it, the
+// client never hears back and sees its connection drop).
 //
 //	p, err := faultproxy.New(server.Addr())
 //	client := redis.NewClient(&redis.Options{Addr: p.Addr()})
 //	...
 //	p.Cut()               // every client connection drops now
 //	p.Stall(3*time.Second) // every connection hangs for 3 s, then resumes
+//	p.DropReplyTo([]byte("xreadgroup")) // the next XREADGROUP runs; its reply is lost
 package faultproxy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -33,6 +37,8 @@ type Proxy struct {
 	stallUntil time.Time          // forwarding waits until then
 	resumed    chan struct{}      // closed by Resume; replaced by each Stall
 	closed     bool
+	dropMatch  []byte        // lower case; non-nil while DropReplyTo is armed
+	dropped    chan struct{} // receives one value per reply dropped
 
 	wg sync.WaitGroup // accept loop and copy goroutines
 }
@@ -48,6 +54,7 @@ func New(target string) (*Proxy, error) {
 		ln:      ln,
 		conns:   make(map[*pair]struct{}),
 		resumed: make(chan struct{}),
+		dropped: make(chan struct{}, 16),
 	}
 	p.wg.Add(1)
 	go p.accept()
@@ -102,6 +109,35 @@ func (p *Proxy) Resume() {
 		close(p.resumed)
 	}
 	p.stallUntil = time.Time{}
+}
+
+// DropReplyTo arms a one-shot fault: the next chunk a client sends that
+// contains match (compared case-insensitively) is forwarded to the server as
+// usual, but the server's next bytes on that connection (its reply) are
+// discarded and the connection is closed on both sides. The server has run
+// the request; the client sees a dropped connection, as when a reply is lost
+// in the network. Arming again replaces the pattern.
+func (p *Proxy) DropReplyTo(match []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.dropMatch = bytes.ToLower(match)
+}
+
+// Dropped returns a channel that receives one value each time a reply was
+// dropped by DropReplyTo (the request reached the server and its reply was
+// discarded). It holds up to 16 unread values.
+func (p *Proxy) Dropped() <-chan struct{} { return p.dropped }
+
+// matchDrop reports whether chunk, sent by a client, is the request whose
+// reply must be dropped, and disarms the fault if so.
+func (p *Proxy) matchDrop(chunk []byte) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.dropMatch == nil || !bytes.Contains(bytes.ToLower(chunk), p.dropMatch) {
+		return false
+	}
+	p.dropMatch = nil
+	return true
 }
 
 // stalled reports whether a stall is running; p.mu is held.
@@ -207,6 +243,18 @@ func (p *Proxy) forward(c *pair, dst, src net.Conn) {
 			if !p.waitForward(c.done) {
 				return
 			}
+			fromClient := src == c.client
+			if !fromClient && c.dropReply.Load() {
+				// The reply to the request chosen by DropReplyTo: lose it.
+				select {
+				case p.dropped <- struct{}{}:
+				default:
+				}
+				return
+			}
+			if fromClient && p.matchDrop(buf[:n]) {
+				c.dropReply.Store(true) // before the request can be answered
+			}
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
 			}
@@ -226,6 +274,7 @@ type pair struct {
 	client, server net.Conn
 	done           chan struct{} // closed by close
 	once           sync.Once
+	dropReply      atomic.Bool // the server's next bytes are dropped and the pair closed
 }
 
 func (c *pair) close() {

@@ -286,3 +286,25 @@ func TestCutReplyToForwardsTheRequestAndDropsTheReply(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "ok second\n", line)
 }
+
+func TestDropReplyToLosesOneReplyAfterForwarding(t *testing.T) {
+	server := echoServer(t)
+	p := newProxy(t, server)
+	c := dial(t, p)
+	c.roundTrip(t, "before")
+	p.DropReplyTo([]byte("LOSE-ME"))
+	require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
+	_, err := io.WriteString(c, "please lose-me\n")
+	require.NoError(t, err)
+	// The echo server got the line (it answered), but the reply never arrives:
+	// the connection drops instead.
+	_, err = c.r.ReadString('\n')
+	require.Error(t, err)
+	select {
+	case <-p.Dropped():
+	case <-time.After(10 * time.Second):
+		t.Fatal("no drop reported")
+	}
+	// One-shot: a new connection is unaffected.
+	dial(t, p).roundTrip(t, "lose-me again")
+}

@@ -26,6 +26,7 @@ type Keys struct {
 
 	base         string // up to and including the hash tag and its ':'
 	recordPrefix string
+	startsPrefix string
 }
 
 // New returns the names of queue, or an error when the name cannot be used.
@@ -49,6 +50,7 @@ func buildTagged(base string) Keys {
 		Channel:      base + "done",
 		base:         base,
 		recordPrefix: base + "id:",
+		startsPrefix: base + "starts:",
 	}
 }
 
@@ -66,6 +68,10 @@ func (k Keys) RequeueMarker(deadLetter, id string) string {
 // the DeadLetter name followed by ":" and the group's name. The answering
 // group's dead letters are in DeadLetter itself.
 func (k Keys) GroupDeadLetter(group string) string { return k.DeadLetter + ":" + group }
+
+// Starts returns the key of the hash that counts, per entry id, the handler
+// starts of the entries of consumer group group.
+func (k Keys) Starts(group string) string { return k.startsPrefix + group }
 
 // RecordPattern returns a SCAN pattern that matches every record key of the queue.
 func (k Keys) RecordPattern() string {

@@ -22,6 +22,8 @@
 -- KEYS[2]          the dead-letter stream (of this group when it is a fan-out group)
 -- KEYS[2+i]        the record key of item i; the dead-letter key when the item has no id
 --                  (items are counted from ARGV, so more keys may follow the items')
+-- KEYS[#KEYS]      the group's start-count hash (see charge.lua): completed ids are
+--                  removed from it
 -- ARGV[1]          consumer group
 -- ARGV[2]          notification channel
 -- ARGV[3]          record TTL in milliseconds
@@ -44,6 +46,7 @@
 -- Returns the number of items; an error reply, before any write, when the
 -- dead-letter key holds another type.
 local group, channel, ttl, store = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == "1"
+local starts = KEYS[#KEYS]
 local fanout = ARGV[9] == "1"
 local n = (#ARGV - 9) / 6
 
@@ -81,6 +84,16 @@ end
 -- unpack() has a limit of a few thousand values: go in chunks.
 for i = 1, #ids, 1000 do
   redis.call("XACK", KEYS[1], group, unpack(ids, i, math.min(i + 999, #ids)))
+end
+-- The start counts of completed entries are no longer needed (HDEL frees, so
+-- it is not refused under maxmemory either).
+for i = 1, n, 1000 do
+  local chunk = {}
+  for j = i, math.min(i + 999, n) do
+    local _, eid = item(j)
+    chunk[#chunk + 1] = eid
+  end
+  redis.call("HDEL", starts, unpack(chunk))
 end
 -- Delete the entries only when no other group may still need them; with
 -- several groups, the periodic trim removes what every group is done with.

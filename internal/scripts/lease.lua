@@ -1,23 +1,43 @@
--- lease.lua: reset the idle time of entries this consumer still owns.
+-- lease.lua: reset the idle time of entries this consumer still owns, and keep
+-- their in-flight records alive while they are held.
 --
 -- Ownership is checked and the idle time set in one atomic step, so a lease never
 -- takes back an entry another consumer has claimed.
 --
--- KEYS[1]   the stream
--- ARGV[1]   consumer group
--- ARGV[2]   this consumer's name
--- ARGV[3]   idle time to set, in milliseconds: "0" renews the lease; a value
---           at or above the claimers' minimum idle time releases the entries
---           so that another consumer can claim them at once; a value in between
---           schedules a retry after (minimum idle - value)
--- ARGV[4..] entry ids
+-- While a consumer holds an entry (in its ring, in a handler, or awaiting
+-- completion), the entry's record, when it still says "P<entry id>", is kept
+-- at least ARGV[4] milliseconds ahead (never shortened): InflightTTL bounds
+-- the time a request waits unheld, not the time spent working on it.
+--
+-- KEYS[1]     the stream
+-- KEYS[1+i]   the record key of the entry ARGV[4+i], or KEYS[1] when it has no
+--             record (an entry without a valid request id)
+-- ARGV[1]     consumer group
+-- ARGV[2]     this consumer's name
+-- ARGV[3]     idle time to set, in milliseconds: "0" renews the lease; a value
+--             at or above the claimers' minimum idle time releases the entries
+--             so that another consumer can claim them at once; a value in between
+--             schedules a retry after (minimum idle - value)
+-- ARGV[4]     record floor in milliseconds; "0" leaves records alone
+-- ARGV[5..]   entry ids
 --
 -- Returns the ids that are no longer owned by this consumer.
 local owned, lost = {}, {}
-for i = 4, #ARGV do
+local floor = tonumber(ARGV[4])
+for i = 5, #ARGV do
   local p = redis.call("XPENDING", KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
   if p[1] and p[1][2] == ARGV[2] then
     owned[#owned + 1] = ARGV[i]
+    local rec = KEYS[i - 3]
+    if floor > 0 and rec and rec ~= KEYS[1] then
+      local v = redis.pcall("GET", rec)
+      if type(v) == "string" and v == "P" .. ARGV[i] then
+        local ttl = redis.call("PTTL", rec)
+        if ttl >= 0 and ttl < floor then
+          redis.call("PEXPIRE", rec, floor)
+        end
+      end
+    end
   else
     lost[#lost + 1] = ARGV[i]
   end

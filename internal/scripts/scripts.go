@@ -28,6 +28,8 @@ var (
 	resumeSrc string
 	//go:embed charge.lua
 	chargeSrc string
+	//go:embed adopt.lua
+	adoptSrc string
 )
 
 // The scripts. Run uses EVALSHA and falls back to EVAL when the server lacks the script.
@@ -41,4 +43,5 @@ var (
 	Requeue  = redis.NewScript(requeueSrc)
 	Resume   = redis.NewScript(resumeSrc)
 	Charge   = redis.NewScript(chargeSrc)
+	Adopt    = redis.NewScript(adoptSrc)
 )
