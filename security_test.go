@@ -24,7 +24,7 @@ var aclCommands = []string{
 	"del", "eval", "evalsha", "exists", "get", "mget", "publish", "set", "subscribe", "type",
 	"xack", "xadd", "xautoclaim", "xclaim", "xdel", "xgroup|create", "xgroup|delconsumer",
 	"xinfo|consumers", "xinfo|groups", "xlen", "xpending", "xrange", "xreadgroup", "xtrim",
-	"hincrby", "hdel", "hmget", "pexpire", "pttl",
+	"hincrby", "hsetnx", "hget", "hdel", "hmget", "pexpire", "pttl",
 	"ping", // go-redis's pub/sub health checks
 }
 
@@ -39,7 +39,7 @@ func aclQueueRules(q string, shards int) []string {
 	if shards == 1 {
 		return []string{"~streamq:{" + q + "}:*", "&streamq:{" + q + "}:*"}
 	}
-	return []string{"~streamq:{" + q + "}:meta",
+	return []string{"~streamq:{" + q + "}:*",
 		"~streamq:shard:{" + q + "/????.??????}:*", "&streamq:shard:{" + q + "/????.??????}:*"}
 }
 
