@@ -582,7 +582,7 @@ func (r *run[Req, Resp]) process(s *slot) {
 		r.fail(s, s.fetchErr)
 		return
 	}
-	req, err := decodeSafely[Req](r.c.opts.Codec, s.data)
+	req, err := decode[Req](r.c.opts.Codec, s.data)
 	if err != nil {
 		r.deadLetter(s, "undecodable request: "+err.Error())
 		return
@@ -606,7 +606,7 @@ func (r *run[Req, Resp]) process(s *slot) {
 		r.fail(s, err)
 		return
 	}
-	payload, err := encodeSafely(r.c.opts.Codec, resp)
+	payload, err := encode(r.c.opts.Codec, resp)
 	if err != nil {
 		r.fail(s, Permanent(err))
 		return
@@ -744,26 +744,6 @@ func (r *run[Req, Resp]) recordKey(shard int, s *slot) string {
 		return k.Stream
 	}
 	return k.Record(s.entry.ID)
-}
-
-// decodeSafely decodes a request; a panicking codec is a decode failure.
-func decodeSafely[T any](c Codec, data []byte) (v T, err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("decoding panicked: %v", p)
-		}
-	}()
-	return decode[T](c, data)
-}
-
-// encodeSafely encodes a response; a panicking codec is an encode failure.
-func encodeSafely[T any](c Codec, v T) (b []byte, err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("encoding panicked: %v", p)
-		}
-	}()
-	return encode(c, v)
 }
 
 // call runs the handler, turning a panic into an error.

@@ -293,10 +293,10 @@ func TestCodecPanicIsDeadLetter(t *testing.T) {
 	}
 	_, err = prs["boom"].Wait(wctx)
 	require.ErrorIs(t, err, ErrDeadLettered)
-	require.ErrorContains(t, err, "decoding panicked: codec cannot take boom")
+	require.ErrorContains(t, err, "the codec panicked: codec cannot take boom")
 	_, err = prs["explode"].Wait(wctx)
 	require.ErrorIs(t, err, ErrDeadLettered)
-	require.ErrorContains(t, err, "encoding panicked: codec cannot take explode")
+	require.ErrorContains(t, err, "the codec panicked: codec cannot take explode")
 	requireDrained(t, client, q)
 }
 
