@@ -16,6 +16,9 @@ import (
 // sensible MinIdle, so the next XAUTOCLAIM of any consumer takes them.
 const releaseIdle = 365 * 24 * time.Hour
 
+// maxReadCount caps the COUNT of one read, claim or resume call.
+const maxReadCount = 1000
+
 // feed is the feeder goroutine: it fills the ring. It first resumes this
 // consumer's own pending entries (left by an earlier process with the same
 // name), then alternates between claim passes (every ClaimInterval) and reads of
@@ -26,7 +29,9 @@ const releaseIdle = 365 * 24 * time.Hour
 func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 	defer r.feeder.Done()
 	o := &r.c.opts
-	share := max(1, o.Prefetch/len(r.c.shards))
+	// Each call asks for at most maxReadCount entries: Redis allocates for the
+	// whole COUNT of an XAUTOCLAIM up front, and bigger batches gain nothing.
+	share := min(max(1, o.Prefetch/len(r.c.shards)), maxReadCount)
 	read := context.WithoutCancel(ctx)
 	history, cursor := true, "-"
 	claimCursor, nextClaim := "0-0", time.Now()

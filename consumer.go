@@ -241,7 +241,7 @@ func (r *run[Req, Resp]) shutdown() {
 	hard := time.AfterFunc(2*o.ShutdownTimeout, r.cancelBg)
 	defer hard.Stop()
 	r.feeder.Wait()
-	close(r.ring.slots)
+	r.ring.close()
 	r.workers.Wait()
 	timeout.Stop()
 	r.fetches.Wait()
