@@ -213,8 +213,9 @@ type ConsumerOptions struct {
 	// result through the notification. Defaults to false.
 	DiscardResults bool
 
-	// ReadBlock is the longest a read waits for new entries. It bounds how long
-	// shutdown waits for the reader. Defaults to DefaultReadBlock (1s).
+	// ReadBlock is the longest a read waits for new entries; reads also block no
+	// longer than ShutdownTimeout, so shutdown's last read ends in time for its
+	// entries to be released. Defaults to DefaultReadBlock (1s).
 	ReadBlock time.Duration
 
 	// MinIdle is how long an entry must be idle before another consumer may claim
@@ -237,8 +238,10 @@ type ConsumerOptions struct {
 	RetryBackoff time.Duration
 
 	// ShutdownTimeout is how long Run waits, after its context ends, for running
-	// handlers to finish before cancelling their contexts.
-	// Defaults to DefaultShutdownTimeout (30s).
+	// handlers to finish before cancelling their contexts. Recording outcomes
+	// and releasing prefetched entries get as long again: Run returns at most
+	// about 2×ShutdownTimeout after its context ends, even while Redis is
+	// unreachable or the connection stalls. Defaults to DefaultShutdownTimeout (30s).
 	ShutdownTimeout time.Duration
 
 	// MaxCompleteBatch caps the completions recorded in one round trip; at most
