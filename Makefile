@@ -10,17 +10,32 @@ TEST_FLAGS := -race -count=1 -timeout 12m
 # apt-get as root, or through sudo otherwise.
 APT_GET := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get
 
-.PHONY: test redis-server cc bench quickstart
+# Fuzz targets of the root package (parsers of bytes read from Redis), each
+# run for FUZZ_TIME by `make fuzz`, part of `make test`. A crash is saved under
+# testdata/fuzz and from then on runs with every `go test` as a regression test.
+FUZZ_TARGETS := $(shell grep -ho '^func Fuzz[A-Za-z0-9_]*' *_test.go | cut -c6-)
+FUZZ_TIME ?= 4s
+
+.PHONY: test fuzz redis-server cc bench quickstart
 
 ## test: vet and test the root module, then every nested module (a directory
-## below the root with its own go.mod).
+## below the root with its own go.mod), then run the fuzz targets for a while.
 test: redis-server cc
+	$(GO) mod tidy -diff
 	$(GO) vet ./...
 	CI=$${CI:-} $(GO) test $(TEST_FLAGS) ./...
 	@for mod in $$(find . -name go.mod -not -path ./go.mod -not -path '*/testdata/*' -not -path '*/vendor/*' -not -path './.*' | sort); do \
 		dir=$$(dirname $$mod); \
 		echo "==> $$dir"; \
-		(cd $$dir && $(GO) vet ./... && CI=$${CI:-} $(GO) test $(TEST_FLAGS) ./...) || exit 1; \
+		(cd $$dir && $(GO) mod tidy -diff && $(GO) vet ./... && CI=$${CI:-} $(GO) test $(TEST_FLAGS) ./...) || exit 1; \
+	done
+	@$(MAKE) --no-print-directory fuzz
+
+## fuzz: run each fuzz target for FUZZ_TIME (4s; under a minute in all, startup included).
+fuzz:
+	@for f in $(FUZZ_TARGETS); do \
+		echo "==> fuzz $$f for $(FUZZ_TIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime $(FUZZ_TIME) . || exit 1; \
 	done
 
 ## redis-server: install redis-server with apt-get if it is not on PATH.

@@ -328,7 +328,9 @@ func parseDeadLetter(m redis.XMessage) DeadLetter {
 		Error:        str("error"),
 		Consumer:     str("consumer"),
 	}
-	d.Deliveries, _ = strconv.Atoi(str("deliveries"))
+	if n, err := strconv.Atoi(str("deliveries")); err == nil {
+		d.Deliveries = n // Atoi returns a clamped value with its range error
+	}
 	if ms, err := strconv.ParseInt(str("at"), 10, 64); err == nil {
 		d.At = time.UnixMilli(ms)
 	}

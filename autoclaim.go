@@ -16,18 +16,26 @@ import (
 // sensible MinIdle, so the next XAUTOCLAIM of any consumer takes them.
 const releaseIdle = 365 * 24 * time.Hour
 
+// maxReadCount caps the COUNT of one read, claim or resume call.
+const maxReadCount = 1000
+
 // feed is the feeder goroutine: it fills the ring. It first resumes this
 // consumer's own pending entries (left by an earlier process with the same
 // name), then alternates between claim passes and adoption passes (each every
 // ClaimInterval) and reads of new entries. It reads only as many entries as the
-// ring has room for, and waits for room on a signal. Reads are never interrupted halfway (their context
-// is not cancelled), so entries a read returns are always admitted: at shutdown
-// they are released rather than stranded.
+// ring has room for, and waits for room on a signal. Run's end does not
+// interrupt a read: its context is the background one, cancelled only at
+// shutdown's hard bound (2×ShutdownTimeout), so entries a read returns are
+// admitted and then released. A read still running at the hard bound is given
+// up on; entries it leaves in this consumer's pending list are adopted or
+// claimed later.
 func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 	defer r.feeder.Done()
 	o := &r.c.opts
-	share := max(1, o.Prefetch/len(r.c.shards))
-	read := context.WithoutCancel(ctx)
+	// Each call asks for at most maxReadCount entries: Redis allocates for the
+	// whole COUNT of an XAUTOCLAIM up front, and bigger batches gain nothing.
+	share := min(max(1, o.Prefetch/len(r.c.shards)), maxReadCount)
+	read := r.bg
 	history, cursor := true, "-"
 	claimCursor, nextClaim := "0-0", time.Now()
 	nextAdopt := time.Now().Add(o.ClaimInterval)
@@ -54,7 +62,9 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 			got, err = r.adopt(read, shard, n)
 			nextAdopt = time.Now().Add(o.ClaimInterval)
 		default:
-			block := min(o.ReadBlock, time.Until(nextClaim), time.Until(nextAdopt))
+			// A read never blocks past ShutdownTimeout, so shutdown's last read
+			// ends in time for its entries to be released.
+			block := min(o.ReadBlock, o.ShutdownTimeout, time.Until(nextClaim), time.Until(nextAdopt))
 			got, err = r.readNew(read, shard, n, max(block, time.Millisecond))
 		}
 		r.givePlaces(shard, n-got)

@@ -51,6 +51,9 @@ type Consumer[Req, Resp any] struct {
 	handler Handler[Req, Resp]
 	log     *slog.Logger
 	running atomic.Bool
+	// background counts goroutines that may outlive Run: shutdown work
+	// still waiting on Redis when Run's bound passed.
+	background sync.WaitGroup
 }
 
 // NewConsumer returns a consumer of queue that calls handler for each request.
@@ -91,10 +94,13 @@ func (c *Consumer[Req, Resp]) Name() string { return c.opts.Name }
 // Run consumes until ctx ends, then shuts down gracefully and returns nil:
 // it stops reading, lets running handlers finish (cancelling their contexts
 // after ShutdownTimeout), records their outcomes, and releases the prefetched
-// messages that had not started so other consumers take them at once. If Redis
-// is unreachable, Run gives up on it about 2×ShutdownTimeout after ctx ended
-// (provided handlers return once their context is cancelled); entries whose
-// outcome was not recorded stay pending and are delivered again later.
+// messages that had not started so other consumers take them at once. Run
+// returns at most about 2×ShutdownTimeout after ctx ended, whatever Redis or
+// the connection does (unreachable, stalled, cut): then it stops waiting, and
+// Redis calls still in flight end in the background on the client's own
+// timeouts. Entries whose outcome or release was not recorded by then stay
+// pending and are delivered again later (after MinIdle); so is the entry of a
+// handler that ignores its context's cancellation and is still running.
 //
 // On start it creates the consumer group if needed (from the start of the
 // stream, so nothing produced earlier is missed), resumes its own pending
@@ -109,7 +115,26 @@ func (c *Consumer[Req, Resp]) Run(ctx context.Context) error {
 		return errors.New("streamq: Consumer.Run called while it is already running; use one Consumer per Run")
 	}
 	defer c.running.Store(false)
-	if err := c.ensureGroupRetry(ctx); err != nil {
+	// go-redis does not interrupt a call when its context ends (unless the
+	// client has ContextTimeoutEnabled): a call stalled on the connection
+	// would hold Run for the client's timeouts. Run stops waiting for it.
+	ready := make(chan error, 1)
+	c.background.Add(1)
+	go func() {
+		defer c.background.Done()
+		ready <- c.ensureGroupRetry(ctx)
+	}()
+	var err error
+	select {
+	case err = <-ready:
+	case <-ctx.Done():
+		select {
+		case err = <-ready:
+		default:
+			err = ctx.Err()
+		}
+	}
+	if err != nil {
 		if errors.Is(err, ErrShardMismatch) || errors.Is(err, ErrUnsupportedServer) || errors.Is(err, ErrAnsweringGroup) {
 			return err
 		}
@@ -127,6 +152,10 @@ func (c *Consumer[Req, Resp]) Run(ctx context.Context) error {
 // callers receive), and every other group must be a fan-out group
 // (ConsumerOptions.Fanout).
 var ErrAnsweringGroup = errors.New("streamq: the queue has another answering consumer group")
+
+// waitBackground waits until the work that earlier Runs left behind (Redis
+// calls still in flight when Run gave up waiting) has ended.
+func (c *Consumer[Req, Resp]) waitBackground() { c.background.Wait() }
 
 // ensureGroup creates the consumer group (and the stream) of a shard unless
 // it exists. It looks first: under maxmemory, Redis refuses XGROUP CREATE
@@ -292,26 +321,53 @@ func (r *run[Req, Resp]) start(ctx context.Context) {
 	}
 }
 
-// shutdown runs after Run's ctx ended. The order matters: the feeders stop
-// first (so no new slots appear), then workers finish or drain the ring, then
-// the drained slots are released, then outcomes are flushed, and only then do
-// leases stop, because entries must stay leased until they are completed.
-//
-// Handlers get ShutdownTimeout; Redis work (outcomes, releases) gets as long
-// again, after which it is abandoned even if Redis is unreachable: those
-// entries stay pending and are delivered again later.
+// shutdown runs after Run's ctx ended and returns within about
+// 2×ShutdownTimeout, whatever Redis does. The steps (see stop) run in their
+// own goroutine: handlers get ShutdownTimeout; Redis work (the feeder's last
+// read, outcomes, releases, leases) gets as long again. Then the background
+// context is cancelled, which ends every retry loop, and shutdown returns even
+// if a call is still stalled on the connection: go-redis does not interrupt
+// it when its context ends (unless the client has ContextTimeoutEnabled), so
+// it ends on the client's own timeouts, and the remaining steps then finish
+// in the background, each failing fast. Entries whose outcome or release was
+// not recorded stay pending and are claimed after MinIdle.
 func (r *run[Req, Resp]) shutdown() {
 	o := &r.c.opts
 	timeout := time.AfterFunc(o.ShutdownTimeout, func() {
 		r.cancelHandlers(fmt.Errorf("streamq: ShutdownTimeout (%v) elapsed", o.ShutdownTimeout))
 	})
-	hard := time.AfterFunc(2*o.ShutdownTimeout, r.cancelBg)
-	defer hard.Stop()
+	gaveUp := make(chan struct{})
+	hard := time.AfterFunc(2*o.ShutdownTimeout, func() {
+		r.cancelBg()
+		close(gaveUp)
+	})
+	done := make(chan struct{})
+	r.c.background.Add(1)
+	go func() {
+		defer r.c.background.Done()
+		defer close(done)
+		r.stop(timeout)
+	}()
+	select {
+	case <-done:
+		hard.Stop()
+	case <-gaveUp:
+		r.c.log.Warn("streamq: shutdown stopped waiting for Redis after 2×ShutdownTimeout; "+
+			"calls still in flight end on the client's timeouts, and unrecorded entries stay pending until claimed",
+			"shutdown_timeout", o.ShutdownTimeout)
+	}
+}
+
+// stop runs the shutdown steps in order: the feeders stop first (so no new
+// slots appear), then workers finish or drain the ring, then the drained slots
+// are released, then outcomes are flushed, and only then do leases stop,
+// because entries must stay leased until they are completed.
+func (r *run[Req, Resp]) stop(handlerTimeout *time.Timer) {
 	r.feeder.Wait()
-	close(r.ring.slots)
+	r.ring.close()
 	r.workers.Wait()
 	r.charger.close()
-	timeout.Stop()
+	handlerTimeout.Stop()
 	r.fetches.Wait()
 	r.releaseUnstarted()
 	for _, c := range r.completers {

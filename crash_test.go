@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -363,9 +364,25 @@ func TestCrashPoisonMessageDeadLetteredAfterMaxDeliveries(t *testing.T) {
 	runs, err := client.HGetAll(ctx, runsKey(q)).Result()
 	require.NoError(t, err)
 	require.Len(t, runs, len(good))
-	for _, id := range good {
-		require.Equal(t, "1", runs[id], "runs of %s", id)
+	// At-least-once: a good entry handled just before the poison whose outcome
+	// was not recorded yet when the poison killed the process runs again (how
+	// many such entries there are depends on the machine's load). Nothing
+	// after the poison is in flight at a crash (a ring of one holds the
+	// poison), so those run exactly once; and a crash undoes at most one run
+	// of an entry.
+	var rerun []string
+	for i, id := range good {
+		n, err := strconv.Atoi(runs[id])
+		require.NoError(t, err, "runs of %s", id)
+		require.GreaterOrEqual(t, n, 1, "runs of %s", id)
+		if n == 1 {
+			continue
+		}
+		rerun = append(rerun, id)
+		require.Less(t, i, len(good)/2, "%s, produced after the poison, ran %d times", id, n)
+		require.LessOrEqual(t, n, 1+crashes, "runs of %s", id)
 	}
+	t.Logf("%d good entries ran again because a crash undid their unrecorded outcome: %v", len(rerun), rerun)
 	requireDrained(t, client, q)
 }
 

@@ -28,9 +28,14 @@ var shared struct {
 }
 
 func TestMain(m *testing.M) {
+	// go-redis logs to the running tests (t.Log), not to stderr.
+	redistest.LogToTests()
 	code := m.Run()
 	if shared.proc != nil {
 		_ = shared.proc.Stop()
+	}
+	if code != 0 {
+		redistest.UncapturedLog(os.Stderr)
 	}
 	if code == 0 {
 		if err := goleak.Find(goleak.IgnoreCurrent()); err != nil {
@@ -56,6 +61,7 @@ func realRedis(t testing.TB) *redis.Client {
 		}
 		t.Fatalf("cannot start redis-server: %v", shared.err)
 	}
+	redistest.CaptureLog(t, shared.proc.Addr())
 	c := redis.NewClient(&redis.Options{Addr: shared.proc.Addr(), PoolSize: 64})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
@@ -65,6 +71,7 @@ func realRedis(t testing.TB) *redis.Client {
 func miniRedis(t testing.TB) (*redis.Client, *miniredis.Miniredis) {
 	t.Helper()
 	m := miniredis.RunT(t)
+	redistest.CaptureLog(t, m.Addr())
 	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { _ = c.Close() })
 	return c, m

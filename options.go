@@ -64,6 +64,17 @@ const (
 	DefaultConsumerIdleTimeout = 24 * time.Hour
 	// DefaultDeadLetterMaxLen is the default ConsumerOptions.DeadLetterMaxLen.
 	DefaultDeadLetterMaxLen = 100_000
+
+	// MaxWorkers is the largest ConsumerOptions.Workers accepted: Run starts
+	// one goroutine per worker before any work.
+	MaxWorkers = 10_000
+	// MaxPrefetch is the largest ConsumerOptions.Prefetch accepted: a full
+	// ring holds that many messages, payloads included, in memory.
+	MaxPrefetch = 1_000_000
+	// MaxCompleteBatchLimit is the largest ConsumerOptions.MaxCompleteBatch
+	// accepted: the completion queue holds two batches, and Redis runs a
+	// whole batch in one script, blocking other clients meanwhile.
+	MaxCompleteBatchLimit = 10_000
 )
 
 // ProducerOptions configure a Producer. The zero value is valid: every field
@@ -186,7 +197,8 @@ type ConsumerOptions struct {
 	Name string
 
 	// Workers is how many handlers run at once. With one worker, messages are
-	// handled in stream order. Defaults to DefaultWorkers (1).
+	// handled in stream order. Each worker is a goroutine started by Run; at
+	// most MaxWorkers (10,000). Defaults to DefaultWorkers (1).
 	Workers int
 
 	// Prefetch is the depth of the prefetch ring: how many messages are held at
@@ -197,8 +209,10 @@ type ConsumerOptions struct {
 	// payloads in the consumer's memory, and how many entries one consumer
 	// takes from the stream ahead of others. Deeper rings read and complete in
 	// bigger batches (less Redis CPU per message); with large payloads or slow
-	// handlers shared by many consumers, use less. It must be at least Workers.
-	// Defaults to max(DefaultMinPrefetch (128), 4*Workers).
+	// handlers shared by many consumers, use less. It must be at least Workers
+	// and at most MaxPrefetch (1,000,000). The ring's memory grows and shrinks
+	// with the messages it holds, so a deep ring costs little while the queue
+	// is short. Defaults to max(DefaultMinPrefetch (128), 4*Workers).
 	Prefetch int
 
 	// Codec decodes requests and encodes responses. Defaults to JSONCodec.
@@ -226,8 +240,9 @@ type ConsumerOptions struct {
 	// result through the notification. Defaults to false.
 	DiscardResults bool
 
-	// ReadBlock is the longest a read waits for new entries. It bounds how long
-	// shutdown waits for the reader. Defaults to DefaultReadBlock (1s).
+	// ReadBlock is the longest a read waits for new entries; reads also block no
+	// longer than ShutdownTimeout, so shutdown's last read ends in time for its
+	// entries to be released. Defaults to DefaultReadBlock (1s).
 	ReadBlock time.Duration
 
 	// MinIdle is how long an entry must be idle before another consumer may claim
@@ -252,12 +267,14 @@ type ConsumerOptions struct {
 	RetryBackoff time.Duration
 
 	// ShutdownTimeout is how long Run waits, after its context ends, for running
-	// handlers to finish before cancelling their contexts.
-	// Defaults to DefaultShutdownTimeout (30s).
+	// handlers to finish before cancelling their contexts. Recording outcomes
+	// and releasing prefetched entries get as long again: Run returns at most
+	// about 2×ShutdownTimeout after its context ends, even while Redis is
+	// unreachable or the connection stalls. Defaults to DefaultShutdownTimeout (30s).
 	ShutdownTimeout time.Duration
 
-	// MaxCompleteBatch caps the completions recorded in one round trip.
-	// Defaults to DefaultMaxCompleteBatch (256).
+	// MaxCompleteBatch caps the completions recorded in one round trip; at most
+	// MaxCompleteBatchLimit (10,000). Defaults to DefaultMaxCompleteBatch (256).
 	MaxCompleteBatch int
 
 	// TrimInterval is how often the stream is trimmed of entries every group is
@@ -325,7 +342,11 @@ func (o *ConsumerOptions) resolve() error {
 	}
 	return firstError(
 		positive("Workers", o.Workers),
+		atMost("Workers", o.Workers, MaxWorkers, "MaxWorkers",
+			"Run starts one goroutine per worker before any work; handlers that wait on I/O rarely need more"),
 		atLeastInt("Prefetch", o.Prefetch, o.Workers, "Workers"),
+		atMost("Prefetch", o.Prefetch, MaxPrefetch, "MaxPrefetch",
+			"a full ring holds that many messages, payloads included, in memory; a deeper ring reads in no bigger batches"),
 		fetchErr,
 		atLeast("FetchBackoff", o.FetchBackoff, time.Millisecond),
 		atLeast("ResultTTL", o.ResultTTL, time.Millisecond),
@@ -336,6 +357,8 @@ func (o *ConsumerOptions) resolve() error {
 		atLeast("RetryBackoff", o.RetryBackoff, time.Millisecond),
 		atLeast("ShutdownTimeout", o.ShutdownTimeout, time.Millisecond),
 		positive("MaxCompleteBatch", o.MaxCompleteBatch),
+		atMost("MaxCompleteBatch", o.MaxCompleteBatch, MaxCompleteBatchLimit, "MaxCompleteBatchLimit",
+			"the completion queue holds two batches, and Redis blocks other clients while it records one"),
 		trimErr,
 		atLeast("ConsumerIdleTimeout", o.ConsumerIdleTimeout, time.Second),
 		positive("DeadLetterMaxLen", o.DeadLetterMaxLen),
@@ -386,6 +409,14 @@ func positive(name string, v int) error {
 func atLeastInt(name string, v, min int, minName string) error {
 	if v < min {
 		return optionError("%s is %d; it must be at least %s (%d)", name, v, minName, min)
+	}
+	return nil
+}
+
+// atMost refuses v above limit, saying why the limit exists.
+func atMost(name string, v, limit int, limitName, why string) error {
+	if v > limit {
+		return optionError("%s is %d; it must be at most %d (%s): %s", name, v, limit, limitName, why)
 	}
 	return nil
 }

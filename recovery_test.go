@@ -219,7 +219,10 @@ func TestRecoveryRetryAfterSetsTheDelay(t *testing.T) {
 	client := realRedis(t)
 	q := queueName(t)
 	p := newStringProducer(t, client, q)
-	const minIdle, retryAfter = 5 * time.Second, 400 * time.Millisecond
+	// MinIdle (the back-off's cap) is long so that the back-off, at least
+	// RetryBackoff/2 = 10s, cannot be mistaken for RetryAfter's 400ms even on
+	// a loaded machine.
+	const minIdle, retryAfter = 20 * time.Second, 400 * time.Millisecond
 	var mu sync.Mutex
 	var failedAt, retriedAt time.Time
 	opts := fastOpts(t, "retrier", minIdle)

@@ -31,7 +31,12 @@ func TestMain(m *testing.M) {
 	if raw, ok := os.LookupEnv(envWorker); ok {
 		os.Exit(workerMain(raw))
 	}
+	// go-redis logs to the running tests (t.Log), not to stderr.
+	redistest.LogToTests()
 	code := m.Run()
+	if code != 0 {
+		redistest.UncapturedLog(os.Stderr)
+	}
 	if code == 0 {
 		if err := goleak.Find(goleak.IgnoreCurrent()); err != nil {
 			fmt.Fprintln(os.Stderr, "goroutine leak:", err)

@@ -92,6 +92,8 @@ func StartCluster(tb testing.TB, masters, replicasPerMaster int) *Cluster {
 		// is stopped before its directory is removed.
 		c.nodes = append(c.nodes, newProcess(bin, tb.TempDir(), false, opts))
 	}
+	// Registered before the stop, so it still captures during the stop.
+	logs := captureLog(tb)
 	tb.Cleanup(c.stop)
 
 	errs := make([]error, n)
@@ -105,6 +107,7 @@ func StartCluster(tb testing.TB, masters, replicasPerMaster int) *Cluster {
 	}
 	for _, p := range c.nodes {
 		c.byAdr[p.Addr()] = p
+		logs.addAddrs(p.Addr())
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), clusterTimeout)

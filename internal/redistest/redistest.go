@@ -108,6 +108,8 @@ func Start(tb testing.TB, opts ...Option) *Server {
 	if err := p.launch(context.Background(), true); err != nil {
 		tb.Fatal(wrap(err))
 	}
+	// Registered before the stop below, so it still captures during the stop.
+	CaptureLog(tb, p.Addr())
 	tb.Cleanup(func() {
 		if tb.Failed() {
 			if tail := p.logTail(0); tail != "" {
