@@ -270,6 +270,7 @@ type run[Req, Resp any] struct {
 	retrying map[ownedKey]time.Time
 
 	fetches   sync.WaitGroup
+	handoffs  sync.WaitGroup // hand-offs waiting for a busy completer
 	workers   sync.WaitGroup
 	loops     sync.WaitGroup // leaser and trimmer
 	feeder    sync.WaitGroup
@@ -294,12 +295,12 @@ func (r *run[Req, Resp]) start(ctx context.Context) {
 	r.handlerCtx, r.cancelHandlers = context.WithCancelCause(context.WithoutCancel(ctx))
 	r.completers = make([]*coalescer[*completion], len(r.c.shards))
 	for shard := range r.completers {
-		// The channel holds every outcome the shard can hold (its share of
-		// Prefetch), so a hand-off never blocks on a shard that cannot
-		// complete: workers stay free for the other shards.
+		// Sends overlap (a batch holds at most half the shard's places); the
+		// channel is small, sized by the batches, not by Prefetch, which can
+		// be huge: handOff waits for a full channel in a goroutine of its own.
 		share := r.places.share(shard)
 		batch := min(o.MaxCompleteBatch, max(1, share/completeSplit))
-		inflight := max(2, (share+batch-1)/batch)
+		inflight := min(max(2, (share+batch-1)/batch), maxCompleteInflight)
 		r.completers[shard] = newCoalescer(inflight, batch, 1<<62, 0,
 			func(*completion) int { return 0 }, func(b []*completion) { r.completeShard(shard, b) })
 	}
@@ -370,6 +371,7 @@ func (r *run[Req, Resp]) stop(handlerTimeout *time.Timer) {
 	handlerTimeout.Stop()
 	r.fetches.Wait()
 	r.releaseUnstarted()
+	r.handoffs.Wait() // before the completers close their channels
 	for _, c := range r.completers {
 		c.close()
 	}
@@ -682,15 +684,32 @@ func (r *run[Req, Resp]) handOff(cp *completion) {
 	if _, inline := r.c.opts.Fetcher.(InlineFetcher); inline && cp.code != recordDead {
 		cp.s.entry.Data = nil // the payload itself; dead letters keep it
 	}
+	in := r.completers[cp.s.shard].in
 	select {
-	case r.completers[cp.s.shard].in <- cp:
-	case <-r.bg.Done():
-		// Shutdown gave up on Redis: the entry stays pending and is delivered
-		// again later.
-		r.forget(cp.s)
-		close(cp.done)
+	case in <- cp:
+		return
+	default:
 	}
+	// The shard's completer is behind (its Redis may be unreachable): wait in
+	// a goroutine, so that this worker stays free for the other shards. At
+	// most the shard's share of places can be waiting here.
+	r.handoffs.Add(1)
+	go func() {
+		defer r.handoffs.Done()
+		select {
+		case in <- cp:
+		case <-r.bg.Done():
+			// Shutdown gave up on Redis: the entry stays pending and is
+			// delivered again later.
+			r.forget(cp.s)
+			close(cp.done)
+		}
+	}()
 }
+
+// maxCompleteInflight bounds the completion round trips of one shard in
+// flight at once.
+const maxCompleteInflight = 4
 
 // maxChargeBatch bounds the entries of one charge.lua call.
 const maxChargeBatch = 512
