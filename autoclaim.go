@@ -330,7 +330,10 @@ func (r *run[Req, Resp]) leaseLoop() {
 				r.mu.Lock()
 				s := r.owned[ownedKey{shard, id}]
 				r.mu.Unlock()
-				if s != nil {
+				// A handed-off entry leaves the pending list when its outcome
+				// is recorded; a renewal that raced with that is no loss (and
+				// if another consumer ran it too, the first outcome wins).
+				if s != nil && !s.handedOff.Load() {
 					r.c.log.Warn("streamq: lost a message to another consumer", "id", s.entry.ID, "entry", id)
 					s.markLost()
 				}

@@ -680,6 +680,7 @@ func (r *run[Req, Resp]) process(s *slot) {
 func (r *run[Req, Resp]) handOff(cp *completion) {
 	cp.done = make(chan struct{})
 	cp.s.outcome = cp.done
+	cp.s.handedOff.Store(true)
 	cp.s.data = nil // the fetched payload
 	if _, inline := r.c.opts.Fetcher.(InlineFetcher); inline && cp.code != recordDead {
 		cp.s.entry.Data = nil // the payload itself; dead letters keep it

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -142,6 +143,9 @@ type slot struct {
 	fetchErr error
 
 	outcome <-chan struct{} // set by the worker at hand-off: closed when recorded
+	// handedOff is set at hand-off: the entry leaves the pending list when its
+	// outcome is recorded, which the lease loop must not take for a loss.
+	handedOff atomic.Bool
 
 	mu     sync.Mutex
 	lost   bool
