@@ -17,6 +17,8 @@ type Job[Req any] struct {
 	ID string
 	// Request is the request value, encoded with the producer's codec.
 	Request Req
+	// Options are this job's produce options (nil: none).
+	Options []ProduceOption
 }
 
 // ProduceBatch appends jobs in one atomic step: either every job is recorded
@@ -42,7 +44,7 @@ func (p *Producer[Req, Resp]) ProduceBatch(ctx context.Context, jobs []Job[Req])
 	items := make([]*produceItem, len(jobs))
 	total := 0
 	for i, j := range jobs {
-		it, err := p.newItem(ctx, j.ID, j.Request)
+		it, err := p.newItem(ctx, j.ID, j.Request, j.Options)
 		if err != nil {
 			return nil, fmt.Errorf("job %d: %w", i, err)
 		}
@@ -180,10 +182,30 @@ type produceItem struct {
 	id      string
 	shard   int
 	payload []byte
-	out     chan produceOutcome // buffered: the sender never blocks
+	// due is when the request may start, in Unix milliseconds; 0: now.
+	due int64
+	// flags are single-letter switches for produce.lua (none defined yet).
+	flags string
+	// fields are extra stream fields, name then value, written beside the
+	// id and payload.
+	fields []string
+	out    chan produceOutcome // buffered: the sender never blocks
 }
 
-func (it *produceItem) size() int { return len(it.id) + len(it.payload) }
+// apply copies what a call's options set into the item.
+func (it *produceItem) apply(s produceSettings) error {
+	_ = s
+	return nil
+}
+
+// size is what the item weighs against MaxBatchBytes and MaxPendingBytes.
+func (it *produceItem) size() int {
+	n := len(it.id) + len(it.payload)
+	for _, f := range it.fields {
+		n += len(f)
+	}
+	return n
+}
 
 // produceOutcome is the reply of produce.lua for one item.
 type produceOutcome struct {
@@ -205,7 +227,7 @@ func (p *Producer[Req, Resp]) runProduce(ctx context.Context, shard int, items [
 	k := p.shards[shard]
 	keys := make([]string, 1, len(items)+1)
 	keys[0] = k.Stream
-	args := make([]any, 2, 2+2*len(items))
+	args := make([]any, 2, 2+5*len(items))
 	args[0] = p.opts.InflightTTL.Milliseconds()
 	args[1] = "0"
 	if atomic {
@@ -213,7 +235,10 @@ func (p *Producer[Req, Resp]) runProduce(ctx context.Context, shard int, items [
 	}
 	for _, it := range items {
 		keys = append(keys, k.Record(it.id))
-		args = append(args, it.id, it.payload)
+		args = append(args, it.id, it.payload, it.due, it.flags, len(it.fields))
+		for _, f := range it.fields {
+			args = append(args, f)
+		}
 	}
 	res, err := scripts.Produce.Run(ctx, p.client, keys, args...).Slice()
 	if err != nil {

@@ -92,7 +92,7 @@ func TestProduceBatch(t *testing.T) {
 		defer p.Close()
 
 		t.Run("one oversized item writes nothing", func(t *testing.T) {
-			_, err := p.ProduceBatch(ctx, []Job[string]{{"a", "x"}, {"b", strings.Repeat("y", 100)}})
+			_, err := p.ProduceBatch(ctx, []Job[string]{{ID: "a", Request: "x"}, {ID: "b", Request: strings.Repeat("y", 100)}})
 			require.ErrorIs(t, err, ErrPayloadTooLarge)
 			require.Contains(t, err.Error(), "job 1")
 			require.Zero(t, client.XLen(ctx, stream).Val())
@@ -100,7 +100,7 @@ func TestProduceBatch(t *testing.T) {
 		t.Run("too many items or bytes", func(t *testing.T) {
 			jobs := make([]Job[string], 11)
 			for i := range jobs {
-				jobs[i] = Job[string]{fmt.Sprint(i), "x"}
+				jobs[i] = Job[string]{ID: fmt.Sprint(i), Request: "x"}
 			}
 			_, err := p.ProduceBatch(ctx, jobs)
 			require.ErrorIs(t, err, ErrBatchTooLarge)
@@ -113,19 +113,19 @@ func TestProduceBatch(t *testing.T) {
 			require.Zero(t, client.XLen(ctx, stream).Val())
 		})
 		t.Run("invalid id writes nothing", func(t *testing.T) {
-			_, err := p.ProduceBatch(ctx, []Job[string]{{"a", "x"}, {"", "y"}})
+			_, err := p.ProduceBatch(ctx, []Job[string]{{ID: "a", Request: "x"}, {ID: "", Request: "y"}})
 			require.ErrorIs(t, err, ErrInvalidID)
 			require.Zero(t, client.XLen(ctx, stream).Val())
 		})
 		t.Run("a wrong key type fails the whole batch before any write", func(t *testing.T) {
 			require.NoError(t, client.LPush(ctx, "streamq:{"+q+"}:id:bad", "x").Err())
-			_, err := p.ProduceBatch(ctx, []Job[string]{{"w1", "x"}, {"bad", "y"}})
+			_, err := p.ProduceBatch(ctx, []Job[string]{{ID: "w1", Request: "x"}, {ID: "bad", Request: "y"}})
 			require.ErrorIs(t, err, ErrWrongType)
 			require.Zero(t, client.XLen(ctx, stream).Val())
 			require.Zero(t, client.Exists(ctx, "streamq:{"+q+"}:id:w1").Val())
 		})
 		t.Run("duplicates share one entry, retries give the same entries", func(t *testing.T) {
-			jobs := []Job[string]{{"d1", "a"}, {"d2", "b"}, {"d1", "c"}, {"d3", "d"}}
+			jobs := []Job[string]{{ID: "d1", Request: "a"}, {ID: "d2", Request: "b"}, {ID: "d1", Request: "c"}, {ID: "d3", Request: "d"}}
 			prs, err := p.ProduceBatch(ctx, jobs)
 			require.NoError(t, err)
 			require.Len(t, prs, 4)
@@ -162,7 +162,7 @@ func TestProduceBatchResultsInOrder(t *testing.T) {
 		runConsumer(t, c)
 		jobs := make([]Job[int], 100)
 		for i := range jobs {
-			jobs[i] = Job[int]{fmt.Sprintf("sq-%d", i), i}
+			jobs[i] = Job[int]{ID: fmt.Sprintf("sq-%d", i), Request: i}
 		}
 		prs, err := p.ProduceBatch(ctx, jobs)
 		require.NoError(t, err)
@@ -197,9 +197,9 @@ func TestBatchRetriedAfterLostReply(t *testing.T) {
 	p, err := NewProducer[string, string](lossy, q, &ProducerOptions{Logger: testLogger(t)})
 	require.NoError(t, err)
 	defer p.Close()
-	jobs := []Job[string]{{"r1", "a"}, {"r2", "b"}, {"r3", "c"}}
+	jobs := []Job[string]{{ID: "r1", Request: "a"}, {ID: "r2", Request: "b"}, {ID: "r3", Request: "c"}}
 	// Subscribe and load the script first, so the cut hits the batch itself.
-	_, err = p.ProduceBatch(ctx, []Job[string]{{"warm-up", "w"}})
+	_, err = p.ProduceBatch(ctx, []Job[string]{{ID: "warm-up", Request: "w"}})
 	require.NoError(t, err)
 	require.NoError(t, client.Del(ctx, stream).Err())
 
@@ -250,7 +250,7 @@ func TestProducerClose(t *testing.T) {
 	_, err = p.Produce(ctx, "later", "x")
 	require.ErrorIs(t, err, ErrClosed)
 	require.ErrorIs(t, p.Enqueue(ctx, "later", "x"), ErrClosed)
-	_, err = p.ProduceBatch(ctx, []Job[string]{{"later", "x"}})
+	_, err = p.ProduceBatch(ctx, []Job[string]{{ID: "later", Request: "x"}})
 	require.ErrorIs(t, err, ErrClosed)
 }
 

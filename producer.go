@@ -128,9 +128,9 @@ func NewProducer[Req, Resp any](client redis.UniversalClient, queue string, opts
 // A promise costs a map entry, and a periodic record check, until its request
 // completes or the promise is released: call Promise.Release when the result is
 // no longer wanted, and use Enqueue for fire-and-forget. A nil ctx panics.
-func (p *Producer[Req, Resp]) Produce(ctx context.Context, id string, req Req) (*Promise[Resp], error) {
+func (p *Producer[Req, Resp]) Produce(ctx context.Context, id string, req Req, opts ...ProduceOption) (*Promise[Resp], error) {
 	mustContext(ctx, "Producer.Produce")
-	it, err := p.newItem(ctx, id, req)
+	it, err := p.newItem(ctx, id, req, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -150,9 +150,9 @@ func (p *Producer[Req, Resp]) Produce(ctx context.Context, id string, req Req) (
 // It has Produce's deduplication, its meaning of a nil error and its handling
 // of ctx, but needs no subscription and keeps nothing in memory once it
 // returns. A nil ctx panics.
-func (p *Producer[Req, Resp]) Enqueue(ctx context.Context, id string, req Req) error {
+func (p *Producer[Req, Resp]) Enqueue(ctx context.Context, id string, req Req, opts ...ProduceOption) error {
 	mustContext(ctx, "Producer.Enqueue")
-	it, err := p.newItem(ctx, id, req)
+	it, err := p.newItem(ctx, id, req, opts)
 	if err != nil {
 		return err
 	}
@@ -231,8 +231,8 @@ func (p *Producer[Req, Resp]) Close() error {
 	return nil
 }
 
-// newItem validates and encodes one request.
-func (p *Producer[Req, Resp]) newItem(ctx context.Context, id string, req Req) (*produceItem, error) {
+// newItem validates and encodes one request and applies its options.
+func (p *Producer[Req, Resp]) newItem(ctx context.Context, id string, req Req, opts []ProduceOption) (*produceItem, error) {
 	if err := validateID(id); err != nil {
 		return nil, err
 	}
@@ -244,14 +244,18 @@ func (p *Producer[Req, Resp]) newItem(ctx context.Context, id string, req Req) (
 		return nil, fmt.Errorf("%w: request %q encodes to %d bytes, the limit is MaxPayloadBytes=%d",
 			ErrPayloadTooLarge, id, len(payload), p.opts.MaxPayloadBytes)
 	}
-	// An item is its id plus its payload; it must fit one round trip and the
-	// pending budget, or it could never be sent.
-	if size, limit := len(id)+len(payload), min(p.opts.MaxBatchBytes, p.opts.MaxPendingBytes); size > limit {
-		return nil, fmt.Errorf("%w: request %q is %d bytes with its id, the limit is min(MaxBatchBytes, MaxPendingBytes)=%d",
+	it := &produceItem{ctx: ctx, id: id, shard: keys.ShardOf(id, len(p.shards)), payload: payload,
+		out: make(chan produceOutcome, 1)}
+	if err := it.apply(applyProduceOptions(opts)); err != nil {
+		return nil, fmt.Errorf("request %q: %w", id, err)
+	}
+	// An item is its id, payload and extra fields; it must fit one round trip
+	// and the pending budget, or it could never be sent.
+	if size, limit := it.size(), min(p.opts.MaxBatchBytes, p.opts.MaxPendingBytes); size > limit {
+		return nil, fmt.Errorf("%w: request %q is %d bytes with its id and fields, the limit is min(MaxBatchBytes, MaxPendingBytes)=%d",
 			ErrPayloadTooLarge, id, size, limit)
 	}
-	return &produceItem{ctx: ctx, id: id, shard: keys.ShardOf(id, len(p.shards)), payload: payload,
-		out: make(chan produceOutcome, 1)}, nil
+	return it, nil
 }
 
 func validateID(id string) error {

@@ -86,7 +86,7 @@ func TestFirstProduceDuringStallReturnsWithinContext(t *testing.T) {
 	}()
 	batch := make(chan result, 1)
 	go func() {
-		_, err := p.ProduceBatch(dctx, []Job[string]{{"c", "x"}})
+		_, err := p.ProduceBatch(dctx, []Job[string]{{ID: "c", Request: "x"}})
 		batch <- result{err, time.Now()}
 	}()
 	enq := make(chan result, 1)
@@ -148,7 +148,7 @@ func TestCallsDuringStallReturnWithinContextAndClose(t *testing.T) {
 	const grace = 100 * time.Millisecond
 	// Calls without a deadline, blocked in Redis I/O (the backstop's MGET too).
 	noDeadline := make(chan error, 3)
-	go func() { _, err := p.ProduceBatch(ctx, []Job[string]{{"b1", "x"}}); noDeadline <- err }()
+	go func() { _, err := p.ProduceBatch(ctx, []Job[string]{{ID: "b1", Request: "x"}}); noDeadline <- err }()
 	go func() { noDeadline <- p.Enqueue(ctx, "e1", "x") }()
 	go func() { _, err := p.Produce(ctx, "p1", "x"); noDeadline <- err }()
 	// Calls with one return by their deadline.
@@ -161,7 +161,7 @@ func TestCallsDuringStallReturnWithinContextAndClose(t *testing.T) {
 				_, err := p.Produce(dctx, name, "x")
 				return err
 			case "ProduceBatch":
-				_, err := p.ProduceBatch(dctx, []Job[string]{{name, "x"}})
+				_, err := p.ProduceBatch(dctx, []Job[string]{{ID: name, Request: "x"}})
 				return err
 			default:
 				return p.Enqueue(dctx, name, "x")
@@ -207,14 +207,14 @@ func TestNilContextLeavesProducerUsable(t *testing.T) {
 	// Nil contexts on purpose (staticcheck SA1012 flags them, rightly).
 	panics("Produce", func() { _, _ = p.Produce(nil, "n1", "x") })
 	panics("Enqueue", func() { _ = p.Enqueue(nil, "n2", "x") })
-	panics("ProduceBatch", func() { _, _ = p.ProduceBatch(nil, []Job[string]{{"n3", "x"}}) })
+	panics("ProduceBatch", func() { _, _ = p.ProduceBatch(nil, []Job[string]{{ID: "n3", Request: "x"}}) })
 	panics("Wait", func() { _, _ = pr.Wait(nil) })
 
 	// Still usable: every call works, and Close returns.
 	_, err = p.Produce(ctx, "after", "x")
 	require.NoError(t, err)
 	require.NoError(t, p.Enqueue(ctx, "after2", "x"))
-	_, err = p.ProduceBatch(ctx, []Job[string]{{"after3", "x"}})
+	_, err = p.ProduceBatch(ctx, []Job[string]{{ID: "after3", Request: "x"}})
 	require.NoError(t, err)
 	require.NoError(t, returnsWithin(t, 10*time.Second, "Close", p.Close))
 	_, err = pr.Wait(ctx)
@@ -257,7 +257,7 @@ func TestCodecPanicInProducerIsAnError(t *testing.T) {
 	require.ErrorIs(t, err, errCodecBug, "the panic value is wrapped")
 	require.Contains(t, err.Error(), "panicked")
 	require.ErrorIs(t, p.Enqueue(ctx, "m2", "boom"), errCodecBug)
-	_, err = p.ProduceBatch(ctx, []Job[string]{{"m3", "fine"}, {"m4", "boom"}})
+	_, err = p.ProduceBatch(ctx, []Job[string]{{ID: "m3", Request: "fine"}, {ID: "m4", Request: "boom"}})
 	require.ErrorIs(t, err, errCodecBug)
 
 	// The response decoder panics: Wait returns an error, every time.

@@ -7,8 +7,10 @@
 -- KEYS[1+i]        the record key of item i (i = 1..n)
 -- ARGV[1]          TTL of a new in-flight record, in milliseconds
 -- ARGV[2]          "1": all or nothing (a batch); "0": items are independent
--- ARGV[1+2i]       request id of item i
--- ARGV[2+2i]       payload of item i
+-- ARGV[3...]       the items, one after another, each as:
+--                    request id, payload, due time (Unix ms; "0": now),
+--                    flags (single letters; none defined yet), f (a count),
+--                    then f strings: extra stream fields, name then value
 --
 -- Returns a flat array of n (code, data) pairs:
 --   0, entry id   appended now
@@ -23,6 +25,19 @@
 local ttl = ARGV[1]
 local atomic = ARGV[2] == "1"
 local n = #KEYS - 1
+
+-- Split ARGV into items.
+local items = {}
+local a = 3
+for i = 1, n do
+  local f = tonumber(ARGV[a + 4])
+  local fields = {}
+  for j = 1, f do
+    fields[j] = ARGV[a + 4 + j]
+  end
+  items[i] = {id = ARGV[a], payload = ARGV[a + 1], due = ARGV[a + 2], flags = ARGV[a + 3], fields = fields}
+  a = a + 5 + f
+end
 
 if atomic then
   -- Validate every item before the first write: Lua does not roll back.
@@ -44,7 +59,8 @@ for i = 1, n do
     out[#out + 1] = 1
     out[#out + 1] = written[key]
   else
-    local eid = redis.call("XADD", KEYS[1], "*", "id", ARGV[1 + 2 * i], "p", ARGV[2 + 2 * i])
+    local it = items[i]
+    local eid = redis.call("XADD", KEYS[1], "*", "id", it.id, "p", it.payload, unpack(it.fields))
     local prev = redis.pcall("SET", key, "P" .. eid, "NX", "GET", "PX", ttl)
     if type(prev) == "table" and prev.err then
       redis.call("XDEL", KEYS[1], eid)
