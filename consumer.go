@@ -247,8 +247,9 @@ func (c *Consumer[Req, Resp]) ensureGroupRetry(ctx context.Context) error {
 //
 // owned is shared by all of them and guarded by mu.
 type run[Req, Resp any] struct {
-	c    *Consumer[Req, Resp]
-	ring *ring
+	c     *Consumer[Req, Resp]
+	ring  *ring
+	ahead *readAhead // moves the ring's target with what the workers see
 
 	runCtx         context.Context // Run's ctx: ends reading and fetching
 	bg             context.Context // outlives runCtx: completions, leases, releases
@@ -281,6 +282,7 @@ func newRun[Req, Resp any](c *Consumer[Req, Resp]) *run[Req, Resp] {
 	return &run[Req, Resp]{
 		c:         c,
 		ring:      newRing(c.opts.Prefetch),
+		ahead:     newReadAhead(c.opts.Workers, c.opts.Prefetch, c.opts.holdPrefetch),
 		places:    newShardPlaces(c.opts.Prefetch, len(c.shards)),
 		owned:     make(map[ownedKey]*slot),
 		retrying:  make(map[ownedKey]time.Time),
@@ -291,6 +293,7 @@ func newRun[Req, Resp any](c *Consumer[Req, Resp]) *run[Req, Resp] {
 func (r *run[Req, Resp]) start(ctx context.Context) {
 	o := &r.c.opts
 	r.runCtx = ctx
+	r.ring.setTarget(r.ahead.current())
 	r.bg, r.cancelBg = context.WithCancel(context.WithoutCancel(ctx))
 	r.handlerCtx, r.cancelHandlers = context.WithCancelCause(context.WithoutCancel(ctx))
 	r.completers = make([]*coalescer[*completion], len(r.c.shards))
@@ -575,14 +578,26 @@ func (r *run[Req, Resp]) work() {
 	// recorded. Per shard: a shard that cannot complete must not hold up the
 	// others' redelivered entries.
 	last := make([]<-chan struct{}, len(r.c.shards))
-	for s := range r.ring.slots {
+	for {
+		s, waited, ok := r.ring.take()
+		if !ok {
+			return
+		}
 		if r.runCtx.Err() != nil {
 			r.drain(s)
 			continue
 		}
 		select {
 		case <-s.ready:
-		case <-r.runCtx.Done():
+		default:
+			waited = true
+			select {
+			case <-s.ready:
+			case <-r.runCtx.Done():
+			}
+		}
+		if t, changed := r.ahead.took(waited && r.ring.binding()); changed {
+			r.ring.setTarget(t)
 		}
 		if r.runCtx.Err() != nil { // also when the fetch ended with the shutdown
 			r.drain(s)

@@ -89,6 +89,7 @@ func TestCrashHelperProcess(t *testing.T) {
 		RetryBackoff:  50 * time.Millisecond,
 		TrimInterval:  -1,
 		Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		holdPrefetch:  true, // the crash scenarios hold a full ring
 	})
 	if err != nil {
 		t.Fatal(err)

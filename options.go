@@ -201,9 +201,13 @@ type ConsumerOptions struct {
 	// most MaxWorkers (10,000). Defaults to DefaultWorkers (1).
 	Workers int
 
-	// Prefetch is the depth of the prefetch ring: how many messages are held at
+	// Prefetch is the depth of the prefetch ring: the most messages held at
 	// once, read ahead and fetched, waiting, in a handler, or handled with the
-	// outcome not yet recorded. With Shards > 1, each shard holds at most its
+	// outcome not yet recorded. The consumer holds fewer while that is
+	// enough: it starts at 2×Workers+2 and reads further ahead only while its
+	// workers wait for reads or fetches, so slow jobs of a backlog stay in the
+	// stream for other consumers to start, and fast ones still read and
+	// complete in big batches (see DESIGN.md, "Read-ahead"). With Shards > 1, each shard holds at most its
 	// share (Prefetch/Shards), so a shard whose completions fail stalls only
 	// itself. It bounds the
 	// payloads in the consumer's memory, and how many entries one consumer
@@ -298,6 +302,10 @@ type ConsumerOptions struct {
 
 	// Logger receives the consumer's logs. Defaults to slog.Default().
 	Logger *slog.Logger
+
+	// holdPrefetch (tests only) holds Prefetch entries from the start, as if
+	// the read-ahead had grown to its limit: tests of a full ring need one.
+	holdPrefetch bool
 }
 
 func (o *ConsumerOptions) resolve() error {

@@ -198,9 +198,11 @@ func (s *slot) setCancel(cancel context.CancelCauseFunc) bool {
 // (a channel of Prefetch places cost 8 bytes a place at Run, 76 MiB for
 // Prefetch 10,000,000, on an empty queue).
 type ring struct {
-	mu    sync.Mutex
-	free  int
-	freed chan struct{} // capacity 1: "free went up"
+	mu     sync.Mutex
+	depth  int // Prefetch: the places in all
+	free   int
+	target int           // how many places may be out at once (readAhead), <= depth
+	freed  chan struct{} // capacity 1: "free or target went up"
 
 	qmu    sync.Mutex
 	queued sync.Cond // signalled on push and close; L is &qmu
@@ -219,19 +221,20 @@ const (
 )
 
 func newRing(depth int) *ring {
-	r := &ring{free: depth, freed: make(chan struct{}, 1)}
+	r := &ring{depth: depth, free: depth, target: depth, freed: make(chan struct{}, 1)}
 	r.queued.L = &r.qmu
 	return r
 }
 
-// reserve blocks until at least one place is free and takes up to limit
-// places. The caller pushes at most that many slots and gives back the rest.
-// Several feeders (one per shard) share the ring; each takes a bounded share,
-// so a feeder blocked on an empty shard does not starve the others.
+// reserve blocks until at least one place is free, and fewer places than the
+// target are out, and takes up to limit places within both. The caller
+// pushes at most that many slots and gives back the rest. Several feeders
+// (one per shard) share the ring; each takes a bounded share, so a feeder
+// blocked on an empty shard does not starve the others.
 func (r *ring) reserve(ctx context.Context, limit int) (int, error) {
 	for {
 		r.mu.Lock()
-		n := min(r.free, limit)
+		n := max(0, min(r.free, limit, r.target-(r.depth-r.free)))
 		r.free -= n
 		left := r.free
 		r.mu.Unlock()
@@ -263,24 +266,25 @@ func (r *ring) push(s *slot) {
 }
 
 // take removes the oldest slot, waiting for one; it reports false once the
-// ring is closed and empty.
-func (r *ring) take() (*slot, bool) {
+// ring is closed and empty, and whether it had to wait.
+func (r *ring) take() (s *slot, waited, ok bool) {
 	r.qmu.Lock()
 	defer r.qmu.Unlock()
 	for r.n == 0 && !r.closed {
+		waited = true
 		r.queued.Wait()
 	}
 	if r.n == 0 {
-		return nil, false
+		return nil, waited, false
 	}
-	s := r.buf[r.head]
+	s = r.buf[r.head]
 	r.buf[r.head] = nil
 	r.head = (r.head + 1) % len(r.buf)
 	r.n--
 	if len(r.buf) > ringKeepCap && r.n <= len(r.buf)/4 {
 		r.resize(len(r.buf) / 2) // give memory back after a burst
 	}
-	return s, true
+	return s, waited, true
 }
 
 // resize moves the queued slots into new storage of size c (>= r.n); qmu is held.
@@ -293,10 +297,10 @@ func (r *ring) resize(c int) {
 }
 
 // slots yields queued slots in ring order, waiting for each, until the ring
-// is closed and empty. Workers range over it.
+// is closed and empty.
 func (r *ring) slots(yield func(*slot) bool) {
 	for {
-		s, ok := r.take()
+		s, _, ok := r.take()
 		if !ok || !yield(s) {
 			return
 		}
@@ -320,6 +324,28 @@ func (r *ring) give(n int) {
 	r.free += n
 	r.mu.Unlock()
 	r.signal()
+}
+
+// setTarget sets how many places may be out at once (1..depth). Places out
+// beyond a lowered target are not taken back: they come back as their
+// entries complete.
+func (r *ring) setTarget(n int) {
+	n = min(max(n, 1), r.depth)
+	r.mu.Lock()
+	grew := n > r.target
+	r.target = n
+	r.mu.Unlock()
+	if grew {
+		r.signal()
+	}
+}
+
+// binding reports whether the target is what stops the feeders: as many
+// places are out as it allows, while some are free.
+func (r *ring) binding() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.free > 0 && r.depth-r.free >= r.target
 }
 
 func (r *ring) signal() {

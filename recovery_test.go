@@ -414,7 +414,7 @@ func TestRecoveryGracefulShutdownReleasesTheRing(t *testing.T) {
 	var runsA atomic.Int64
 	var ctxErr error
 	optsA := fastOpts(t, "leaving", minIdle)
-	optsA.Workers, optsA.Prefetch = 1, prefetch
+	optsA.Workers, optsA.Prefetch, optsA.holdPrefetch = 1, prefetch, true
 	a, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
 		runsA.Add(1)
 		started <- m.ID

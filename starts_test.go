@@ -73,7 +73,7 @@ func TestStartsGracefulShutdownUnstartedRunOnce(t *testing.T) {
 	release := make(chan struct{})
 	started := make(chan struct{}, 1)
 	optsA := fastOpts(t, "A", 30*time.Second)
-	optsA.Prefetch, optsA.MaxDeliveries = 6, 1
+	optsA.Prefetch, optsA.MaxDeliveries, optsA.holdPrefetch = 6, 1, true
 	a, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
 		started <- struct{}{}
 		<-release
