@@ -236,12 +236,12 @@ func (r *ring) reserve(ctx context.Context, limit int) (int, error) {
 		r.mu.Lock()
 		n := max(0, min(r.free, limit, r.target-(r.depth-r.free)))
 		r.free -= n
-		left := r.free
+		left := min(r.free, r.target-(r.depth-r.free))
 		r.mu.Unlock()
-		if left > 0 {
-			r.signal() // another feeder may be waiting for the rest
-		}
 		if n > 0 {
+			if left > 0 {
+				r.signal() // another feeder may be waiting for the rest
+			}
 			return n, nil
 		}
 		select {

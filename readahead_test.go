@@ -119,3 +119,22 @@ func TestFairnessSlowJobsAreSharedByALateConsumer(t *testing.T) {
 	// the rest; a generous bound, as B's start can be slow on a loaded machine.
 	require.GreaterOrEqual(t, byB, 10, "the late consumer got too little of the backlog")
 }
+
+// TestRingReserveWaitsWithoutSpinning: a feeder held back by the target
+// waits for a signal; it must not wake itself (it did, spinning a core).
+func TestRingReserveWaitsWithoutSpinning(t *testing.T) {
+	r := newRing(10)
+	r.setTarget(2)
+	n, err := r.reserve(context.Background(), 10)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err = r.reserve(ctx, 10) // free places, but the target binds
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	select {
+	case <-r.freed:
+		t.Fatal("a waiting feeder signalled itself")
+	default:
+	}
+}

@@ -111,7 +111,8 @@ type consumers struct {
 // startConsumers creates the group (so nothing produced is missed) and runs
 // one consumer per element of opts.
 func startConsumers[Req, Resp any](ctx context.Context, e *env, queue string, handler streamq.Handler[Req, Resp], opts []streamq.ConsumerOptions) (*consumers, error) {
-	if err := e.admin.XGroupCreateMkStream(ctx, streamKey(queue), streamq.DefaultGroup, "0").Err(); err != nil {
+	err := e.admin.XGroupCreateMkStream(ctx, streamKey(queue), streamq.DefaultGroup, "0").Err()
+	if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") { // a second set joins the group
 		return nil, fmt.Errorf("create group: %w", err)
 	}
 	cs := &consumers{}
@@ -119,7 +120,9 @@ func startConsumers[Req, Resp any](ctx context.Context, e *env, queue string, ha
 	cs.cancel = cancel
 	for i, o := range opts {
 		o.Logger = e.log
-		o.Name = fmt.Sprintf("c%d", i)
+		if o.Name == "" {
+			o.Name = fmt.Sprintf("c%d", i)
+		}
 		if o.ReadBlock == 0 {
 			o.ReadBlock = 250 * time.Millisecond // quick shutdown between runs
 		}

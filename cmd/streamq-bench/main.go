@@ -27,6 +27,10 @@
 //	            includes its fetch).
 //	batch       ProduceBatch of -batch jobs against pipelined XADD batches of the
 //	            same size (appending only). Latency: one batch call.
+//	fairness    n jobs of 50 ms wait; a consumer with the default options starts,
+//	            a second one 200 ms after the first job started; elapsed against
+//	            ideal = 0.2 s + (n*50 ms - 0.2 s)/2, and the jobs each ran.
+//	            Baseline: two loops reading one entry per XREADGROUP.
 //	all         every scenario above, in that order.
 //
 // Without -redis host:port the program starts its own redis-server on a free
@@ -44,11 +48,12 @@
 //
 // Output is a table; -json prints one JSON object per measured system (fields
 // scenario, system, n, seconds, jobs_per_sec, p50_ms, p99_ms, max_ms,
-// redis_cpu_us_per_job, redis_cmds_per_job, ...) and then one
+// redis_cpu_us_per_job, redis_cmds_per_job, client_cpu_us_per_job, ...) and then one
 // {"scenario":..., "ratio": streamq/baseline jobs_per_sec} line per scenario.
 // Redis CPU is the used_cpu_user+used_cpu_sys delta of INFO cpu; commands are
 // the delta of the INFO commandstats calls, which count commands run inside
-// Lua scripts too. Both are divided by the number of jobs.
+// Lua scripts too. Client CPU is this program's user+sys time (getrusage),
+// producers and consumers together. All are divided by the number of jobs.
 //
 // The client and the server share the machine: absolute figures depend on it,
 // so compare the ratios measured in one run.
@@ -107,6 +112,7 @@ var scenarios = []scenario{
 	{"latency", 2_000, runLatency},
 	{"prefetch", 500, runPrefetch},
 	{"batch", 200_000, runBatch},
+	{"fairness", 60, runFairness},
 }
 
 func main() {
@@ -118,9 +124,9 @@ func main() {
 
 func run() error {
 	var cfg config
-	flag.StringVar(&cfg.scenario, "scenario", "all", "throughput, rpc, latency, prefetch, batch or all")
+	flag.StringVar(&cfg.scenario, "scenario", "all", "throughput, rpc, latency, prefetch, batch, fairness or all")
 	flag.StringVar(&cfg.redisAddr, "redis", "", "host:port of a Redis to use; empty starts a private redis-server")
-	flag.IntVar(&cfg.n, "n", 0, "jobs per measured run; 0 uses each scenario's default (throughput 200000, rpc 100000, latency 2000, prefetch 500, batch 200000)")
+	flag.IntVar(&cfg.n, "n", 0, "jobs per measured run; 0 uses each scenario's default (throughput 200000, rpc 100000, latency 2000, prefetch 500, batch 200000, fairness 60)")
 	flag.IntVar(&cfg.producers, "producers", 4, "producers (each with its own client, like separate processes)")
 	flag.IntVar(&cfg.workers, "workers", 8, "handler goroutines in all, spread over -consumers consumers")
 	flag.IntVar(&cfg.consumers, "consumers", 2, "consumers (each with its own client)")
@@ -150,7 +156,7 @@ func run() error {
 		}
 	}
 	if len(chosen) == 0 {
-		return fmt.Errorf("unknown -scenario %q: use throughput, rpc, latency, prefetch, batch or all", cfg.scenario)
+		return fmt.Errorf("unknown -scenario %q: use throughput, rpc, latency, prefetch, batch, fairness or all", cfg.scenario)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -318,6 +324,7 @@ var targets = []target{
 	{"latency p50 ms", field("latency", "streamq", func(r Result) float64 { return r.P50Ms }), func(v float64) bool { return v <= 0.5 }, "<= 0.5"},
 	{"latency p99 ms", field("latency", "streamq", func(r Result) float64 { return r.P99Ms }), func(v float64) bool { return v <= 2 }, "<= 2"},
 	{"prefetch elapsed/ideal", field("prefetch", "streamq", func(r Result) float64 { return r.IdealRatio }), func(v float64) bool { return v <= 1.15 }, "<= 1.15"},
+	{"fairness elapsed/ideal", field("fairness", "streamq", func(r Result) float64 { return r.IdealRatio }), func(v float64) bool { return v <= 1.2 }, "<= 1.2"},
 }
 
 // printTargets prints where each measured target stands.

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -33,6 +34,9 @@ type Result struct {
 	// run inside scripts included, per job.
 	RedisCPUUsPerJob float64 `json:"redis_cpu_us_per_job"`
 	RedisCmdsPerJob  float64 `json:"redis_cmds_per_job"`
+	// Client-side cost: this program's CPU (user+sys, from getrusage) per
+	// job, producers and consumers together, Redis excluded.
+	ClientCPUUsPerJob float64 `json:"client_cpu_us_per_job"`
 
 	// Prefetch scenario only.
 	Depth         int     `json:"depth,omitempty"`
@@ -112,17 +116,31 @@ type meter struct {
 	before serverStats
 	after  serverStats
 	t0, t1 time.Time
+	// This process's CPU in microseconds at start and stop.
+	cpu0, cpu1 float64
+}
+
+// processCPUUs is the CPU this process used so far (user+sys), in µs.
+func processCPUUs() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	us := func(tv syscall.Timeval) float64 { return float64(tv.Sec)*1e6 + float64(tv.Usec) }
+	return us(ru.Utime) + us(ru.Stime)
 }
 
 func (m *meter) start(ctx context.Context) error {
 	var err error
 	m.before, err = snapshot(ctx, m.c)
 	m.t0 = time.Now()
+	m.cpu0 = processCPUUs()
 	return err
 }
 
 func (m *meter) stop(ctx context.Context) error {
 	m.t1 = time.Now()
+	m.cpu1 = processCPUUs()
 	var err error
 	m.after, err = snapshot(ctx, m.c)
 	return err
@@ -145,6 +163,7 @@ func (m *meter) result(scenario, system string, n int, latency string, lat []int
 	if n > 0 {
 		r.RedisCPUUsPerJob = (m.after.cpuUs - m.before.cpuUs) / float64(n)
 		r.RedisCmdsPerJob = float64(m.after.calls-m.before.calls) / float64(n)
+		r.ClientCPUUsPerJob = (m.cpu1 - m.cpu0) / float64(n)
 	}
 	r.P50Ms, r.P99Ms, r.MaxMs = percentiles(lat)
 	if m.detail != nil {
@@ -288,8 +307,8 @@ type printer struct {
 
 func (p *printer) header() {
 	if !p.json {
-		fmt.Fprintf(p.w, "%-10s %-16s %8s %8s %11s %-14s %9s %9s %9s %10s %9s\n",
-			"scenario", "system", "n", "seconds", "jobs/s", "latency", "p50 ms", "p99 ms", "max ms", "cpu us/job", "cmds/job")
+		fmt.Fprintf(p.w, "%-10s %-16s %8s %8s %11s %-14s %9s %9s %9s %10s %9s %10s\n",
+			"scenario", "system", "n", "seconds", "jobs/s", "latency", "p50 ms", "p99 ms", "max ms", "cpu us/job", "cmds/job", "cli us/job")
 	}
 }
 
@@ -303,9 +322,9 @@ func (p *printer) result(r Result) {
 	if latency == "" {
 		latency = "-"
 	}
-	fmt.Fprintf(p.w, "%-10s %-16s %8d %8.3f %11.0f %-14s %9.3f %9.3f %9.3f %10.2f %9.2f\n",
+	fmt.Fprintf(p.w, "%-10s %-16s %8d %8.3f %11.0f %-14s %9.3f %9.3f %9.3f %10.2f %9.2f %10.2f\n",
 		r.Scenario, r.System, r.N, r.Seconds, r.JobsPerSec, latency, r.P50Ms, r.P99Ms, r.MaxMs,
-		r.RedisCPUUsPerJob, r.RedisCmdsPerJob)
+		r.RedisCPUUsPerJob, r.RedisCmdsPerJob, r.ClientCPUUsPerJob)
 }
 
 func (p *printer) ratio(r Ratio) {
