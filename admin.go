@@ -33,7 +33,15 @@ type AdminOptions struct {
 	// InflightTTL is the in-flight record TTL Requeue gives a requeued request.
 	// Default DefaultInflightTTL; use the producers' value.
 	InflightTTL time.Duration
+	// StaleAfter is how long after its last heartbeat (or, for a consumer
+	// without heartbeats, its last read) a consumer counts as stale rather
+	// than live, in Stats and Consumers. Running consumers heartbeat every
+	// ClaimInterval, at most every 5s. Default DefaultStaleAfter (30s).
+	StaleAfter time.Duration
 }
+
+// DefaultStaleAfter is the default AdminOptions.StaleAfter.
+const DefaultStaleAfter = 30 * time.Second
 
 // NewAdmin returns an Admin for queue. opts may be nil for the defaults. It
 // does not touch Redis.
@@ -56,6 +64,12 @@ func NewAdmin(client redis.UniversalClient, queue string, opts *AdminOptions) (*
 		o.InflightTTL = DefaultInflightTTL
 	case o.InflightTTL < time.Millisecond:
 		return nil, optionError("InflightTTL is %v; it must be at least 1ms (leave it 0 for the default %v)", o.InflightTTL, DefaultInflightTTL)
+	}
+	switch {
+	case o.StaleAfter == 0:
+		o.StaleAfter = DefaultStaleAfter
+	case o.StaleAfter < time.Millisecond:
+		return nil, optionError("StaleAfter is %v; it must be at least 1ms (leave it 0 for the default %v)", o.StaleAfter, DefaultStaleAfter)
 	}
 	return &Admin{client: client, queue: queue, opts: o}, nil
 }
@@ -116,8 +130,13 @@ type Stats struct {
 type GroupStats struct {
 	// Name is the group's name.
 	Name string
-	// Consumers is the number of consumers in the group.
+	// Consumers is the number of live consumers in the group: those whose
+	// last heartbeat (or read) is within AdminOptions.StaleAfter. A consumer
+	// that was killed is not counted, though Redis lists it until pruned.
 	Consumers int64
+	// StaleConsumers is the number of consumers Redis still lists that are
+	// not live (killed, or stopped without pruning); see Admin.Consumers.
+	StaleConsumers int64
 	// Pending is the number of entries delivered and not yet acknowledged.
 	Pending int64
 	// Lag is the number of entries not yet delivered to the group. Redis
@@ -131,11 +150,12 @@ type GroupStats struct {
 	OldestPendingAge time.Duration
 }
 
-// Stats returns the queue's statistics, summed over its shards. A group's
-// Consumers is the largest count over the shards (every consumer reads all).
+// Stats returns the queue's statistics, summed over its shards; a consumer
+// counts once however many shards it reads. An unknown queue (no producer or
+// consumer ever used it) is ErrNotFound.
 func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	var s Stats
-	shards, err := a.shards(ctx)
+	shards, err := a.existingShards(ctx)
 	if err != nil {
 		return s, err
 	}
@@ -143,6 +163,20 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	for _, k := range shards {
 		if err := a.shardStats(ctx, k, &s, byName); err != nil {
 			return s, fmt.Errorf("streamq: stats of %s: %w", a.queue, err)
+		}
+	}
+	for i := range s.Groups {
+		g := &s.Groups[i]
+		cs, err := a.groupConsumers(ctx, shards, g.Name)
+		if err != nil {
+			return s, err
+		}
+		for _, c := range cs {
+			if c.Live {
+				g.Consumers++
+			} else {
+				g.StaleConsumers++
+			}
 		}
 	}
 	return s, nil
@@ -176,7 +210,6 @@ func (a *Admin) shardStats(ctx context.Context, k keys.Keys, s *Stats, byName ma
 			s.Groups = append(s.Groups, GroupStats{Name: g.Name})
 		}
 		gs := &s.Groups[i]
-		gs.Consumers = max(gs.Consumers, g.Consumers)
 		gs.Pending += g.Pending
 		lag := g.Lag
 		if lag < 0 {
@@ -337,7 +370,8 @@ func parseDeadLetter(m redis.XMessage) DeadLetter {
 	return d
 }
 
-// ErrNotFound is returned when a dead letter does not exist (any more).
+// ErrNotFound is returned when a queue, a request id or a dead letter does
+// not exist (any more).
 var ErrNotFound = errors.New("streamq: not found")
 
 // requeueMarkerTTL is how long Requeue remembers the entry a dead letter was

@@ -244,6 +244,7 @@ func (c *Consumer[Req, Resp]) ensureGroupRetry(ctx context.Context) error {
 //     then forget the slots (their places go back to the ring).
 //   - leaser (leaseLoop): renews the leases of owned slots, marks lost ones.
 //   - trimmer (trimLoop): trims the stream and prunes idle consumers.
+//   - heartbeat (heartbeatLoop): records that this consumer is alive.
 //
 // owned is shared by all of them and guarded by mu.
 type run[Req, Resp any] struct {
@@ -272,7 +273,7 @@ type run[Req, Resp any] struct {
 	fetches   sync.WaitGroup
 	handoffs  sync.WaitGroup // hand-offs waiting for a busy completer
 	workers   sync.WaitGroup
-	loops     sync.WaitGroup // leaser and trimmer
+	loops     sync.WaitGroup // leaser, trimmer and heartbeat
 	feeder    sync.WaitGroup
 	stopLoops chan struct{}
 }
@@ -310,8 +311,9 @@ func (r *run[Req, Resp]) start(ctx context.Context) {
 	for range o.Workers {
 		go r.work()
 	}
-	r.loops.Add(1)
+	r.loops.Add(2)
 	go r.leaseLoop()
+	go r.heartbeatLoop()
 	if o.TrimInterval > 0 {
 		r.loops.Add(1)
 		go r.trimLoop()

@@ -1,0 +1,189 @@
+package streamq
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/streamq/streamq/internal/keys"
+)
+
+// Queues returns the names of the streamq queues present in the Redis that
+// client talks to, sorted. A queue is found by the key in which its first
+// producer or consumer recorded its shard count ("streamq:{<queue>}:meta"),
+// with SCAN MATCH (never KEYS, which blocks the server); on a Redis Cluster
+// every master is scanned. A queue used only through hand-written keys (no
+// producer or consumer ever ran) is not listed.
+func Queues(ctx context.Context, client redis.UniversalClient) ([]string, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: client is nil", ErrInvalidOptions)
+	}
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	scan := func(ctx context.Context, c redis.Cmdable) error {
+		it := c.Scan(ctx, 0, keys.MetaPattern, 1000).Iterator()
+		for it.Next(ctx) {
+			if q, ok := keys.QueueOfMeta(it.Val()); ok {
+				mu.Lock()
+				seen[q] = true
+				mu.Unlock()
+			}
+		}
+		return it.Err()
+	}
+	var err error
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error { return scan(ctx, m) })
+	} else {
+		err = scan(ctx, client)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("streamq: list queues: %w", err)
+	}
+	out := make([]string, 0, len(seen))
+	for q := range seen {
+		out = append(out, q)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// ConsumerInfo describes one consumer of a group, over every shard.
+type ConsumerInfo struct {
+	// Group is the consumer group.
+	Group string `json:"group"`
+	// Name is the consumer's name.
+	Name string `json:"name"`
+	// Pending is the number of entries it holds, read and not yet
+	// acknowledged, summed over the shards.
+	Pending int64 `json:"pending"`
+	// Idle is the time since it last read or claimed an entry (Redis's own
+	// idle time, the smallest over the shards). On Redis 7.0 a read that
+	// finds nothing does not reset it, so an idle consumer of a quiet queue
+	// can be live with a large Idle: see LastSeen.
+	Idle time.Duration `json:"idle"`
+	// LastSeen is its last heartbeat (a running consumer records one every
+	// ClaimInterval, at most every 5s); zero when it recorded none: it shut
+	// down cleanly, or it predates heartbeats.
+	LastSeen time.Time `json:"last_seen,omitzero"`
+	// Live says it is running: its last heartbeat, or else its Idle, is within
+	// AdminOptions.StaleAfter. A consumer that was killed stays listed as stale
+	// until pruned (ConsumerOptions.ConsumerIdleTimeout); its pending entries
+	// are claimed by others after MinIdle.
+	Live bool `json:"live"`
+}
+
+// Consumers returns the consumers of every group of the queue, by group then
+// name, with whether each is live. Unknown queue: ErrNotFound.
+func (a *Admin) Consumers(ctx context.Context) ([]ConsumerInfo, error) {
+	shards, err := a.existingShards(ctx)
+	if err != nil {
+		return nil, err
+	}
+	groups, err := a.groupNames(ctx, shards)
+	if err != nil {
+		return nil, err
+	}
+	var out []ConsumerInfo
+	for _, g := range groups {
+		cs, err := a.groupConsumers(ctx, shards, g)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, cs...)
+	}
+	return out, nil
+}
+
+// groupNames returns the consumer groups of the queue's shards, in order of
+// first appearance.
+func (a *Admin) groupNames(ctx context.Context, shards []keys.Keys) ([]string, error) {
+	var names []string
+	for _, k := range shards {
+		groups, err := a.client.XInfoGroups(ctx, k.Stream).Result()
+		if err != nil {
+			if isNoSuchKey(err) {
+				continue
+			}
+			return nil, fmt.Errorf("streamq: list the groups of %s: %w", a.queue, err)
+		}
+		for _, g := range groups {
+			if !slices.Contains(names, g.Name) {
+				names = append(names, g.Name)
+			}
+		}
+	}
+	return names, nil
+}
+
+// isNoSuchKey reports the error XINFO returns for a stream that does not exist.
+func isNoSuchKey(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "ERR no such key")
+}
+
+// groupConsumers lists the consumers of group over the shards, merged with
+// the group's heartbeats, sorted by name.
+func (a *Admin) groupConsumers(ctx context.Context, shards []keys.Keys, group string) ([]ConsumerInfo, error) {
+	byName := map[string]*ConsumerInfo{}
+	get := func(name string) *ConsumerInfo {
+		c := byName[name]
+		if c == nil {
+			c = &ConsumerInfo{Group: group, Name: name, Idle: -1}
+			byName[name] = c
+		}
+		return c
+	}
+	for _, k := range shards {
+		cs, err := a.client.XInfoConsumers(ctx, k.Stream, group).Result()
+		if err != nil {
+			if isNoSuchKey(err) || isNoGroup(err) {
+				continue
+			}
+			return nil, fmt.Errorf("streamq: list the consumers of %s group %s: %w", a.queue, group, err)
+		}
+		for _, x := range cs {
+			c := get(x.Name)
+			c.Pending += x.Pending
+			if c.Idle < 0 || x.Idle < c.Idle {
+				c.Idle = x.Idle
+			}
+		}
+	}
+	seen, err := a.client.HGetAll(ctx, keys.Seen(a.queue, group)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("streamq: read the heartbeats of %s group %s: %w", a.queue, group, err)
+	}
+	now := time.Now()
+	for name, v := range seen {
+		ms, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			continue
+		}
+		c := get(name)
+		c.LastSeen = time.UnixMilli(ms)
+	}
+	out := make([]ConsumerInfo, 0, len(byName))
+	for _, c := range byName {
+		if c.Idle < 0 { // heartbeat only: not known to Redis's group yet
+			c.Idle = now.Sub(c.LastSeen)
+		}
+		c.Live = c.Idle < a.opts.StaleAfter || (!c.LastSeen.IsZero() && now.Sub(c.LastSeen) < a.opts.StaleAfter)
+		out = append(out, *c)
+	}
+	slices.SortFunc(out, func(x, y ConsumerInfo) int {
+		switch {
+		case x.Name < y.Name:
+			return -1
+		case x.Name > y.Name:
+			return 1
+		}
+		return 0
+	})
+	return out, nil
+}
