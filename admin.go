@@ -137,6 +137,11 @@ type GroupStats struct {
 	// StaleConsumers is the number of consumers Redis still lists that are
 	// not live (killed, or stopped without pruning); see Admin.Consumers.
 	StaleConsumers int64
+	// Succeeded and Failed sum the outcome totals the group's consumers
+	// report in their heartbeats (see ConsumerInfo): sample them twice for a
+	// rate. A consumer's totals start again from 0 when it restarts, so a
+	// sum can go down; count only increases.
+	Succeeded, Failed int64
 	// Pending is the number of entries delivered and not yet acknowledged.
 	Pending int64
 	// Lag is the number of entries not yet delivered to the group. Redis
@@ -172,6 +177,8 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 			return s, err
 		}
 		for _, c := range cs {
+			g.Succeeded += c.Succeeded
+			g.Failed += c.Failed
 			if c.Live {
 				g.Consumers++
 			} else {

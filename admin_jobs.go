@@ -216,3 +216,30 @@ func (a *Admin) existingShards(ctx context.Context) ([]keys.Keys, error) {
 	}
 	return shards, nil
 }
+
+// DeadLetter returns one dead letter of the Admin's group by its DeadLetterID,
+// or ErrNotFound.
+func (a *Admin) DeadLetter(ctx context.Context, deadLetterID string) (DeadLetter, error) {
+	shards, err := a.existingShards(ctx)
+	if err != nil {
+		return DeadLetter{}, err
+	}
+	shard, id, err := splitDeadLetterID(deadLetterID, len(shards))
+	if err != nil {
+		return DeadLetter{}, err
+	}
+	t, err := a.target(ctx)
+	if err != nil {
+		return DeadLetter{}, err
+	}
+	msgs, err := a.client.XRangeN(ctx, t.deadLetterKey(shards[shard]), id, id, 1).Result()
+	if err != nil {
+		return DeadLetter{}, fmt.Errorf("streamq: read dead letter %s of %s: %w", deadLetterID, a.queue, err)
+	}
+	if len(msgs) == 0 {
+		return DeadLetter{}, fmt.Errorf("%w: dead letter %s of %s", ErrNotFound, deadLetterID, a.queue)
+	}
+	d := parseDeadLetter(msgs[0])
+	d.DeadLetterID = deadLetterID
+	return d, nil
+}

@@ -89,6 +89,14 @@ func TestAdminJobLifecycle(t *testing.T) {
 		j, err = admin.Job(ctx, "bad")
 		return err == nil && j.State == JobDeadLettered
 	}, "bad dead-lettered: %+v %v", j, err)
+	dls, err := admin.DeadLetters(ctx, "", 10)
+	require.NoError(t, err)
+	require.Len(t, dls, 1)
+	dl, err := admin.DeadLetter(ctx, dls[0].DeadLetterID)
+	require.NoError(t, err)
+	require.Equal(t, dls[0], dl)
+	_, err = admin.DeadLetter(ctx, "0-1")
+	require.ErrorIs(t, err, ErrNotFound)
 	require.Contains(t, j.Error, "refused for good")
 
 	// Forget a finished id: producing it again runs it again.
@@ -101,6 +109,11 @@ func TestAdminJobLifecycle(t *testing.T) {
 	got, err := pr.Wait(waitCtx(t, 20*time.Second))
 	require.NoError(t, err)
 	require.Equal(t, "done-again", got)
+	var st Stats
+	eventually(t, 10*time.Second, func() bool {
+		st, err = admin.Stats(ctx)
+		return err == nil && st.Groups[0].Succeeded == 3 && st.Groups[0].Failed == 1
+	}, "heartbeat totals: 3 succeeded (ok twice, hold), 1 failed (bad): %+v %v", st, err)
 	stop()
 	require.Equal(t, 2, runs["ok"], "ran again after Forget")
 	require.Zero(t, runs["queued"])
@@ -170,9 +183,9 @@ func TestAdminQueuesAndConsumers(t *testing.T) {
 	}, "a ran")
 	eventually(t, 10*time.Second, func() bool {
 		cs, err = admin.Consumers(ctx)
-		return err == nil && len(cs) == 1 && cs[0].Live && !cs[0].LastSeen.IsZero()
+		return err == nil && len(cs) == 1 && cs[0].Live && !cs[0].LastSeen.IsZero() && cs[0].Succeeded == 1
 	}, "consumer listed live: %+v %v", cs, err)
-	require.Equal(t, ConsumerInfo{Group: DefaultGroup, Name: "alive", Pending: 0, Idle: cs[0].Idle, LastSeen: cs[0].LastSeen, Live: true}, cs[0])
+	require.Equal(t, ConsumerInfo{Group: DefaultGroup, Name: "alive", Pending: 0, Idle: cs[0].Idle, LastSeen: cs[0].LastSeen, Succeeded: 1, Live: true}, cs[0])
 	stop()
 	cs, err = admin.Consumers(ctx)
 	require.NoError(t, err)

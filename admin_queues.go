@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -72,6 +71,12 @@ type ConsumerInfo struct {
 	// ClaimInterval, at most every 5s); zero when it recorded none: it shut
 	// down cleanly, or it predates heartbeats.
 	LastSeen time.Time `json:"last_seen,omitzero"`
+	// Succeeded and Failed are its totals since its process created it, as of
+	// LastSeen: requests whose response was recorded, and handler attempts
+	// that failed (retried or dead-lettered). Their change over time is the
+	// consumer's rate; a restart starts them again from 0.
+	Succeeded int64 `json:"succeeded"`
+	Failed    int64 `json:"failed"`
 	// Live says it is running: its last heartbeat, or else its Idle, is within
 	// AdminOptions.StaleAfter. A consumer that was killed stays listed as stale
 	// until pruned (ConsumerOptions.ConsumerIdleTimeout); its pending entries
@@ -161,12 +166,12 @@ func (a *Admin) groupConsumers(ctx context.Context, shards []keys.Keys, group st
 	}
 	now := time.Now()
 	for name, v := range seen {
-		ms, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
+		at, succeeded, failed, ok := parseHeartbeat(v)
+		if !ok {
 			continue
 		}
 		c := get(name)
-		c.LastSeen = time.UnixMilli(ms)
+		c.LastSeen, c.Succeeded, c.Failed = at, succeeded, failed
 	}
 	out := make([]ConsumerInfo, 0, len(byName))
 	for _, c := range byName {

@@ -54,6 +54,7 @@ type Consumer[Req, Resp any] struct {
 	// background counts goroutines that may outlive Run: shutdown work
 	// still waiting on Redis when Run's bound passed.
 	background sync.WaitGroup
+	outcomes   outcomeCounts // reported by the heartbeat (heartbeat.go)
 }
 
 // NewConsumer returns a consumer of queue that calls handler for each request.
@@ -839,6 +840,7 @@ func (r *run[Req, Resp]) call(ctx context.Context, msg *Message[Req]) (resp Resp
 // deliveries are used up, else leave the entry pending and schedule its retry.
 func (r *run[Req, Resp]) fail(s *slot, err error) {
 	o := &r.c.opts
+	r.c.outcomes.failed.Add(1)
 	if IsPermanent(err) || s.entry.Deliveries >= o.MaxDeliveries {
 		r.deadLetter(s, err.Error())
 		return
@@ -955,6 +957,7 @@ func (r *run[Req, Resp]) completeShard(shard int, batch []*completion) {
 		r.c.slots.onError(err)
 		_ = sleepCtx(r.bg, b.next())
 	}
+	r.c.outcomes.countRecorded(batch)
 	if fc, ok := o.Fetcher.(FetchCompleter); ok {
 		var done []Entry
 		for _, cp := range batch {

@@ -3,6 +3,8 @@ package streamq
 import (
 	"context"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/streamq/streamq/internal/keys"
@@ -16,9 +18,48 @@ const maxHeartbeatInterval = 5 * time.Second
 // seenTTL is how long a group's heartbeat hash outlives its last heartbeat.
 const seenTTL = 7 * 24 * time.Hour
 
+// outcomeCounts are a consumer's totals since it was created, reported in
+// each heartbeat so that operators can draw rates without a counter written
+// on every completion.
+type outcomeCounts struct {
+	succeeded atomic.Int64 // outcomes recorded with a response
+	failed    atomic.Int64 // handler attempts that failed (retried or dead-lettered)
+}
+
+// countRecorded counts the successes of a recorded completion batch.
+func (c *outcomeCounts) countRecorded(batch []*completion) {
+	var n int64
+	for _, cp := range batch {
+		if cp.code == recordResult {
+			n++
+		}
+	}
+	c.succeeded.Add(n)
+}
+
+// heartbeatValue is a heartbeat field's value: "<unix ms>:<succeeded>:<failed>".
+func heartbeatValue(now time.Time, c *outcomeCounts) string {
+	return strconv.FormatInt(now.UnixMilli(), 10) + ":" + strconv.FormatInt(c.succeeded.Load(), 10) +
+		":" + strconv.FormatInt(c.failed.Load(), 10)
+}
+
+// parseHeartbeat reads a heartbeat value; ok is false when it is not one.
+func parseHeartbeat(v string) (at time.Time, succeeded, failed int64, ok bool) {
+	parts := strings.Split(v, ":")
+	ms, err := strconv.ParseInt(parts[0], 10, 64)
+	if err != nil {
+		return time.Time{}, 0, 0, false
+	}
+	if len(parts) == 3 {
+		succeeded, _ = strconv.ParseInt(parts[1], 10, 64)
+		failed, _ = strconv.ParseInt(parts[2], 10, 64)
+	}
+	return time.UnixMilli(ms), succeeded, failed, true
+}
+
 // heartbeatLoop records, every min(ClaimInterval, 5s), that this consumer is
 // alive: it sets its field of the group's heartbeat hash (keys.Seen) to the
-// time. Redis's own consumer idle time cannot tell: on Redis 7.0 a blocking
+// time and its outcome totals. Redis's own consumer idle time cannot tell: on Redis 7.0 a blocking
 // read that finds nothing does not reset it, so a healthy consumer of an
 // empty queue would look dead. On stop the field is deleted, so a consumer
 // that shut down cleanly is not counted, live or stale.
@@ -27,7 +68,7 @@ func (r *run[Req, Resp]) heartbeatLoop() {
 	key := keys.Seen(r.c.queue, r.c.opts.Group)
 	beat := func() {
 		pipe := r.c.client.Pipeline()
-		pipe.HSet(r.bg, key, r.c.opts.Name, strconv.FormatInt(time.Now().UnixMilli(), 10))
+		pipe.HSet(r.bg, key, r.c.opts.Name, heartbeatValue(time.Now(), &r.c.outcomes))
 		pipe.PExpire(r.bg, key, seenTTL)
 		if _, err := pipe.Exec(r.bg); err != nil && r.bg.Err() == nil {
 			r.c.log.Debug("streamq: heartbeat failed; will retry", "err", err)
@@ -58,10 +99,10 @@ func pruneSeen[Req, Resp any](ctx context.Context, c *Consumer[Req, Resp], delet
 	if err != nil {
 		return err
 	}
-	old := time.Now().Add(-c.opts.ConsumerIdleTimeout).UnixMilli()
+	old := time.Now().Add(-c.opts.ConsumerIdleTimeout)
 	drop := append([]string(nil), deleted...)
 	for name, v := range seen {
-		if ms, err := strconv.ParseInt(v, 10, 64); err != nil || ms < old {
+		if at, _, _, ok := parseHeartbeat(v); !ok || at.Before(old) {
 			drop = append(drop, name)
 		}
 	}
