@@ -119,40 +119,42 @@ func (a *Admin) shards(ctx context.Context) ([]keys.Keys, error) {
 // Stats describes a queue at one moment.
 type Stats struct {
 	// Length is the number of entries in the stream.
-	Length int64
+	Length int64 `json:"length"`
 	// DeadLetters is the number of entries in the dead-letter stream.
-	DeadLetters int64
+	DeadLetters int64 `json:"dead_letters"`
 	// Groups describes each consumer group.
-	Groups []GroupStats
+	Groups []GroupStats `json:"groups"`
 }
 
 // GroupStats describes one consumer group.
 type GroupStats struct {
 	// Name is the group's name.
-	Name string
+	Name string `json:"name"`
 	// Consumers is the number of live consumers in the group: those whose
 	// last heartbeat (or read) is within AdminOptions.StaleAfter. A consumer
 	// that was killed is not counted, though Redis lists it until pruned.
-	Consumers int64
+	Consumers int64 `json:"consumers"`
 	// StaleConsumers is the number of consumers Redis still lists that are
-	// not live (killed, or stopped without pruning); see Admin.Consumers.
-	StaleConsumers int64
+	// not live and did not stop cleanly (killed, hung, or cut off from Redis);
+	// see Admin.Consumers. Consumers that stopped cleanly count in neither.
+	StaleConsumers int64 `json:"stale_consumers"`
 	// Succeeded and Failed sum the outcome totals the group's consumers
 	// report in their heartbeats (see ConsumerInfo): sample them twice for a
 	// rate. A consumer's totals start again from 0 when it restarts, so a
 	// sum can go down; count only increases.
-	Succeeded, Failed int64
+	Succeeded int64 `json:"succeeded"`
+	Failed    int64 `json:"failed"`
 	// Pending is the number of entries delivered and not yet acknowledged.
-	Pending int64
+	Pending int64 `json:"pending"`
 	// Lag is the number of entries not yet delivered to the group. Redis
 	// reports it, except after an entry past the group's position was deleted
 	// (a duplicate Produce appends and deletes one): then Stats counts the
 	// entries itself, reading up to 10,000 entries (payloads included) on
 	// each side of the group's position, and reports -1 when both sides hold
 	// more.
-	Lag int64
+	Lag int64 `json:"lag"`
 	// OldestPendingAge is the idle time of the longest-idle pending entry.
-	OldestPendingAge time.Duration
+	OldestPendingAge time.Duration `json:"oldest_pending_age_ns"`
 }
 
 // Stats returns the queue's statistics, summed over its shards; a consumer
@@ -179,9 +181,10 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 		for _, c := range cs {
 			g.Succeeded += c.Succeeded
 			g.Failed += c.Failed
-			if c.Live {
+			switch {
+			case c.Live:
 				g.Consumers++
-			} else {
+			case !c.Stopped:
 				g.StaleConsumers++
 			}
 		}
@@ -289,22 +292,22 @@ type DeadLetter struct {
 	// DeadLetterID identifies the dead letter for Requeue and PurgeDeadLetters:
 	// its id in the dead-letter stream, prefixed with "<shard>/" when the queue
 	// has several shards.
-	DeadLetterID string
+	DeadLetterID string `json:"dead_letter_id"`
 	// ID is the request id ("" for an entry that had none).
-	ID string
+	ID string `json:"id"`
 	// EntryID is the original stream entry id.
-	EntryID string
+	EntryID string `json:"entry_id"`
 	// Payload is the original entry's payload field.
-	Payload []byte
+	Payload []byte `json:"payload"`
 	// Error is why the request was dead-lettered.
-	Error string
+	Error string `json:"error"`
 	// Deliveries is how many times its handler started (0 when it was
 	// dead-lettered at admission, without starting).
-	Deliveries int
+	Deliveries int `json:"deliveries"`
 	// Consumer is the consumer that dead-lettered it.
-	Consumer string
+	Consumer string `json:"consumer"`
 	// At is when it was dead-lettered.
-	At time.Time
+	At time.Time `json:"at"`
 }
 
 // DeadLetters returns up to count dead letters of the Admin's group (see

@@ -63,14 +63,14 @@ type JobInfo struct {
 	// MinIdle means the consumer is gone and another one will claim it.
 	// streamq records no handler start time, so how long the handler has run
 	// is not known; Enqueued bounds it.
-	Idle time.Duration `json:"idle"`
+	Idle time.Duration `json:"idle_ns"`
 	// Result is the stored response of a succeeded request, as the codec
 	// encoded it; nil when the consumers discard results.
 	Result []byte `json:"result,omitempty"`
 	// Error is the stored error of a failed or dead-lettered request.
 	Error string `json:"error,omitempty"`
 	// TTL is how long the record lives on: -1 when it has no expiry.
-	TTL time.Duration `json:"ttl"`
+	TTL time.Duration `json:"ttl_ns"`
 }
 
 // Job looks up a request id: whether it is queued, running (on which

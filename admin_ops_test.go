@@ -190,7 +190,13 @@ func TestAdminQueuesAndConsumers(t *testing.T) {
 	cs, err = admin.Consumers(ctx)
 	require.NoError(t, err)
 	require.Len(t, cs, 1, "Redis still lists the consumer")
-	require.True(t, cs[0].LastSeen.IsZero(), "a clean stop removes the heartbeat")
+	require.True(t, cs[0].Stopped, "a clean stop says so: %+v", cs[0])
+	require.False(t, cs[0].Live)
+	require.EqualValues(t, 1, cs[0].Succeeded)
+	s, err := admin.Stats(ctx)
+	require.NoError(t, err)
+	require.Zero(t, s.Groups[0].Consumers)
+	require.Zero(t, s.Groups[0].StaleConsumers, "a clean stop is not stale")
 }
 
 // TestAdminStatsCountsLiveConsumers is the case: 6 consumer processes,

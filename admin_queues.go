@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/streamq/streamq/internal/keys"
+	"github.com/streamq/streamq/internal/scripts"
 )
 
 // Queues returns the names of the streamq queues present in the Redis that
@@ -66,19 +67,24 @@ type ConsumerInfo struct {
 	// idle time, the smallest over the shards). On Redis 7.0 a read that
 	// finds nothing does not reset it, so an idle consumer of a quiet queue
 	// can be live with a large Idle: see LastSeen.
-	Idle time.Duration `json:"idle"`
+	Idle time.Duration `json:"idle_ns"`
 	// LastSeen is its last heartbeat (a running consumer records one every
-	// ClaimInterval, at most every 5s); zero when it recorded none: it shut
-	// down cleanly, or it predates heartbeats.
+	// ClaimInterval, at most every 5s, and one when it stops); zero when it
+	// recorded none (pruned, or a streamq version without heartbeats).
 	LastSeen time.Time `json:"last_seen,omitzero"`
+	// Stopped says it shut down cleanly (its last heartbeat said so): neither
+	// live nor stale.
+	Stopped bool `json:"stopped"`
 	// Succeeded and Failed are its totals since its process created it, as of
 	// LastSeen: requests whose response was recorded, and handler attempts
 	// that failed (retried or dead-lettered). Their change over time is the
 	// consumer's rate; a restart starts them again from 0.
 	Succeeded int64 `json:"succeeded"`
 	Failed    int64 `json:"failed"`
-	// Live says it is running: its last heartbeat, or else its Idle, is within
-	// AdminOptions.StaleAfter. A consumer that was killed stays listed as stale
+	// Live says it is running: it has not stopped and its last heartbeat is
+	// within AdminOptions.StaleAfter; a consumer neither Live nor Stopped is
+	// stale (killed, hung, or cut off from Redis). (For a group whose consumers record no
+	// heartbeats, older streamq versions, its Idle is used instead.) A consumer that was killed stays listed as stale
 	// until pruned (ConsumerOptions.ConsumerIdleTimeout); its pending entries
 	// are claimed by others after MinIdle.
 	Live bool `json:"live"`
@@ -166,19 +172,27 @@ func (a *Admin) groupConsumers(ctx context.Context, shards []keys.Keys, group st
 	}
 	now := time.Now()
 	for name, v := range seen {
-		at, succeeded, failed, ok := parseHeartbeat(v)
+		at, succeeded, failed, stopped, ok := parseHeartbeat(v)
 		if !ok {
 			continue
 		}
 		c := get(name)
-		c.LastSeen, c.Succeeded, c.Failed = at, succeeded, failed
+		c.LastSeen, c.Succeeded, c.Failed, c.Stopped = at, succeeded, failed, stopped
 	}
 	out := make([]ConsumerInfo, 0, len(byName))
 	for _, c := range byName {
 		if c.Idle < 0 { // heartbeat only: not known to Redis's group yet
 			c.Idle = now.Sub(c.LastSeen)
 		}
-		c.Live = c.Idle < a.opts.StaleAfter || (!c.LastSeen.IsZero() && now.Sub(c.LastSeen) < a.opts.StaleAfter)
+		if len(seen) > 0 {
+			// The group's consumers heartbeat: one without a heartbeat
+			// stopped cleanly (or was pruned) and is not live.
+			c.Live = !c.LastSeen.IsZero() && !c.Stopped && now.Sub(c.LastSeen) < a.opts.StaleAfter
+		} else {
+			// Consumers of a streamq version without heartbeats: go by
+			// Redis's idle time, which an empty blocking read does not reset.
+			c.Live = c.Idle < a.opts.StaleAfter
+		}
 		out = append(out, *c)
 	}
 	slices.SortFunc(out, func(x, y ConsumerInfo) int {
@@ -192,3 +206,29 @@ func (a *Admin) groupConsumers(ctx context.Context, shards []keys.Keys, group st
 	})
 	return out, nil
 }
+
+// Trim removes, from every shard, the stream entries every consumer group has
+// acknowledged, as the consumers' periodic trim does (ConsumerOptions.
+// TrimInterval), and returns how many were removed. It never removes an entry
+// a group has not acknowledged. Unknown queue: ErrNotFound.
+func (a *Admin) Trim(ctx context.Context) (int64, error) {
+	shards, err := a.existingShards(ctx)
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for _, k := range shards {
+		res, err := scripts.Trim.Run(ctx, a.client, []string{k.Stream}).Slice()
+		if err != nil {
+			return total, fmt.Errorf("streamq: trim %s: %w", a.queue, err)
+		}
+		if len(res) > 0 {
+			n, _ := res[0].(int64)
+			total += n
+		}
+	}
+	return total, nil
+}
+
+// Queue returns the name of the Admin's queue.
+func (a *Admin) Queue() string { return a.queue }

@@ -37,32 +37,37 @@ func (c *outcomeCounts) countRecorded(batch []*completion) {
 	c.succeeded.Add(n)
 }
 
-// heartbeatValue is a heartbeat field's value: "<unix ms>:<succeeded>:<failed>".
+// stoppedSuffix ends the last heartbeat of a consumer that stopped cleanly.
+const stoppedSuffix = ":stopped"
+
+// heartbeatValue is a heartbeat field's value: "<unix ms>:<succeeded>:<failed>",
+// followed by stoppedSuffix in the last one of a clean stop.
 func heartbeatValue(now time.Time, c *outcomeCounts) string {
 	return strconv.FormatInt(now.UnixMilli(), 10) + ":" + strconv.FormatInt(c.succeeded.Load(), 10) +
 		":" + strconv.FormatInt(c.failed.Load(), 10)
 }
 
 // parseHeartbeat reads a heartbeat value; ok is false when it is not one.
-func parseHeartbeat(v string) (at time.Time, succeeded, failed int64, ok bool) {
+func parseHeartbeat(v string) (at time.Time, succeeded, failed int64, stopped, ok bool) {
+	v, stopped = strings.CutSuffix(v, stoppedSuffix)
 	parts := strings.Split(v, ":")
 	ms, err := strconv.ParseInt(parts[0], 10, 64)
 	if err != nil {
-		return time.Time{}, 0, 0, false
+		return time.Time{}, 0, 0, false, false
 	}
 	if len(parts) == 3 {
 		succeeded, _ = strconv.ParseInt(parts[1], 10, 64)
 		failed, _ = strconv.ParseInt(parts[2], 10, 64)
 	}
-	return time.UnixMilli(ms), succeeded, failed, true
+	return time.UnixMilli(ms), succeeded, failed, stopped, true
 }
 
 // heartbeatLoop records, every min(ClaimInterval, 5s), that this consumer is
 // alive: it sets its field of the group's heartbeat hash (keys.Seen) to the
 // time and its outcome totals. Redis's own consumer idle time cannot tell: on Redis 7.0 a blocking
 // read that finds nothing does not reset it, so a healthy consumer of an
-// empty queue would look dead. On stop the field is deleted, so a consumer
-// that shut down cleanly is not counted, live or stale.
+// empty queue would look dead. On stop the value gets stoppedSuffix, so a
+// consumer that shut down cleanly counts as neither live nor stale.
 func (r *run[Req, Resp]) heartbeatLoop() {
 	defer r.loops.Done()
 	key := keys.Seen(r.c.queue, r.c.opts.Group)
@@ -81,7 +86,7 @@ func (r *run[Req, Resp]) heartbeatLoop() {
 		select {
 		case <-r.stopLoops:
 			ctx, cancel := context.WithTimeout(r.bg, time.Second)
-			_ = r.c.client.HDel(ctx, key, r.c.opts.Name).Err()
+			_ = r.c.client.HSet(ctx, key, r.c.opts.Name, heartbeatValue(time.Now(), &r.c.outcomes)+stoppedSuffix).Err()
 			cancel()
 			return
 		case <-t.C:
@@ -102,7 +107,7 @@ func pruneSeen[Req, Resp any](ctx context.Context, c *Consumer[Req, Resp], delet
 	old := time.Now().Add(-c.opts.ConsumerIdleTimeout)
 	drop := append([]string(nil), deleted...)
 	for name, v := range seen {
-		if at, _, _, ok := parseHeartbeat(v); !ok || at.Before(old) {
+		if at, _, _, _, ok := parseHeartbeat(v); !ok || at.Before(old) {
 			drop = append(drop, name)
 		}
 	}
