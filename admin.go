@@ -33,7 +33,15 @@ type AdminOptions struct {
 	// InflightTTL is the in-flight record TTL Requeue gives a requeued request.
 	// Default DefaultInflightTTL; use the producers' value.
 	InflightTTL time.Duration
+	// StaleAfter is how long after its last heartbeat (or, for a consumer
+	// without heartbeats, its last read) a consumer counts as stale rather
+	// than live, in Stats and Consumers. Running consumers heartbeat every
+	// ClaimInterval, at most every 5s. Default DefaultStaleAfter (30s).
+	StaleAfter time.Duration
 }
+
+// DefaultStaleAfter is the default AdminOptions.StaleAfter.
+const DefaultStaleAfter = 30 * time.Second
 
 // NewAdmin returns an Admin for queue. opts may be nil for the defaults. It
 // does not touch Redis.
@@ -56,6 +64,12 @@ func NewAdmin(client redis.UniversalClient, queue string, opts *AdminOptions) (*
 		o.InflightTTL = DefaultInflightTTL
 	case o.InflightTTL < time.Millisecond:
 		return nil, optionError("InflightTTL is %v; it must be at least 1ms (leave it 0 for the default %v)", o.InflightTTL, DefaultInflightTTL)
+	}
+	switch {
+	case o.StaleAfter == 0:
+		o.StaleAfter = DefaultStaleAfter
+	case o.StaleAfter < time.Millisecond:
+		return nil, optionError("StaleAfter is %v; it must be at least 1ms (leave it 0 for the default %v)", o.StaleAfter, DefaultStaleAfter)
 	}
 	return &Admin{client: client, queue: queue, opts: o}, nil
 }
@@ -105,37 +119,50 @@ func (a *Admin) shards(ctx context.Context) ([]keys.Keys, error) {
 // Stats describes a queue at one moment.
 type Stats struct {
 	// Length is the number of entries in the stream.
-	Length int64
+	Length int64 `json:"length"`
 	// DeadLetters is the number of entries in the dead-letter stream.
-	DeadLetters int64
+	DeadLetters int64 `json:"dead_letters"`
 	// Groups describes each consumer group.
-	Groups []GroupStats
+	Groups []GroupStats `json:"groups"`
 }
 
 // GroupStats describes one consumer group.
 type GroupStats struct {
 	// Name is the group's name.
-	Name string
-	// Consumers is the number of consumers in the group.
-	Consumers int64
+	Name string `json:"name"`
+	// Consumers is the number of live consumers in the group: those whose
+	// last heartbeat (or read) is within AdminOptions.StaleAfter. A consumer
+	// that was killed is not counted, though Redis lists it until pruned.
+	Consumers int64 `json:"consumers"`
+	// StaleConsumers is the number of consumers Redis still lists that are
+	// not live and did not stop cleanly (killed, hung, or cut off from Redis);
+	// see Admin.Consumers. Consumers that stopped cleanly count in neither.
+	StaleConsumers int64 `json:"stale_consumers"`
+	// Succeeded and Failed sum the outcome totals the group's consumers
+	// report in their heartbeats (see ConsumerInfo): sample them twice for a
+	// rate. A consumer's totals start again from 0 when it restarts, so a
+	// sum can go down; count only increases.
+	Succeeded int64 `json:"succeeded"`
+	Failed    int64 `json:"failed"`
 	// Pending is the number of entries delivered and not yet acknowledged.
-	Pending int64
+	Pending int64 `json:"pending"`
 	// Lag is the number of entries not yet delivered to the group. Redis
 	// reports it, except after an entry past the group's position was deleted
 	// (a duplicate Produce appends and deletes one): then Stats counts the
 	// entries itself, reading up to 10,000 entries (payloads included) on
 	// each side of the group's position, and reports -1 when both sides hold
 	// more.
-	Lag int64
+	Lag int64 `json:"lag"`
 	// OldestPendingAge is the idle time of the longest-idle pending entry.
-	OldestPendingAge time.Duration
+	OldestPendingAge time.Duration `json:"oldest_pending_age_ns"`
 }
 
-// Stats returns the queue's statistics, summed over its shards. A group's
-// Consumers is the largest count over the shards (every consumer reads all).
+// Stats returns the queue's statistics, summed over its shards; a consumer
+// counts once however many shards it reads. An unknown queue (no producer or
+// consumer ever used it) is ErrNotFound.
 func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	var s Stats
-	shards, err := a.shards(ctx)
+	shards, err := a.existingShards(ctx)
 	if err != nil {
 		return s, err
 	}
@@ -143,6 +170,23 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	for _, k := range shards {
 		if err := a.shardStats(ctx, k, &s, byName); err != nil {
 			return s, fmt.Errorf("streamq: stats of %s: %w", a.queue, err)
+		}
+	}
+	for i := range s.Groups {
+		g := &s.Groups[i]
+		cs, err := a.groupConsumers(ctx, shards, g.Name)
+		if err != nil {
+			return s, err
+		}
+		for _, c := range cs {
+			g.Succeeded += c.Succeeded
+			g.Failed += c.Failed
+			switch {
+			case c.Live:
+				g.Consumers++
+			case !c.Stopped:
+				g.StaleConsumers++
+			}
 		}
 	}
 	return s, nil
@@ -176,7 +220,6 @@ func (a *Admin) shardStats(ctx context.Context, k keys.Keys, s *Stats, byName ma
 			s.Groups = append(s.Groups, GroupStats{Name: g.Name})
 		}
 		gs := &s.Groups[i]
-		gs.Consumers = max(gs.Consumers, g.Consumers)
 		gs.Pending += g.Pending
 		lag := g.Lag
 		if lag < 0 {
@@ -249,22 +292,22 @@ type DeadLetter struct {
 	// DeadLetterID identifies the dead letter for Requeue and PurgeDeadLetters:
 	// its id in the dead-letter stream, prefixed with "<shard>/" when the queue
 	// has several shards.
-	DeadLetterID string
+	DeadLetterID string `json:"dead_letter_id"`
 	// ID is the request id ("" for an entry that had none).
-	ID string
+	ID string `json:"id"`
 	// EntryID is the original stream entry id.
-	EntryID string
+	EntryID string `json:"entry_id"`
 	// Payload is the original entry's payload field.
-	Payload []byte
+	Payload []byte `json:"payload"`
 	// Error is why the request was dead-lettered.
-	Error string
+	Error string `json:"error"`
 	// Deliveries is how many times its handler started (0 when it was
 	// dead-lettered at admission, without starting).
-	Deliveries int
+	Deliveries int `json:"deliveries"`
 	// Consumer is the consumer that dead-lettered it.
-	Consumer string
+	Consumer string `json:"consumer"`
 	// At is when it was dead-lettered.
-	At time.Time
+	At time.Time `json:"at"`
 }
 
 // DeadLetters returns up to count dead letters of the Admin's group (see
@@ -337,7 +380,8 @@ func parseDeadLetter(m redis.XMessage) DeadLetter {
 	return d
 }
 
-// ErrNotFound is returned when a dead letter does not exist (any more).
+// ErrNotFound is returned when a queue, a request id or a dead letter does
+// not exist (any more).
 var ErrNotFound = errors.New("streamq: not found")
 
 // requeueMarkerTTL is how long Requeue remembers the entry a dead letter was

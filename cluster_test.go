@@ -401,6 +401,9 @@ func testClusterStats(t *testing.T, client redis.UniversalClient) {
 	for i := range n {
 		require.NoError(t, p.Enqueue(ctx, "s"+strconv.Itoa(i), i))
 	}
+	qs, err := Queues(ctx, client)
+	require.NoError(t, err)
+	require.Contains(t, qs, q, "Queues scans every master")
 	admin, err := NewAdmin(client, q, nil)
 	require.NoError(t, err)
 	s, err := admin.Stats(ctx)

@@ -54,6 +54,7 @@ type Consumer[Req, Resp any] struct {
 	// background counts goroutines that may outlive Run: shutdown work
 	// still waiting on Redis when Run's bound passed.
 	background sync.WaitGroup
+	outcomes   outcomeCounts // reported by the heartbeat (heartbeat.go)
 }
 
 // NewConsumer returns a consumer of queue that calls handler for each request.
@@ -244,6 +245,7 @@ func (c *Consumer[Req, Resp]) ensureGroupRetry(ctx context.Context) error {
 //     then forget the slots (their places go back to the ring).
 //   - leaser (leaseLoop): renews the leases of owned slots, marks lost ones.
 //   - trimmer (trimLoop): trims the stream and prunes idle consumers.
+//   - heartbeat (heartbeatLoop): records that this consumer is alive.
 //
 // owned is shared by all of them and guarded by mu.
 type run[Req, Resp any] struct {
@@ -273,7 +275,7 @@ type run[Req, Resp any] struct {
 	fetches   sync.WaitGroup
 	handoffs  sync.WaitGroup // hand-offs waiting for a busy completer
 	workers   sync.WaitGroup
-	loops     sync.WaitGroup // leaser and trimmer
+	loops     sync.WaitGroup // leaser, trimmer and heartbeat
 	feeder    sync.WaitGroup
 	stopLoops chan struct{}
 }
@@ -313,8 +315,9 @@ func (r *run[Req, Resp]) start(ctx context.Context) {
 	for range o.Workers {
 		go r.work()
 	}
-	r.loops.Add(1)
+	r.loops.Add(2)
 	go r.leaseLoop()
+	go r.heartbeatLoop()
 	if o.TrimInterval > 0 {
 		r.loops.Add(1)
 		go r.trimLoop()
@@ -852,6 +855,7 @@ func (r *run[Req, Resp]) call(ctx context.Context, msg *Message[Req]) (resp Resp
 // deliveries are used up, else leave the entry pending and schedule its retry.
 func (r *run[Req, Resp]) fail(s *slot, err error) {
 	o := &r.c.opts
+	r.c.outcomes.failed.Add(1)
 	if IsPermanent(err) || s.entry.Deliveries >= o.MaxDeliveries {
 		r.deadLetter(s, err.Error())
 		return
@@ -968,6 +972,7 @@ func (r *run[Req, Resp]) completeShard(shard int, batch []*completion) {
 		r.c.slots.onError(err)
 		_ = sleepCtx(r.bg, b.next())
 	}
+	r.c.outcomes.countRecorded(batch)
 	if fc, ok := o.Fetcher.(FetchCompleter); ok {
 		var done []Entry
 		for _, cp := range batch {

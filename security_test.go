@@ -25,6 +25,8 @@ var aclCommands = []string{
 	"xack", "xadd", "xautoclaim", "xclaim", "xdel", "xgroup|create", "xgroup|delconsumer",
 	"xinfo|consumers", "xinfo|groups", "xlen", "xpending", "xrange", "xreadgroup", "xtrim",
 	"hincrby", "hsetnx", "hget", "hdel", "hmget", "pexpire", "pttl",
+	"hset", "hgetall", // consumer heartbeats (Admin.Consumers, Stats)
+	"scan", // Queues (SCAN MATCH on the queues' meta keys)
 	"ping", // go-redis's pub/sub health checks
 }
 
@@ -264,6 +266,17 @@ func aclWorkload(t *testing.T, client redis.UniversalClient, q string, shards in
 	}, "requeued request dead-lettered again")
 	_, err = admin.PurgeDeadLetters(ctx)
 	require.NoError(t, err)
+
+	j, err := admin.Job(ctx, "job-0")
+	require.NoError(t, err)
+	require.Equal(t, JobSucceeded, j.State)
+	require.NoError(t, admin.Forget(ctx, "job-0", false))
+	cs, err := admin.Consumers(ctx)
+	require.NoError(t, err)
+	require.True(t, slices.ContainsFunc(cs, func(c ConsumerInfo) bool { return c.Live }), "%+v", cs)
+	qs, err := Queues(ctx, client)
+	require.NoError(t, err)
+	require.Contains(t, qs, q)
 }
 
 // TestSecurityMissingChannelPermission: a user with the queue's keys but not

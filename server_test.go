@@ -56,7 +56,7 @@ func TestServerVersionWithoutHello(t *testing.T) {
 		require.NoError(t, err)
 		_, err = admin.Stats(ctx)
 		if tc.found == "" {
-			require.NoError(t, err, "the real server's INFO says 7.x")
+			require.ErrorIs(t, err, ErrNotFound, "the real server's INFO says 7.x: the check passed, the queue is unknown")
 			continue
 		}
 		require.ErrorIs(t, err, ErrUnsupportedServer)
@@ -126,7 +126,7 @@ func TestServerVersionCheck(t *testing.T) {
 		admin, err := NewAdmin(client, q, nil)
 		require.NoError(t, err)
 		_, err = admin.Stats(ctx)
-		require.NoError(t, err)
+		require.ErrorIs(t, err, ErrNotFound, "the server check passed; the queue does not exist yet")
 		p := newStringProducer(t, client, q)
 		require.NoError(t, p.Enqueue(ctx, "a", "x"))
 	})

@@ -68,7 +68,7 @@ func pruneConsumers[Req, Resp any](ctx context.Context, c *Consumer[Req, Resp]) 
 		}
 		deleted = append(deleted, names...)
 	}
-	return deleted, nil
+	return deleted, pruneSeen(ctx, c, deleted)
 }
 
 // Trim removes the stream entries that every consumer group has acknowledged,

@@ -3,6 +3,7 @@ package keys
 import (
 	"fmt"
 	"hash/fnv"
+	"strings"
 )
 
 // MaxShards is the largest number of shards a queue may have.
@@ -106,4 +107,26 @@ func crc16(s string) uint16 {
 		}
 	}
 	return crc
+}
+
+// Seen returns the key of the hash in which the consumers of group heartbeat:
+// field consumer name, value the unix milliseconds of its last heartbeat.
+// Per queue, not per shard: a consumer reads every shard.
+func Seen(queue, group string) string { return "streamq:{" + queue + "}:seen:" + group }
+
+// MetaPattern is the SCAN pattern matching the Meta key of every queue.
+const MetaPattern = "streamq:{*}:meta"
+
+// QueueOfMeta returns the queue whose Meta key is key, and false when key is
+// not a Meta key.
+func QueueOfMeta(key string) (string, bool) {
+	q, ok := strings.CutPrefix(key, "streamq:{")
+	if !ok {
+		return "", false
+	}
+	q, ok = strings.CutSuffix(q, "}:meta")
+	if !ok || ValidateQueue(q) != nil {
+		return "", false
+	}
+	return q, true
 }

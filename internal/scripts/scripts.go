@@ -30,6 +30,10 @@ var (
 	chargeSrc string
 	//go:embed adopt.lua
 	adoptSrc string
+	//go:embed job.lua
+	jobSrc string
+	//go:embed forget.lua
+	forgetSrc string
 )
 
 // The scripts. Run uses EVALSHA and falls back to EVAL when the server lacks the script.
@@ -44,4 +48,6 @@ var (
 	Resume   = redis.NewScript(resumeSrc)
 	Charge   = redis.NewScript(chargeSrc)
 	Adopt    = redis.NewScript(adoptSrc)
+	Job      = redis.NewScript(jobSrc)
+	Forget   = redis.NewScript(forgetSrc)
 )

@@ -1,0 +1,26 @@
+// Command streamq inspects and repairs streamq queues in Redis: queues and
+// their statistics, consumers and whether they are live, dead letters (list,
+// show, requeue, purge), one request id's status, forgetting an id, trimming.
+//
+//	go install github.com/streamq/streamq/cmd/streamq@latest
+//	streamq --redis redis://localhost:6379/0 queues
+//	streamq --help
+//
+// Exit codes: 0 ok, 1 error, 2 wrong usage, 3 not found.
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/streamq/streamq/internal/cli"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := cli.Main(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
+}

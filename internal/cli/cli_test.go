@@ -1,0 +1,253 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamq/streamq"
+	"github.com/streamq/streamq/internal/redistest"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files under testdata")
+
+// session runs command lines against one Redis and compares each with its
+// golden file: the command, its stdout, its stderr and its exit code, with
+// what changes from run to run (stream ids, times, durations) replaced.
+type session struct {
+	t   *testing.T
+	url string
+}
+
+func (s *session) run(args ...string) (stdout, stderr string, code int) {
+	var out, errOut bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	code = Main(ctx, args, &out, &errOut, func(k string) string {
+		if k == "REDIS_URL" {
+			return s.url
+		}
+		return ""
+	})
+	return out.String(), errOut.String(), code
+}
+
+// golden runs args, checks the exit code, and compares with testdata/<name>.golden.
+func (s *session) golden(name string, wantCode int, args ...string) string {
+	s.t.Helper()
+	stdout, stderr, code := s.run(args...)
+	require.Equal(s.t, wantCode, code, "exit code of %v\nstdout:\n%s\nstderr:\n%s", args, stdout, stderr)
+	got := "$ streamq " + strings.Join(args, " ") + "\n" + stdout
+	if stderr != "" {
+		got += "[stderr]\n" + stderr
+	}
+	got += fmt.Sprintf("[exit %d]\n", code)
+	got = normalize(got)
+	path := filepath.Join("testdata", name+".golden")
+	if *update {
+		require.NoError(s.t, os.MkdirAll("testdata", 0o755))
+		require.NoError(s.t, os.WriteFile(path, []byte(got), 0o644))
+		return stdout
+	}
+	want, err := os.ReadFile(path)
+	require.NoError(s.t, err, "no golden file: run go test ./internal/cli -run %s -update", s.t.Name())
+	require.Equal(s.t, string(want), got, "output of %v differs from %s (go test -update rewrites it)", args, path)
+	return stdout
+}
+
+var normalizers = []struct {
+	re   *regexp.Regexp
+	with string
+}{
+	{regexp.MustCompile(`\b\d{13}-\d+\b`), "<id>"},
+	{regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)`), "<time>"},
+	{regexp.MustCompile(`"(\w+_ns)": -?\d+`), `"$1": <ns>`},
+	{regexp.MustCompile(`\b\d+(\.\d+)?(µs|ms|s|m\d+s|h\d+m\d+s)\b`), "<dur>"},
+	{regexp.MustCompile(`redis://127\.0\.0\.1:\d+`), "redis://<addr>"},
+	// tabwriter pads to the widest cell, which differs once values are
+	// replaced: compare columns, not spaces.
+	{regexp.MustCompile(`(\S) {2,}`), "$1  "},
+	{regexp.MustCompile(` +\n`), "\n"},
+}
+
+func normalize(s string) string {
+	for _, n := range normalizers {
+		s = n.re.ReplaceAllString(s, n.with)
+	}
+	return s
+}
+
+// deadLetterSetup fills queue "orders" on srv: ok-1..ok-3 succeed, bad-1..bad-3
+// are dead-lettered ("card declined"); the consumer "worker-1" is stopped
+// afterwards. It also creates queue "emails" with a backlog of 2.
+func deadLetterSetup(t *testing.T, client *redis.Client) {
+	t.Helper()
+	ctx := context.Background()
+	log := slog.New(slog.DiscardHandler)
+	p, err := streamq.NewProducer[string, string](client, "orders", &streamq.ProducerOptions{Logger: log})
+	require.NoError(t, err)
+	defer p.Close()
+	c, err := streamq.NewConsumer(client, "orders", func(ctx context.Context, m *streamq.Message[string]) (string, error) {
+		if strings.HasPrefix(m.ID, "bad") {
+			return "", streamq.Permanent(errors.New("card declined"))
+		}
+		return "receipt for " + m.Payload, nil
+	}, &streamq.ConsumerOptions{Name: "worker-1", ReadBlock: 50 * time.Millisecond, Logger: log})
+	require.NoError(t, err)
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	for _, id := range []string{"ok-1", "bad-1", "ok-2", "bad-2", "ok-3", "bad-3"} {
+		pr, err := p.Produce(ctx, id, "order "+id)
+		require.NoError(t, err)
+		wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+		_, err = pr.Wait(wctx)
+		wcancel()
+		if strings.HasPrefix(id, "bad") {
+			require.ErrorIs(t, err, streamq.ErrDeadLettered)
+		} else {
+			require.NoError(t, err)
+		}
+	}
+	cancel()
+	require.NoError(t, <-done)
+
+	e, err := streamq.NewProducer[string, string](client, "emails", &streamq.ProducerOptions{Logger: log})
+	require.NoError(t, err)
+	defer e.Close()
+	require.NoError(t, e.Enqueue(ctx, "welcome-1", "hi"))
+	require.NoError(t, e.Enqueue(ctx, "welcome-2", "hi"))
+}
+
+// TestCLISession is an operator's session against a queue with dead letters:
+// list, show, requeue, job status, forget, purge, and the errors on the way.
+func TestCLISession(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	deadLetterSetup(t, client)
+	s := &session{t: t, url: "redis://" + srv.Addr() + "/0"}
+
+	s.golden("help", 0, "--help")
+	s.golden("queues", 0, "queues")
+	s.golden("queues-json", 0, "queues", "--json")
+	s.golden("stats", 0, "stats", "orders")
+	s.golden("stats-json", 0, "stats", "orders", "--json")
+	s.golden("stats-emails", 0, "stats", "emails")
+	s.golden("consumers", 0, "consumers", "orders")
+	s.golden("dlq-ls", 0, "dlq", "ls", "orders")
+	s.golden("dlq-ls-page", 0, "dlq", "ls", "orders", "--limit", "2")
+	s.golden("dlq-ls-json", 0, "dlq", "ls", "--json", "orders", "--limit", "1")
+
+	ctx := context.Background()
+	admin, err := streamq.NewAdmin(client, "orders", nil)
+	require.NoError(t, err)
+	dls, err := admin.DeadLetters(ctx, "", 10)
+	require.NoError(t, err)
+	require.Len(t, dls, 3)
+	s.golden("dlq-show", 0, "dlq", "show", "orders", dls[0].DeadLetterID)
+	s.golden("dlq-requeue", 0, "dlq", "requeue", "orders", dls[0].DeadLetterID)
+	s.golden("job-requeued", 0, "job", "orders", "bad-1")
+	s.golden("job-succeeded", 0, "job", "orders", "ok-1")
+	s.golden("job-dead-json", 0, "job", "orders", "bad-2", "--json")
+	s.golden("forget-no-yes", ExitUsage, "forget", "orders", "ok-1")
+	s.golden("forget", 0, "forget", "orders", "ok-1", "--yes")
+	s.golden("job-forgotten", ExitNotFound, "job", "orders", "ok-1")
+	s.golden("purge-no-yes", ExitUsage, "dlq", "purge", "orders", "--all")
+	s.golden("purge-all", 0, "dlq", "purge", "orders", "--all", "--yes")
+	s.golden("dlq-ls-empty", 0, "dlq", "ls", "orders")
+	s.golden("trim", 0, "trim", "orders")
+
+	s.golden("stats-unknown-queue", ExitNotFound, "stats", "ordrs")
+	s.golden("unknown-command", ExitUsage, "stat", "orders")
+	s.golden("missing-subcommand", ExitUsage, "dlq")
+	s.golden("missing-argument", ExitUsage, "job", "orders")
+	s.golden("bad-flag", ExitUsage, "stats", "orders", "--wat")
+	s.golden("requeue-help", 0, "dlq", "requeue", "--help")
+	s.golden("unreachable", ExitError, "--redis", "redis://127.0.0.1:1/0", "--timeout", "2s", "queues")
+	s.golden("bad-url", ExitUsage, "--redis", "http://user:secret@host", "queues")
+
+	// The requeued dead letter runs once a consumer is back, and job says so.
+	c, err := streamq.NewConsumer(client, "orders", func(ctx context.Context, m *streamq.Message[string]) (string, error) {
+		return "second try of " + m.Payload, nil
+	}, &streamq.ConsumerOptions{Name: "worker-2", ReadBlock: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	require.Eventually(t, func() bool {
+		j, err := admin.Job(ctx, "bad-1")
+		return err == nil && j.State == streamq.JobSucceeded
+	}, 20*time.Second, 10*time.Millisecond)
+	s.golden("job-after-requeue", 0, "job", "orders", "bad-1")
+	cancel()
+	require.NoError(t, <-done)
+}
+
+// TestCLIStatsWatch: --watch refreshes and shows rates from the second
+// refresh on; --count bounds it; the context ends it.
+func TestCLIStatsWatch(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	deadLetterSetup(t, client)
+	s := &session{t: t, url: "redis://" + srv.Addr() + "/0"}
+	out := s.golden("stats-watch", 0, "stats", "orders", "--watch", "--interval", "20ms", "--count", "2")
+	require.Equal(t, 2, strings.Count(out, "--- "))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var buf bytes.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- Main(ctx, []string{"--redis", s.url, "stats", "orders", "--watch", "--interval", "10ms"}, &buf, &buf, func(string) string { return "" })
+	}()
+	cancel()
+	select {
+	case code := <-done:
+		require.Equal(t, ExitOK, code)
+	case <-time.After(10 * time.Second):
+		t.Fatal("stats --watch did not return after its context ended")
+	}
+}
+
+// TestCLIBinary builds cmd/streamq and runs it, with REDIS_URL from the
+// environment, as a user would.
+func TestCLIBinary(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	deadLetterSetup(t, client)
+	bin := filepath.Join(t.TempDir(), "streamq")
+	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	build := exec.Command(gobin, "build", "-o", bin, "github.com/streamq/streamq/cmd/streamq")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+
+	cmd := exec.Command(bin, "dlq", "ls", "orders", "--json")
+	cmd.Env = append(os.Environ(), "REDIS_URL=redis://"+srv.Addr()+"/0")
+	out, err = cmd.Output()
+	require.NoError(t, err)
+	require.Equal(t, 3, strings.Count(string(out), `"error": "card declined"`), "%s", out)
+
+	cmd = exec.Command(bin, "job", "orders", "nope")
+	cmd.Env = append(os.Environ(), "REDIS_URL=redis://"+srv.Addr()+"/0")
+	err = cmd.Run()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit)
+	require.Equal(t, ExitNotFound, exit.ExitCode())
+
+	out, err = exec.Command(bin, "version").Output()
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(string(out), "streamq "), "%s", out)
+}

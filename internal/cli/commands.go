@@ -1,0 +1,635 @@
+package cli
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/streamq/streamq"
+)
+
+// commands is the subcommand table, in the order --help lists them.
+var commands []command
+
+func init() {
+	commands = []command{
+		{name: "queues", summary: "list the queues in this Redis with their counts", read: true,
+			help: `Lists every streamq queue in this Redis (found with SCAN, on every master of
+a cluster), with its backlog, pending entries, dead letters and live consumers.`,
+			flags: staleFlag, run: queues},
+		{name: "stats", args: "<queue>", summary: "statistics of one queue (--watch to refresh)", read: true,
+			help: `Shows a queue's backlog (LENGTH), dead letters, and per consumer group: live
+and stale consumers, entries read and not acknowledged (PENDING), entries not
+yet read (LAG), the longest-idle pending entry, and outcome totals. With
+--watch it refreshes every --interval, adding succeeded/failed per second.`,
+			flags: func(fs *flag.FlagSet, o *opts) {
+				staleFlag(fs, o)
+				fs.BoolVar(&o.watch, "watch", false, "refresh until interrupted (Ctrl-C)")
+				fs.DurationVar(&o.interval, "interval", 2*time.Second, "refresh interval of --watch")
+				fs.IntVar(&o.count, "count", 0, "with --watch, stop after this many refreshes (0: never)")
+			}, run: stats},
+		{name: "consumers", args: "<queue>", summary: "consumers with idle time, pending count, live or stale", read: true,
+			help: `Lists each consumer of each group: entries it holds (PENDING), time since it
+last read (IDLE), its last heartbeat, and whether it is live (heartbeat within
+--stale-after), stopped (shut down cleanly), or stale (killed, hung, or cut
+off: its entries are claimed by others after MinIdle, and Redis lists it
+until pruned).`,
+			flags: staleFlag, run: consumers},
+		{name: "dlq ls", args: "<queue>", summary: "list dead letters, oldest first", read: true,
+			help: `Lists dead letters (requests that failed for good), oldest first, --limit at a
+time. To see the next page, pass the last DEAD LETTER ID shown as --after.`,
+			flags: func(fs *flag.FlagSet, o *opts) {
+				groupFlag(fs, o)
+				fs.StringVar(&o.after, "after", "", "start after this dead letter id (paging)")
+				fs.Int64Var(&o.limit, "limit", 20, "dead letters to show")
+			}, run: dlqList},
+		{name: "dlq show", args: "<queue> <dead-letter-id>", summary: "one dead letter with its payload", read: true,
+			help:  `Shows one dead letter: request id, error, deliveries, consumer, time, payload.`,
+			flags: groupFlag, run: dlqShow},
+		{name: "dlq requeue", args: "<queue> (<dead-letter-id>... | --all)", summary: "run dead letters again",
+			help: `Moves dead letters back to the queue as new entries with the same request id
+and payload; callers producing the id from now on get the new outcome.
+--all requeues every dead letter and needs --yes.`,
+			flags: func(fs *flag.FlagSet, o *opts) {
+				groupFlag(fs, o)
+				fs.BoolVar(&o.all, "all", false, "requeue every dead letter")
+				fs.BoolVar(&o.yes, "yes", false, "confirm --all")
+			}, run: dlqRequeue},
+		{name: "dlq purge", args: "<queue> (<dead-letter-id>... | --all)", summary: "delete dead letters (needs --yes)",
+			help: `Deletes the given dead letters, or all of them with --all. Needs --yes.`,
+			flags: func(fs *flag.FlagSet, o *opts) {
+				groupFlag(fs, o)
+				fs.BoolVar(&o.all, "all", false, "delete every dead letter")
+				fs.BoolVar(&o.yes, "yes", false, "confirm the deletion")
+			}, run: dlqPurge},
+		{name: "job", args: "<queue> <request-id>", summary: "where one request id stands", read: true,
+			help: `Shows a request id's state: queued, running (on which consumer, after how many
+starts), succeeded (with its stored result), failed or dead-lettered (with the
+error), and how long Redis keeps its record. Exit code 3 when Redis holds no
+record of the id (never produced, expired, or forgotten).`,
+			flags: groupFlag, run: job},
+		{name: "forget", args: "<queue> <request-id>", summary: "make Redis forget an id so it can run again (needs --yes)",
+			help: `Deletes a request id's record so that producing the id again runs it again. A
+queued request is removed from the stream (it will not run). A running one is
+refused unless --force; forced, its handler is not stopped and, if it
+finishes, records its outcome again. Needs --yes.`,
+			flags: func(fs *flag.FlagSet, o *opts) {
+				groupFlag(fs, o)
+				fs.BoolVar(&o.force, "force", false, "forget even while a consumer runs it")
+				fs.BoolVar(&o.yes, "yes", false, "confirm")
+			}, run: forget},
+		{name: "trim", args: "<queue>", summary: "trim acknowledged entries now",
+			help: `Removes the stream entries every consumer group has acknowledged, as the
+consumers' periodic trim does; never an entry a group still needs.`,
+			run: trim},
+		{name: "version", summary: "print the version", run: version},
+	}
+}
+
+func staleFlag(fs *flag.FlagSet, o *opts) {
+	fs.DurationVar(&o.staleAfter, "stale-after", streamq.DefaultStaleAfter, "a consumer without a heartbeat for this long is stale")
+}
+
+func groupFlag(fs *flag.FlagSet, o *opts) {
+	fs.StringVar(&o.group, "group", "", "consumer group (default: the queue's answering group)")
+}
+
+// queueRow is one line of `queues`.
+type queueRow struct {
+	Queue       string `json:"queue"`
+	Length      int64  `json:"length"`
+	Pending     int64  `json:"pending"`
+	DeadLetters int64  `json:"dead_letters"`
+	Consumers   int64  `json:"consumers"`
+	Stale       int64  `json:"stale_consumers"`
+}
+
+func queues(ctx context.Context, r *runner) error {
+	if err := r.need(0, ""); err != nil {
+		return err
+	}
+	ctx, cancel := r.withTimeout(ctx)
+	defer cancel()
+	names, err := streamq.Queues(ctx, r.client)
+	if err != nil {
+		return err
+	}
+	rows := []queueRow{}
+	for _, q := range names {
+		a, err := r.admin(q)
+		if err != nil {
+			return err
+		}
+		s, err := a.Stats(ctx)
+		if errors.Is(err, streamq.ErrNotFound) {
+			continue // deleted since the scan
+		}
+		if err != nil {
+			return err
+		}
+		row := queueRow{Queue: q, Length: s.Length, DeadLetters: s.DeadLetters}
+		for _, g := range s.Groups {
+			row.Pending += g.Pending
+			row.Consumers += g.Consumers
+			row.Stale += g.StaleConsumers
+		}
+		rows = append(rows, row)
+	}
+	if r.o.json {
+		return r.printJSON(rows)
+	}
+	if len(rows) == 0 {
+		fmt.Fprintln(r.stdout, "no queues (none of this Redis's keys is a streamq queue's)")
+		return nil
+	}
+	tw := r.table()
+	fmt.Fprintln(tw, "QUEUE\tLENGTH\tPENDING\tDEAD LETTERS\tCONSUMERS\tSTALE")
+	for _, x := range rows {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\n", x.Queue, x.Length, x.Pending, x.DeadLetters, x.Consumers, x.Stale)
+	}
+	return tw.Flush()
+}
+
+func stats(ctx context.Context, r *runner) error {
+	if err := r.need(1, "<queue>"); err != nil {
+		return err
+	}
+	if r.o.interval <= 0 {
+		return usagef("--interval must be positive")
+	}
+	a, err := r.admin(r.args[0])
+	if err != nil {
+		return err
+	}
+	get := func() (streamq.Stats, error) {
+		c, cancel := r.withTimeout(ctx)
+		defer cancel()
+		return a.Stats(c)
+	}
+	s, err := get()
+	if err != nil {
+		if r.o.watch && ctx.Err() != nil {
+			return nil // interrupted
+		}
+		return err
+	}
+	if !r.o.watch {
+		if r.o.json {
+			return r.printJSON(s)
+		}
+		return r.printStats(s, nil, 0)
+	}
+	t := time.NewTicker(r.o.interval)
+	defer t.Stop()
+	prev, at := s, time.Now()
+	for n := 1; ; n++ {
+		if r.o.json {
+			if err := r.printJSON(s); err != nil {
+				return err
+			}
+		} else {
+			fmt.Fprintf(r.stdout, "--- %s\n", time.Now().UTC().Format(time.RFC3339))
+			var elapsed time.Duration
+			if n > 1 {
+				elapsed = time.Since(at)
+			}
+			if err := r.printStats(s, &prev, elapsed); err != nil {
+				return err
+			}
+		}
+		if r.o.count > 0 && n >= r.o.count {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		next, err := get()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil // interrupted
+			}
+			return err
+		}
+		prev, at, s = s, time.Now(), next
+	}
+}
+
+// printStats prints s; with prev and elapsed > 0 also the rates since prev.
+func (r *runner) printStats(s streamq.Stats, prev *streamq.Stats, elapsed time.Duration) error {
+	fmt.Fprintf(r.stdout, "queue %s: %d entries, %d dead letters\n", r.args[0], s.Length, s.DeadLetters)
+	if len(s.Groups) == 0 {
+		fmt.Fprintln(r.stdout, "no consumer group yet (no consumer has run)")
+		return nil
+	}
+	tw := r.table()
+	head := "GROUP\tCONSUMERS\tSTALE\tPENDING\tLAG\tOLDEST PENDING\tSUCCEEDED\tFAILED"
+	if elapsed > 0 {
+		head += "\tSUCCEEDED/S\tFAILED/S"
+	}
+	fmt.Fprintln(tw, head)
+	for _, g := range s.Groups {
+		lag := fmt.Sprint(g.Lag)
+		if g.Lag < 0 {
+			lag = "unknown"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%d\t%d", g.Name, g.Consumers, g.StaleConsumers, g.Pending, lag,
+			fmtDuration(g.OldestPendingAge), g.Succeeded, g.Failed)
+		if elapsed > 0 {
+			var ps, pf int64
+			for _, p := range prev.Groups {
+				if p.Name == g.Name {
+					ps, pf = p.Succeeded, p.Failed
+				}
+			}
+			fmt.Fprintf(tw, "\t%.1f\t%.1f", rate(g.Succeeded-ps, elapsed), rate(g.Failed-pf, elapsed))
+		}
+		fmt.Fprintln(tw)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, g := range s.Groups {
+		if g.Consumers == 0 && (g.Lag != 0 || g.Pending > 0) {
+			fmt.Fprintf(r.stdout, "warning: group %s has work and no live consumer\n", g.Name)
+		}
+	}
+	return nil
+}
+
+// rate is a per-second rate of a total's increase (a restart's drop counts 0).
+func rate(delta int64, elapsed time.Duration) float64 {
+	if delta < 0 || elapsed <= 0 {
+		return 0
+	}
+	return float64(delta) / elapsed.Seconds()
+}
+
+func fmtDuration(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "-"
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	default:
+		return d.Round(time.Second).String()
+	}
+}
+
+func consumers(ctx context.Context, r *runner) error {
+	if err := r.need(1, "<queue>"); err != nil {
+		return err
+	}
+	a, err := r.admin(r.args[0])
+	if err != nil {
+		return err
+	}
+	ctx, cancel := r.withTimeout(ctx)
+	defer cancel()
+	cs, err := a.Consumers(ctx)
+	if err != nil {
+		return err
+	}
+	if r.o.json {
+		if cs == nil {
+			cs = []streamq.ConsumerInfo{}
+		}
+		return r.printJSON(cs)
+	}
+	if len(cs) == 0 {
+		fmt.Fprintln(r.stdout, "no consumers")
+		return nil
+	}
+	tw := r.table()
+	fmt.Fprintln(tw, "GROUP\tCONSUMER\tSTATE\tPENDING\tIDLE\tLAST HEARTBEAT\tSUCCEEDED\tFAILED")
+	for _, c := range cs {
+		state := "stale"
+		switch {
+		case c.Live:
+			state = "live"
+		case c.Stopped:
+			state = "stopped"
+		}
+		seen := "-"
+		if !c.LastSeen.IsZero() {
+			seen = fmtDuration(time.Since(c.LastSeen)) + " ago"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%d\t%d\n", c.Group, c.Name, state, c.Pending, fmtDuration(c.Idle), seen, c.Succeeded, c.Failed)
+	}
+	return tw.Flush()
+}
+
+// deadLetterView is a dead letter as the command line prints it in JSON: the
+// payload as text when it is UTF-8, else base64 in payload_base64.
+type deadLetterView struct {
+	DeadLetterID  string    `json:"dead_letter_id"`
+	ID            string    `json:"id"`
+	EntryID       string    `json:"entry_id"`
+	Error         string    `json:"error"`
+	Deliveries    int       `json:"deliveries"`
+	Consumer      string    `json:"consumer"`
+	At            time.Time `json:"at"`
+	Payload       *string   `json:"payload,omitempty"`
+	PayloadBase64 []byte    `json:"payload_base64,omitempty"`
+}
+
+func viewDeadLetter(d streamq.DeadLetter) deadLetterView {
+	v := deadLetterView{DeadLetterID: d.DeadLetterID, ID: d.ID, EntryID: d.EntryID, Error: d.Error,
+		Deliveries: d.Deliveries, Consumer: d.Consumer, At: d.At.UTC()}
+	if utf8.Valid(d.Payload) {
+		p := string(d.Payload)
+		v.Payload = &p
+	} else {
+		v.PayloadBase64 = d.Payload
+	}
+	return v
+}
+
+func dlqList(ctx context.Context, r *runner) error {
+	if err := r.need(1, "<queue>"); err != nil {
+		return err
+	}
+	if r.o.limit < 1 {
+		return usagef("--limit must be at least 1")
+	}
+	a, err := r.admin(r.args[0])
+	if err != nil {
+		return err
+	}
+	ctx, cancel := r.withTimeout(ctx)
+	defer cancel()
+	s, err := a.Stats(ctx) // ErrNotFound for an unknown queue
+	if err != nil {
+		return err
+	}
+	dls, err := a.DeadLetters(ctx, r.o.after, r.o.limit)
+	if err != nil {
+		return err
+	}
+	if r.o.json {
+		out := make([]deadLetterView, len(dls))
+		for i, d := range dls {
+			out[i] = viewDeadLetter(d)
+		}
+		return r.printJSON(out)
+	}
+	if len(dls) == 0 {
+		fmt.Fprintln(r.stdout, "no dead letters")
+		return nil
+	}
+	tw := r.table()
+	fmt.Fprintln(tw, "DEAD LETTER ID\tREQUEST ID\tDELIVERIES\tAT\tERROR")
+	for _, d := range dls {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", d.DeadLetterID, d.ID, d.Deliveries, d.At.UTC().Format(time.RFC3339), oneLine(d.Error, 60))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if int64(len(dls)) == r.o.limit && s.DeadLetters > r.o.limit {
+		fmt.Fprintf(r.stdout, "(%d dead letters in all; next page: --after %s)\n", s.DeadLetters, dls[len(dls)-1].DeadLetterID)
+	}
+	return nil
+}
+
+// oneLine shortens s to one line of at most n runes.
+func oneLine(s string, n int) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	return string([]rune(s)[:n-1]) + "…"
+}
+
+func dlqShow(ctx context.Context, r *runner) error {
+	if err := r.need(2, "<queue> <dead-letter-id>"); err != nil {
+		return err
+	}
+	a, err := r.admin(r.args[0])
+	if err != nil {
+		return err
+	}
+	ctx, cancel := r.withTimeout(ctx)
+	defer cancel()
+	d, err := a.DeadLetter(ctx, r.args[1])
+	if err != nil {
+		return err
+	}
+	v := viewDeadLetter(d)
+	if r.o.json {
+		return r.printJSON(v)
+	}
+	tw := r.table()
+	fmt.Fprintf(tw, "dead letter\t%s\nrequest id\t%s\nentry\t%s\nerror\t%s\ndeliveries\t%d\nconsumer\t%s\nat\t%s\n",
+		d.DeadLetterID, d.ID, d.EntryID, d.Error, d.Deliveries, d.Consumer, d.At.UTC().Format(time.RFC3339))
+	if v.Payload != nil {
+		fmt.Fprintf(tw, "payload\t%s\n", *v.Payload)
+	} else {
+		fmt.Fprintf(tw, "payload (base64)\t%s\n", encodeBase64(d.Payload))
+	}
+	return tw.Flush()
+}
+
+func dlqRequeue(ctx context.Context, r *runner) error {
+	ids, err := r.targets("requeue")
+	if err != nil {
+		return err
+	}
+	a, err := r.admin(r.args[0])
+	if err != nil {
+		return err
+	}
+	ctx, cancel := r.withTimeout(ctx)
+	defer cancel()
+	if r.o.all {
+		if err := r.confirm("dlq requeue --all runs every dead letter again"); err != nil {
+			return err
+		}
+		if _, err := a.Stats(ctx); err != nil {
+			return err
+		}
+		n := 0
+		for {
+			// Requeue removes each from the dead letters: always read the first page.
+			dls, err := a.DeadLetters(ctx, "", 100)
+			if err != nil {
+				return err
+			}
+			if len(dls) == 0 {
+				break
+			}
+			for _, d := range dls {
+				if _, err := a.Requeue(ctx, d.DeadLetterID); err != nil && !errors.Is(err, streamq.ErrNotFound) {
+					return fmt.Errorf("after requeueing %d: %w", n, err)
+				}
+				n++
+			}
+		}
+		fmt.Fprintf(r.stdout, "requeued %d dead letters\n", n)
+		return nil
+	}
+	for _, id := range ids {
+		entry, err := a.Requeue(ctx, id)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(r.stdout, "requeued %s as entry %s\n", id, entry)
+	}
+	return nil
+}
+
+// targets returns the dead letter ids of a requeue or purge, checking that
+// exactly one of ids and --all was given.
+func (r *runner) targets(verb string) ([]string, error) {
+	if len(r.args) == 0 {
+		return nil, usagef("missing <queue>")
+	}
+	ids := r.args[1:]
+	switch {
+	case r.o.all && len(ids) > 0:
+		return nil, usagef("give dead letter ids or --all, not both")
+	case !r.o.all && len(ids) == 0:
+		return nil, usagef("say which dead letters to %s: their ids (from 'dlq ls'), or --all", verb)
+	}
+	return ids, nil
+}
+
+func dlqPurge(ctx context.Context, r *runner) error {
+	ids, err := r.targets("purge")
+	if err != nil {
+		return err
+	}
+	what := fmt.Sprintf("dlq purge deletes %d dead letters for good", len(ids))
+	if r.o.all {
+		what = "dlq purge --all deletes every dead letter for good"
+	}
+	if err := r.confirm(what); err != nil {
+		return err
+	}
+	a, err := r.admin(r.args[0])
+	if err != nil {
+		return err
+	}
+	ctx, cancel := r.withTimeout(ctx)
+	defer cancel()
+	if _, err := a.Stats(ctx); err != nil {
+		return err
+	}
+	n, err := a.PurgeDeadLetters(ctx, ids...)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(r.stdout, "deleted %d dead letters\n", n)
+	if !r.o.all && n < int64(len(ids)) {
+		return fmt.Errorf("%w: %d of the %d dead letters did not exist", streamq.ErrNotFound, int64(len(ids))-n, len(ids))
+	}
+	return nil
+}
+
+// jobView is JobInfo as the command line prints it in JSON.
+type jobView struct {
+	streamq.JobInfo
+	Result       *string `json:"result,omitempty"`
+	ResultBase64 []byte  `json:"result_base64,omitempty"`
+}
+
+func job(ctx context.Context, r *runner) error {
+	if err := r.need(2, "<queue> <request-id>"); err != nil {
+		return err
+	}
+	a, err := r.admin(r.args[0])
+	if err != nil {
+		return err
+	}
+	ctx, cancel := r.withTimeout(ctx)
+	defer cancel()
+	j, err := a.Job(ctx, r.args[1])
+	if err != nil {
+		return err
+	}
+	v := jobView{JobInfo: j}
+	if j.Result != nil {
+		if utf8.Valid(j.Result) {
+			s := string(j.Result)
+			v.Result = &s
+		} else {
+			v.ResultBase64 = j.Result
+		}
+	}
+	v.JobInfo.Result = nil
+	if r.o.json {
+		return r.printJSON(v)
+	}
+	tw := r.table()
+	fmt.Fprintf(tw, "id\t%s\nstate\t%s\n", j.ID, j.State)
+	if j.EntryID != "" {
+		fmt.Fprintf(tw, "entry\t%s (shard %d)\nenqueued\t%s (%s ago)\ndeliveries\t%d\n", j.EntryID, j.Shard,
+			j.Enqueued.UTC().Format(time.RFC3339), fmtDuration(time.Since(j.Enqueued)), j.Deliveries)
+	}
+	if j.State == streamq.JobRunning {
+		fmt.Fprintf(tw, "consumer\t%s\nlease renewed\t%s ago\n", j.Consumer, fmtDuration(j.Idle))
+	}
+	switch {
+	case v.Result != nil:
+		fmt.Fprintf(tw, "result\t%s\n", *v.Result)
+	case v.ResultBase64 != nil:
+		fmt.Fprintf(tw, "result (base64)\t%s\n", encodeBase64(v.ResultBase64))
+	}
+	if j.Error != "" {
+		fmt.Fprintf(tw, "error\t%s\n", j.Error)
+	}
+	ttl := "no expiry"
+	if j.TTL >= 0 {
+		ttl = "expires in " + fmtDuration(j.TTL)
+	}
+	fmt.Fprintf(tw, "record\t%s\n", ttl)
+	return tw.Flush()
+}
+
+func forget(ctx context.Context, r *runner) error {
+	if err := r.need(2, "<queue> <request-id>"); err != nil {
+		return err
+	}
+	if err := r.confirm(fmt.Sprintf("forget deletes the record of %q", r.args[1])); err != nil {
+		return err
+	}
+	a, err := r.admin(r.args[0])
+	if err != nil {
+		return err
+	}
+	ctx, cancel := r.withTimeout(ctx)
+	defer cancel()
+	if err := a.Forget(ctx, r.args[1], r.o.force); err != nil {
+		if errors.Is(err, streamq.ErrJobRunning) {
+			return fmt.Errorf("%w (--force forgets it anyway)", err)
+		}
+		return err
+	}
+	fmt.Fprintf(r.stdout, "forgot %s: producing it again runs it again\n", r.args[1])
+	return nil
+}
+
+func trim(ctx context.Context, r *runner) error {
+	if err := r.need(1, "<queue>"); err != nil {
+		return err
+	}
+	a, err := r.admin(r.args[0])
+	if err != nil {
+		return err
+	}
+	ctx, cancel := r.withTimeout(ctx)
+	defer cancel()
+	n, err := a.Trim(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(r.stdout, "trimmed %d entries\n", n)
+	return nil
+}
+
+func encodeBase64(b []byte) string { return base64.StdEncoding.EncodeToString(b) }

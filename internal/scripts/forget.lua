@@ -1,0 +1,36 @@
+-- forget.lua: make Redis forget a request id, so that producing it again runs
+-- it again (Admin.Forget).
+--
+-- A request still in flight ("P<entry id>") is refused while a consumer of
+-- the group holds its entry, unless forced. Otherwise its entry is deleted
+-- (a queued request will not run), acknowledged for the group when forced,
+-- and its start count removed. Then the record is deleted. Every write frees
+-- memory, so nothing here is refused under maxmemory.
+--
+-- KEYS[1]  the request's record
+-- KEYS[2]  the stream of the request's shard
+-- KEYS[3]  the group's start-count hash (see charge.lua)
+-- ARGV[1]  consumer group
+-- ARGV[2]  "1": forget even while a consumer holds the entry
+--
+-- Returns {"missing"} when there is no record; {"held", consumer} when a
+-- consumer holds the entry and ARGV[2] is not "1"; otherwise {"ok", the
+-- record's value before it was deleted}.
+local rec = redis.call("GET", KEYS[1])
+if not rec then
+  return {"missing"}
+end
+if string.sub(rec, 1, 1) == "P" then
+  local eid = string.sub(rec, 2)
+  local ok, p = pcall(redis.call, "XPENDING", KEYS[2], ARGV[1], eid, eid, 1)
+  if ok and p[1] then
+    if ARGV[2] ~= "1" then
+      return {"held", p[1][2]}
+    end
+    redis.call("XACK", KEYS[2], ARGV[1], eid)
+  end
+  redis.call("XDEL", KEYS[2], eid)
+  redis.call("HDEL", KEYS[3], eid)
+end
+redis.call("DEL", KEYS[1])
+return {"ok", rec}
