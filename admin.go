@@ -110,6 +110,10 @@ type Stats struct {
 	DeadLetters int64
 	// Groups describes each consumer group.
 	Groups []GroupStats
+	// Paused reports whether the queue is paused (Admin.Pause).
+	Paused bool
+	// PausedAt is when the queue was paused; the zero time when it is not.
+	PausedAt time.Time
 }
 
 // GroupStats describes one consumer group.
@@ -138,6 +142,9 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	shards, err := a.shards(ctx)
 	if err != nil {
 		return s, err
+	}
+	if s.PausedAt, s.Paused, err = pausedSince(ctx, a.client, a.queue); err != nil {
+		return s, fmt.Errorf("streamq: stats of %s: %w", a.queue, err)
 	}
 	byName := map[string]int{}
 	for _, k := range shards {

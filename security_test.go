@@ -25,6 +25,7 @@ var aclCommands = []string{
 	"xack", "xadd", "xautoclaim", "xclaim", "xdel", "xgroup|create", "xgroup|delconsumer",
 	"xinfo|consumers", "xinfo|groups", "xlen", "xpending", "xrange", "xreadgroup", "xtrim",
 	"hincrby", "hsetnx", "hget", "hdel", "hmget", "pexpire", "pttl",
+	"time", // ratelimit.lua reads the server's clock
 	"ping", // go-redis's pub/sub health checks
 }
 
@@ -188,6 +189,7 @@ func aclWorkload(t *testing.T, client redis.UniversalClient, q string, shards in
 		Shards: shards, Workers: 4, MinIdle: 500 * time.Millisecond, ClaimInterval: 100 * time.Millisecond,
 		ReadBlock: 100 * time.Millisecond, RetryBackoff: 20 * time.Millisecond, MaxDeliveries: 2,
 		TrimInterval: 200 * time.Millisecond, ConsumerIdleTimeout: time.Second, Logger: log,
+		RateLimit: &RateLimit{N: 10_000, Per: time.Second, Burst: 100},
 	})
 	require.NoError(t, err)
 	runConsumer(t, c)
@@ -264,6 +266,11 @@ func aclWorkload(t *testing.T, client redis.UniversalClient, q string, shards in
 	}, "requeued request dead-lettered again")
 	_, err = admin.PurgeDeadLetters(ctx)
 	require.NoError(t, err)
+	require.NoError(t, admin.Pause(ctx))
+	stats, err = admin.Stats(ctx)
+	require.NoError(t, err)
+	require.True(t, stats.Paused)
+	require.NoError(t, admin.Resume(ctx))
 }
 
 // TestSecurityMissingChannelPermission: a user with the queue's keys but not

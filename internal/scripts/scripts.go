@@ -30,6 +30,8 @@ var (
 	chargeSrc string
 	//go:embed adopt.lua
 	adoptSrc string
+	//go:embed ratelimit.lua
+	rateLimitSrc string
 )
 
 // The scripts. Run uses EVALSHA and falls back to EVAL when the server lacks the script.
@@ -44,4 +46,6 @@ var (
 	Resume   = redis.NewScript(resumeSrc)
 	Charge   = redis.NewScript(chargeSrc)
 	Adopt    = redis.NewScript(adoptSrc)
+	// RateLimit takes tokens of a shared rate limit (GCRA on the server's clock).
+	RateLimit = redis.NewScript(rateLimitSrc)
 )
