@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/streamq/streamq/internal/keys"
 	"github.com/streamq/streamq/internal/redistest"
 )
 
@@ -26,6 +27,7 @@ var aclCommands = []string{
 	"xinfo|consumers", "xinfo|groups", "xlen", "xpending", "xrange", "xreadgroup", "xtrim",
 	"hincrby", "hsetnx", "hget", "hdel", "hmget", "pexpire", "pttl",
 	"time", // ratelimit.lua reads the server's clock
+	"hset", // periodic.lua records the last and next slot
 	"ping", // go-redis's pub/sub health checks
 }
 
@@ -271,6 +273,22 @@ func aclWorkload(t *testing.T, client redis.UniversalClient, q string, shards in
 	require.NoError(t, err)
 	require.True(t, stats.Paused)
 	require.NoError(t, admin.Resume(ctx))
+
+	pd, err := NewPeriodic(p, &PeriodicOptions{Logger: log})
+	require.NoError(t, err)
+	require.NoError(t, pd.Register(PeriodicJob[string]{Name: "tick", Schedule: Every(50 * time.Millisecond),
+		Request: func(time.Time) (string, error) { return "t", nil }}))
+	pctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = pd.Run(pctx)
+	}()
+	eventually(t, 10*time.Second, func() bool {
+		return client.HGet(ctx, keys.Periodic(q), "tick:last").Err() == nil
+	}, "a periodic slot is produced and recorded")
+	cancel()
+	<-done
 }
 
 // TestSecurityMissingChannelPermission: a user with the queue's keys but not

@@ -32,6 +32,8 @@ var (
 	adoptSrc string
 	//go:embed ratelimit.lua
 	rateLimitSrc string
+	//go:embed periodic.lua
+	periodicSrc string
 )
 
 // The scripts. Run uses EVALSHA and falls back to EVAL when the server lacks the script.
@@ -48,4 +50,6 @@ var (
 	Adopt    = redis.NewScript(adoptSrc)
 	// RateLimit takes tokens of a shared rate limit (GCRA on the server's clock).
 	RateLimit = redis.NewScript(rateLimitSrc)
+	// Periodic records a periodic job's last and next slot.
+	Periodic = redis.NewScript(periodicSrc)
 )
