@@ -124,6 +124,10 @@ type Stats struct {
 	DeadLetters int64 `json:"dead_letters"`
 	// Groups describes each consumer group.
 	Groups []GroupStats `json:"groups"`
+	// Paused reports whether the queue is paused (Admin.Pause).
+	Paused bool `json:"paused"`
+	// PausedAt is when the queue was paused; the zero time when it is not.
+	PausedAt time.Time `json:"paused_at,omitzero"`
 }
 
 // GroupStats describes one consumer group.
@@ -165,6 +169,9 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	shards, err := a.existingShards(ctx)
 	if err != nil {
 		return s, err
+	}
+	if s.PausedAt, s.Paused, err = pausedSince(ctx, a.client, a.queue); err != nil {
+		return s, fmt.Errorf("streamq: stats of %s: %w", a.queue, err)
 	}
 	byName := map[string]int{}
 	for _, k := range shards {

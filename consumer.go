@@ -51,6 +51,8 @@ type Consumer[Req, Resp any] struct {
 	handler Handler[Req, Resp]
 	log     *slog.Logger
 	running atomic.Bool
+	// onGrant, set by tests before Run, sees every rate-limit grant.
+	onGrant func(now time.Time, first time.Duration, n int)
 	// background counts goroutines that may outlive Run: shutdown work
 	// still waiting on Redis when Run's bound passed.
 	background sync.WaitGroup
@@ -271,6 +273,8 @@ type run[Req, Resp any] struct {
 	// retrying holds entries left pending for a retry, until the retry is due:
 	// the adoption pass must not take them early. Guarded by mu.
 	retrying map[ownedKey]time.Time
+	pause    *pauseGate // open while the queue is not paused (watchPause)
+	limiter  *limiter   // nil without RateLimit
 
 	fetches   sync.WaitGroup
 	handoffs  sync.WaitGroup // hand-offs waiting for a busy completer
@@ -288,6 +292,7 @@ func newRun[Req, Resp any](c *Consumer[Req, Resp]) *run[Req, Resp] {
 		places:    newShardPlaces(c.opts.Prefetch, len(c.shards)),
 		owned:     make(map[ownedKey]*slot),
 		retrying:  make(map[ownedKey]time.Time),
+		pause:     newPauseGate(),
 		stopLoops: make(chan struct{}),
 	}
 }
@@ -315,9 +320,15 @@ func (r *run[Req, Resp]) start(ctx context.Context) {
 	for range o.Workers {
 		go r.work()
 	}
-	r.loops.Add(2)
+	r.loops.Add(3)
 	go r.leaseLoop()
 	go r.heartbeatLoop()
+	go r.watchPause()
+	if o.RateLimit != nil {
+		r.limiter = newLimiter(r)
+		r.loops.Add(1)
+		go r.limiter.loop()
+	}
 	if o.TrimInterval > 0 {
 		r.loops.Add(1)
 		go r.trimLoop()
@@ -643,6 +654,12 @@ func (r *run[Req, Resp]) process(s *slot) {
 	}
 	if s.dead != "" {
 		r.deadLetter(s, s.dead)
+		return
+	}
+	// Wait while the queue is paused, then for a rate-limit token: neither
+	// counts as a delivery, and the entry stays leased meanwhile.
+	if !r.mayStart() {
+		r.drain(s)
 		return
 	}
 	// The attempt starts here: a fetch failure counts like a handler failure.

@@ -295,6 +295,13 @@ type ConsumerOptions struct {
 	// oldest go first). Defaults to DefaultDeadLetterMaxLen (100,000).
 	DeadLetterMaxLen int
 
+	// RateLimit limits the handler starts of all the consumers of Group
+	// together (in Redis, on the server's clock); give each of them the same
+	// value. A worker waits for its turn before it starts a handler: waiting
+	// is no failure and no delivery, and the entry stays leased meanwhile.
+	// Defaults to nil: no limit.
+	RateLimit *RateLimit
+
 	// Shards is the queue's shard count; see ProducerOptions.Shards. The consumer
 	// reads every shard through one ring and one set of workers.
 	// Defaults to 1.
@@ -340,6 +347,10 @@ func (o *ConsumerOptions) resolve() error {
 	setDefault(&o.ConsumerIdleTimeout, DefaultConsumerIdleTimeout)
 	setDefault(&o.DeadLetterMaxLen, DefaultDeadLetterMaxLen)
 	setDefault(&o.Shards, 1)
+	if o.RateLimit != nil {
+		rl := *o.RateLimit // resolve sets defaults: not in the caller's value
+		o.RateLimit = &rl
+	}
 	var trimErr error
 	if o.TrimInterval != -1 {
 		trimErr = atLeast("TrimInterval", o.TrimInterval, 10*time.Millisecond)
@@ -371,6 +382,7 @@ func (o *ConsumerOptions) resolve() error {
 		atLeast("ConsumerIdleTimeout", o.ConsumerIdleTimeout, time.Second),
 		positive("DeadLetterMaxLen", o.DeadLetterMaxLen),
 		shardCount(o.Shards),
+		o.RateLimit.resolve(),
 		validName("Group", o.Group),
 		validName("Name", o.Name),
 	)

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/streamq/streamq/internal/keys"
 	"github.com/streamq/streamq/internal/redistest"
 )
 
@@ -25,8 +26,9 @@ var aclCommands = []string{
 	"xack", "xadd", "xautoclaim", "xclaim", "xdel", "xgroup|create", "xgroup|delconsumer",
 	"xinfo|consumers", "xinfo|groups", "xlen", "xpending", "xrange", "xreadgroup", "xtrim",
 	"hincrby", "hsetnx", "hget", "hdel", "hmget", "pexpire", "pttl",
-	"hset", "hgetall", // consumer heartbeats (Admin.Consumers, Stats)
+	"hset", "hgetall", // consumer heartbeats (Admin.Consumers, Stats); periodic.lua's last and next slot
 	"scan", // Queues (SCAN MATCH on the queues' meta keys)
+	"time", // ratelimit.lua reads the server's clock
 	"ping", // go-redis's pub/sub health checks
 }
 
@@ -190,6 +192,7 @@ func aclWorkload(t *testing.T, client redis.UniversalClient, q string, shards in
 		Shards: shards, Workers: 4, MinIdle: 500 * time.Millisecond, ClaimInterval: 100 * time.Millisecond,
 		ReadBlock: 100 * time.Millisecond, RetryBackoff: 20 * time.Millisecond, MaxDeliveries: 2,
 		TrimInterval: 200 * time.Millisecond, ConsumerIdleTimeout: time.Second, Logger: log,
+		RateLimit: &RateLimit{N: 10_000, Per: time.Second, Burst: 100},
 	})
 	require.NoError(t, err)
 	runConsumer(t, c)
@@ -277,6 +280,27 @@ func aclWorkload(t *testing.T, client redis.UniversalClient, q string, shards in
 	qs, err := Queues(ctx, client)
 	require.NoError(t, err)
 	require.Contains(t, qs, q)
+	require.NoError(t, admin.Pause(ctx))
+	stats, err = admin.Stats(ctx)
+	require.NoError(t, err)
+	require.True(t, stats.Paused)
+	require.NoError(t, admin.Resume(ctx))
+
+	pd, err := NewPeriodic(p, &PeriodicOptions{Logger: log})
+	require.NoError(t, err)
+	require.NoError(t, pd.Register(PeriodicJob[string]{Name: "tick", Schedule: Every(50 * time.Millisecond),
+		Request: func(time.Time) (string, error) { return "t", nil }}))
+	pctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = pd.Run(pctx)
+	}()
+	eventually(t, 10*time.Second, func() bool {
+		return client.HGet(ctx, keys.Periodic(q), "tick:last").Err() == nil
+	}, "a periodic slot is produced and recorded")
+	cancel()
+	<-done
 }
 
 // TestSecurityMissingChannelPermission: a user with the queue's keys but not

@@ -130,3 +130,18 @@ func QueueOfMeta(key string) (string, bool) {
 	}
 	return q, true
 }
+
+// Paused returns the key whose presence pauses a queue: consumers of every
+// group start no handler while it exists. Its value is the unix time in
+// milliseconds at which the queue was paused. Queue-level, like Meta.
+func Paused(queue string) string { return "streamq:{" + queue + "}:paused" }
+
+// RateLimit returns the key holding the GCRA state (the theoretical arrival
+// time, in microseconds of the server's clock) of the rate limit that the
+// consumers of group share on queue.
+func RateLimit(queue, group string) string { return "streamq:{" + queue + "}:rate:" + group }
+
+// Periodic returns the hash recording, per periodic job name, the last slot
+// produced ("<name>:last") and the next one due ("<name>:next"), in unix
+// milliseconds.
+func Periodic(queue string) string { return "streamq:{" + queue + "}:periodic" }

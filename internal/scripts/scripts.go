@@ -34,6 +34,10 @@ var (
 	jobSrc string
 	//go:embed forget.lua
 	forgetSrc string
+	//go:embed ratelimit.lua
+	rateLimitSrc string
+	//go:embed periodic.lua
+	periodicSrc string
 )
 
 // The scripts. Run uses EVALSHA and falls back to EVAL when the server lacks the script.
@@ -50,4 +54,8 @@ var (
 	Adopt    = redis.NewScript(adoptSrc)
 	Job      = redis.NewScript(jobSrc)
 	Forget   = redis.NewScript(forgetSrc)
+	// RateLimit takes tokens of a shared rate limit (GCRA on the server's clock).
+	RateLimit = redis.NewScript(rateLimitSrc)
+	// Periodic records a periodic job's last and next slot.
+	Periodic = redis.NewScript(periodicSrc)
 )

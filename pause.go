@@ -1,0 +1,146 @@
+package streamq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/streamq/streamq/internal/keys"
+)
+
+// PauseCheckInterval is how often a running consumer reads whether its queue
+// is paused: consumers stop starting handlers within about this long after
+// Admin.Pause returns (plus one round trip), and start again as soon after
+// Admin.Resume. One GET per interval per consumer, whatever the job rate.
+const PauseCheckInterval = 500 * time.Millisecond
+
+// Pause pauses the queue: from at most PauseCheckInterval (500ms) after Pause
+// returns, no consumer of any group starts a handler. Handlers already running
+// finish and their outcomes are recorded; producers keep accepting requests,
+// which wait in the stream. Entries a consumer holds while paused keep their
+// lease, and waiting costs them no delivery (a delivery is a handler start).
+// The state is a key in Redis (see DESIGN.md), so it survives consumer
+// restarts and, with persistence, Redis restarts. Pausing a paused queue
+// changes nothing. A nil ctx panics.
+func (a *Admin) Pause(ctx context.Context) error {
+	mustContext(ctx, "Admin.Pause")
+	err := a.client.SetArgs(ctx, keys.Paused(a.queue), time.Now().UnixMilli(), redis.SetArgs{Mode: "NX"}).Err()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("streamq: pause %s: %w", a.queue, err)
+	}
+	return nil
+}
+
+// Resume undoes Pause: within about PauseCheckInterval consumers start
+// handlers again and drain what waited. Resuming a queue that is not paused
+// changes nothing. A nil ctx panics.
+func (a *Admin) Resume(ctx context.Context) error {
+	mustContext(ctx, "Admin.Resume")
+	if err := a.client.Del(ctx, keys.Paused(a.queue)).Err(); err != nil {
+		return fmt.Errorf("streamq: resume %s: %w", a.queue, err)
+	}
+	return nil
+}
+
+// pausedSince reads the queue's pause key: whether it exists, and since
+// when (the zero time when its value is no unix time in milliseconds).
+func pausedSince(ctx context.Context, client redis.UniversalClient, queue string) (time.Time, bool, error) {
+	v, err := client.Get(ctx, keys.Paused(queue)).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return time.Time{}, false, nil
+	case err != nil:
+		return time.Time{}, false, err
+	}
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return time.Time{}, true, nil // the key's presence pauses
+	}
+	return time.UnixMilli(ms), true, nil
+}
+
+// pauseGate holds workers while the queue is paused. Its state comes from
+// the pause watcher (watchPause); until the first successful read it is
+// closed, so that a consumer started on a paused queue starts nothing.
+type pauseGate struct {
+	mu     sync.Mutex
+	known  bool          // a read succeeded
+	paused bool          // the last read found the queue paused
+	open   chan struct{} // closed while known && !paused
+}
+
+func newPauseGate() *pauseGate { return &pauseGate{open: make(chan struct{})} }
+
+// set records a read of the pause key and reports whether the queue was
+// open before and is paused now.
+func (g *pauseGate) set(paused bool) (closed bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	wasOpen := g.known && !g.paused
+	g.known, g.paused = true, paused
+	switch {
+	case !paused && !wasOpen:
+		close(g.open)
+	case paused && wasOpen:
+		g.open = make(chan struct{})
+	}
+	return wasOpen && paused
+}
+
+// isOpen reports whether the gate is open now.
+func (g *pauseGate) isOpen() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.known && !g.paused
+}
+
+// wait blocks until the gate is open or ctx ends, and reports whether it is open.
+func (g *pauseGate) wait(ctx context.Context) bool {
+	g.mu.Lock()
+	open := g.open
+	g.mu.Unlock()
+	select {
+	case <-open:
+		return true
+	default:
+	}
+	select {
+	case <-open:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// watchPause reads the queue's pause key every PauseCheckInterval until
+// stopLoops closes (after the workers ended). A failed read keeps the last
+// state and is retried at the next tick.
+func (r *run[Req, Resp]) watchPause() {
+	defer r.loops.Done()
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-r.stopLoops:
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.bg, PauseCheckInterval)
+		_, paused, err := pausedSince(ctx, r.c.client, r.c.queue)
+		cancel()
+		switch {
+		case err != nil:
+			if r.bg.Err() == nil {
+				r.c.log.Warn("streamq: reading whether the queue is paused failed; keeping the last state", "err", err)
+			}
+		case r.pause.set(paused) && paused:
+			r.c.log.Info("streamq: queue paused; running handlers finish, no new ones start")
+		}
+		t.Reset(PauseCheckInterval)
+	}
+}

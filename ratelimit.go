@@ -1,0 +1,228 @@
+package streamq
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/streamq/streamq/internal/keys"
+	"github.com/streamq/streamq/internal/scripts"
+)
+
+// RateLimit limits how many handlers all the consumers of a group start
+// together: N starts per Per, spread evenly (one every Per/N), with up to
+// Burst of them at once after a quiet time. It is enforced in Redis with
+// GCRA on the server's clock, so consumers on any number of hosts share it.
+// Give every consumer of the group the same RateLimit.
+type RateLimit struct {
+	// N is the number of handler starts allowed per Per. Required: at least 1.
+	N int
+	// Per is the period N applies to. Required: Per/N must be at least 1µs.
+	Per time.Duration
+	// Burst is how many starts may happen at once when the limit was not used
+	// for a while: in any window of length W, at most W*N/Per + Burst
+	// handlers start. Defaults to 1 (starts spread evenly); at most N.
+	Burst int
+}
+
+// interval is the time between two starts at the limit (Per/N), rounded up
+// to whole microseconds so that rounding never exceeds the rate.
+func (l *RateLimit) interval() time.Duration {
+	d := (l.Per + time.Duration(l.N) - 1) / time.Duration(l.N)
+	return (d + time.Microsecond - 1).Truncate(time.Microsecond)
+}
+
+func (l *RateLimit) resolve() error {
+	if l == nil {
+		return nil
+	}
+	setDefault(&l.Burst, 1)
+	switch {
+	case l.N < 1:
+		return optionError("RateLimit.N is %d; it must be at least 1 (set RateLimit to nil for no limit)", l.N)
+	case l.Per <= 0:
+		return optionError("RateLimit.Per is %v; it must be positive, e.g. time.Second", l.Per)
+	case l.Per/time.Duration(l.N) < time.Microsecond:
+		return optionError("RateLimit is %d per %v; at most one start per microsecond can be limited (use a longer Per or a smaller N)", l.N, l.Per)
+	case l.Burst < 1 || l.Burst > l.N:
+		return optionError("RateLimit.Burst is %d; it must be in 1..N (%d) (leave it 0 for 1)", l.Burst, l.N)
+	}
+	return nil
+}
+
+// Rate-limit tuning.
+const (
+	// rateHorizon is how far ahead a consumer takes tokens: the tokens usable
+	// within it are granted in one call and handed to waiting workers each at
+	// its time.
+	rateHorizon = 100 * time.Millisecond
+	// maxTokenGrant bounds the tokens one call asks for.
+	maxTokenGrant = 1000
+	// maxRateWait bounds a sleep for the next token, so that a changed limit
+	// (or a lost key) is seen soon.
+	maxRateWait = time.Second
+)
+
+// limiter hands a consumer's waiting workers the tokens of the group's shared
+// rate limit. One goroutine (loop) asks Redis for as many tokens as workers
+// wait, in one ratelimit.lua call, and hands each to a worker at its time.
+type limiter struct {
+	client   redis.UniversalClient
+	key      string
+	interval time.Duration
+	burst    int
+	log      *slog.Logger
+	bg       context.Context // ends Redis calls at shutdown's hard bound
+	stop     <-chan struct{} // closed after the workers ended
+	done     func()
+
+	// onGrant, for tests, sees every grant: the server's time, when the first
+	// token may be used (relative to it), and the number of tokens.
+	onGrant func(now time.Time, first time.Duration, n int)
+
+	mu      sync.Mutex
+	waiting int           // workers waiting for a token; guarded by mu
+	wake    chan struct{} // capacity 1: "a worker started waiting"
+	tokens  chan struct{} // unbuffered: one token to one waiting worker
+}
+
+func newLimiter[Req, Resp any](r *run[Req, Resp]) *limiter {
+	o := &r.c.opts
+	return &limiter{
+		client:   r.c.client,
+		key:      keys.RateLimit(r.c.queue, o.Group),
+		interval: o.RateLimit.interval(),
+		burst:    o.RateLimit.Burst,
+		log:      r.c.log,
+		bg:       r.bg,
+		stop:     r.stopLoops,
+		done:     r.loops.Done,
+		onGrant:  r.c.onGrant,
+		wake:     make(chan struct{}, 1),
+		tokens:   make(chan struct{}),
+	}
+}
+
+// take waits for a token until ctx ends, and reports whether it got one.
+// Waiting is no failure and no delivery: the entry stays leased meanwhile.
+func (l *limiter) take(ctx context.Context) bool {
+	l.mu.Lock()
+	l.waiting++
+	l.mu.Unlock()
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+	defer func() {
+		l.mu.Lock()
+		l.waiting--
+		l.mu.Unlock()
+	}()
+	select {
+	case <-l.tokens:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (l *limiter) wanted() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return min(l.waiting, maxTokenGrant)
+}
+
+// sleep waits d or until stop, and reports whether stop came first.
+func (l *limiter) sleep(d time.Duration) bool {
+	if d <= 0 {
+		return false
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return false
+	case <-l.stop:
+		return true
+	}
+}
+
+// loop serves waiting workers until stop closes.
+func (l *limiter) loop() {
+	defer l.done()
+	var b backoff
+	for {
+		want := l.wanted()
+		if want == 0 {
+			select {
+			case <-l.wake:
+				continue
+			case <-l.stop:
+				return
+			}
+		}
+		res, err := scripts.RateLimit.Run(l.bg, l.client, []string{l.key},
+			l.interval.Microseconds(), l.burst, want, rateHorizon.Microseconds()).Int64Slice()
+		if err == nil && len(res) != 3 {
+			err = fmt.Errorf("streamq: ratelimit.lua returned %d values, want 3", len(res))
+		}
+		if err != nil {
+			if l.bg.Err() == nil {
+				l.log.Warn("streamq: taking rate-limit tokens failed; retrying", "key", l.key, "err", err)
+			}
+			if l.sleep(b.next()) {
+				return
+			}
+			continue
+		}
+		b = backoff{}
+		got, first := int(res[0]), time.Duration(res[1])*time.Microsecond
+		if l.onGrant != nil {
+			l.onGrant(time.UnixMicro(res[2]), first, got)
+		}
+		if got == 0 {
+			if l.sleep(min(max(first, time.Millisecond), maxRateWait)) {
+				return
+			}
+			continue
+		}
+		// The reply came after the server's now: waiting from here never
+		// uses a token before its time.
+		start := time.Now()
+		for i := range got {
+			if l.sleep(time.Until(start.Add(first + time.Duration(i)*l.interval))) {
+				return
+			}
+			select {
+			case l.tokens <- struct{}{}:
+			case <-l.stop:
+				return
+			}
+		}
+	}
+}
+
+// mayStart waits until the queue is not paused and, with a RateLimit, for a
+// token; it reports false when Run's ctx ended first. A token taken while the
+// queue was paused meanwhile is dropped and another taken after resume, so a
+// pause holds even for workers waiting on a slow limit.
+func (r *run[Req, Resp]) mayStart() bool {
+	for {
+		if !r.pause.wait(r.runCtx) {
+			return false
+		}
+		if r.limiter == nil {
+			return true
+		}
+		if !r.limiter.take(r.runCtx) {
+			return false
+		}
+		if r.pause.isOpen() {
+			return true
+		}
+	}
+}
