@@ -33,6 +33,10 @@ type AdminOptions struct {
 	// InflightTTL is the in-flight record TTL Requeue gives a requeued request.
 	// Default DefaultInflightTTL; use the producers' value.
 	InflightTTL time.Duration
+	// ResultTTL is how long Cancel keeps the outcome of a cancelled request
+	// (callers get ErrCanceled meanwhile). Default DefaultResultTTL; use the
+	// consumers' value.
+	ResultTTL time.Duration
 }
 
 // NewAdmin returns an Admin for queue. opts may be nil for the defaults. It
@@ -56,6 +60,12 @@ func NewAdmin(client redis.UniversalClient, queue string, opts *AdminOptions) (*
 		o.InflightTTL = DefaultInflightTTL
 	case o.InflightTTL < time.Millisecond:
 		return nil, optionError("InflightTTL is %v; it must be at least 1ms (leave it 0 for the default %v)", o.InflightTTL, DefaultInflightTTL)
+	}
+	switch {
+	case o.ResultTTL == 0:
+		o.ResultTTL = DefaultResultTTL
+	case o.ResultTTL < time.Millisecond:
+		return nil, optionError("ResultTTL is %v; it must be at least 1ms (leave it 0 for the default %v)", o.ResultTTL, DefaultResultTTL)
 	}
 	return &Admin{client: client, queue: queue, opts: o}, nil
 }

@@ -595,6 +595,7 @@ const (
 	recordFailed   = 'E' // rest: the error message
 	recordDead     = 'L' // rest: the error message; the request was dead-lettered
 	recordNoResult = 'N' // completed; the result was not stored
+	recordCanceled = 'C' // rest: a message; Admin.Cancel cancelled the scheduled request
 )
 
 // parseNotice splits a completion notice ("<len>:<id><len>:<record>"...) and
@@ -716,6 +717,8 @@ func decodeRecord[Resp any](codec Codec, record string, err error) (Resp, error)
 		return zero, &RequestError{Message: body, DeadLettered: true}
 	case recordNoResult:
 		return zero, ErrNoResult
+	case recordCanceled:
+		return zero, fmt.Errorf("%w: %s", ErrCanceled, body)
 	default:
 		return zero, fmt.Errorf("%w: record starts with %q", ErrWrongType, record[0])
 	}

@@ -30,6 +30,12 @@ var (
 	chargeSrc string
 	//go:embed adopt.lua
 	adoptSrc string
+	//go:embed promote.lua
+	promoteSrc string
+	//go:embed retry.lua
+	retrySrc string
+	//go:embed cancel.lua
+	cancelSrc string
 )
 
 // The scripts. Run uses EVALSHA and falls back to EVAL when the server lacks the script.
@@ -44,4 +50,7 @@ var (
 	Resume   = redis.NewScript(resumeSrc)
 	Charge   = redis.NewScript(chargeSrc)
 	Adopt    = redis.NewScript(adoptSrc)
+	Promote  = redis.NewScript(promoteSrc)
+	Retry    = redis.NewScript(retrySrc)
+	Cancel   = redis.NewScript(cancelSrc)
 )
