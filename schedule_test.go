@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -138,4 +140,101 @@ func TestRetryAfterExact(t *testing.T) {
 		require.GreaterOrEqual(t, gap, 250*time.Millisecond, fmt.Sprint(gap))
 		require.Less(t, gap, 600*time.Millisecond, fmt.Sprint(gap))
 	}
+}
+
+// percentile returns the p-th percentile (0..100) of sorted ds.
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	i := int(float64(len(ds)-1) * p / 100)
+	return ds[i]
+}
+
+// TestDelayedTenThousand: 10,000 jobs due at random times within 5 s, three
+// consumers: each starts exactly once and never before its due time (the
+// host's clock, which the local redis-server shares). Lateness is logged;
+// only a generous bound is asserted.
+func TestDelayedTenThousand(t *testing.T) {
+	if testing.Short() {
+		t.Skip("schedules 10,000 jobs")
+	}
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	const jobs = 10000
+	due := make(map[string]time.Time, jobs)
+	var mu sync.Mutex
+	started := make(map[string][]time.Time, jobs)
+	all := make(chan struct{})
+	handler := func(ctx context.Context, m *Message[string]) (string, error) {
+		now := time.Now()
+		mu.Lock()
+		started[m.ID] = append(started[m.ID], now)
+		if len(started) == jobs {
+			select {
+			case <-all:
+			default:
+				close(all)
+			}
+		}
+		mu.Unlock()
+		return "", nil
+	}
+	for i := range 3 {
+		c, err := NewConsumer[string, string](sameServer(client), q, handler, &ConsumerOptions{
+			Name: fmt.Sprintf("c%d", i), Workers: 16, DiscardResults: true, Logger: testLogger(t)})
+		require.NoError(t, err)
+		runConsumer(t, c)
+	}
+	p, err := NewProducer[string, string](client, q, nil)
+	require.NoError(t, err)
+	defer p.Close()
+	// Let the consumers subscribe first: a job is due no sooner than 500 ms
+	// after it was scheduled.
+	start := time.Now().Add(500 * time.Millisecond)
+	batch := make([]Job[string], 0, 500)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range jobs {
+		id := fmt.Sprintf("d-%d", i)
+		at := start.Add(time.Duration(rng.Int64N(int64(5 * time.Second))))
+		due[id] = at
+		batch = append(batch, Job[string]{ID: id, Request: "x", Options: []ProduceOption{At(at)}})
+		if len(batch) == cap(batch) {
+			prs, err := p.ProduceBatch(ctx, batch)
+			require.NoError(t, err)
+			for _, pr := range prs {
+				pr.Release()
+			}
+			batch = batch[:0]
+		}
+	}
+	t.Logf("scheduled %d jobs in %v", jobs, time.Since(start.Add(-500*time.Millisecond)))
+	select {
+	case <-all:
+	case <-time.After(60 * time.Second):
+		mu.Lock()
+		n := len(started)
+		mu.Unlock()
+		t.Fatalf("only %d of %d jobs started within 60s", n, jobs)
+	}
+	// Give a duplicate promotion time to show up.
+	time.Sleep(200 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	late := make([]time.Duration, 0, jobs)
+	for id, ts := range started {
+		require.Len(t, ts, 1, "job %s started %d times", id, len(ts))
+		d := ts[0].Sub(due[id])
+		require.GreaterOrEqual(t, d, time.Duration(0), "job %s started %v before its due time", id, -d)
+		late = append(late, d)
+	}
+	require.Len(t, started, jobs)
+	slices.Sort(late)
+	t.Logf("lateness (handler start - due) of %d delayed jobs, 3 consumers: p50 %v, p99 %v, max %v",
+		jobs, percentile(late, 50), percentile(late, 99), late[len(late)-1])
+	require.Less(t, percentile(late, 99), 2*time.Second, "p99 lateness")
+	n, err := client.ZCard(ctx, "streamq:{"+q+"}:schedule").Result()
+	require.NoError(t, err)
+	require.Zero(t, n)
 }
