@@ -7,11 +7,16 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+
+	"github.com/streamq/streamq/internal/crashtest"
+	"github.com/streamq/streamq/internal/redistest"
 )
 
 // TestDelayedJobBasics: a job produced with After runs once, not before its
@@ -248,4 +253,224 @@ func TestDelayedTenThousand(t *testing.T) {
 	n, err := client.ZCard(ctx, "streamq:{"+q+"}:schedule").Result()
 	require.NoError(t, err)
 	require.Zero(t, n)
+}
+
+// TestDelayedSameIDThreeProducers: one id scheduled by three producers is
+// one job, and every caller gets its result.
+func TestDelayedSameIDThreeProducers(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	var runs atomic.Int64
+	c, err := NewConsumer[string, string](client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		runs.Add(1)
+		return "ran:" + m.Payload, nil
+	}, &ConsumerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, c)
+	due := time.Now().Add(300 * time.Millisecond)
+	var prs []*Promise[string]
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := range 3 {
+		p, err := NewProducer[string, string](sameServer(client), q, nil)
+		require.NoError(t, err)
+		defer p.Close()
+		wg.Go(func() {
+			pr, err := p.Produce(ctx, "shared", fmt.Sprint(i), At(due))
+			require.NoError(t, err)
+			mu.Lock()
+			prs = append(prs, pr)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	var first string
+	for _, pr := range prs {
+		got, err := pr.Wait(waitCtx(t, 10*time.Second))
+		require.NoError(t, err)
+		if first == "" {
+			first = got
+		}
+		require.Equal(t, first, got, "every caller gets the one job's result")
+	}
+	require.False(t, time.Now().Before(due))
+	require.EqualValues(t, 1, runs.Load())
+}
+
+// TestDelayedCrashHoldingPromoted: a consumer SIGKILLed while it holds
+// promoted delayed jobs (handlers running): another consumer completes every
+// one after MinIdle, each started once more.
+func TestDelayedCrashHoldingPromoted(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	q := queueName(t)
+	const n, workers = 40, 8
+	const minIdle = time.Second
+	p, err := NewProducer[string, string](client, q, &ProducerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	ids := seqIDs("delayed", n)
+	prs := make([]*Promise[string], n)
+	for i, id := range ids {
+		prs[i], err = p.Produce(context.Background(), id, "p-"+id, After(200*time.Millisecond))
+		require.NoError(t, err)
+	}
+	child := crashtest.Start(t, "TestCrashHelperProcess", crashConfig{
+		Addr: sharedAddr(t), Queue: q, Mode: "block", Name: "doomed",
+		Workers: workers, Prefetch: n, MinIdle: minIdle, MaxDeliveries: 5,
+	})
+	waitChildHolds(t, client, q, "doomed", n, workers)
+	child.Kill()
+	killedAt := time.Now()
+	require.True(t, child.KilledBy(syscall.SIGKILL))
+
+	h := newCountingHandler()
+	c, err := NewConsumer(client, q, h.handle, &ConsumerOptions{
+		Name: "survivor", Workers: workers, Prefetch: n, MinIdle: minIdle,
+		ClaimInterval: 100 * time.Millisecond, ReadBlock: 100 * time.Millisecond, Logger: testLogger(t),
+	})
+	require.NoError(t, err)
+	runConsumer(t, c)
+	requireResults(t, client, q, ids, prs, killedAt.Add(minIdle+30*time.Second))
+	h.requireOnceEach(t, ids)
+	require.Equal(t, map[int]int{1: n - workers, 2: workers}, h.deliveries)
+	requireDrained(t, client, q)
+}
+
+// TestDelayedSurvivesRedisKill: Redis (AOF, appendfsync always) is SIGKILLed
+// and restarted while 1,000 jobs are scheduled: every job runs, none twice.
+func TestDelayedSurvivesRedisKill(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.WithAppendOnly("always"))
+	client := srv.Client(t)
+	ctx := context.Background()
+	q := queueName(t)
+	const jobs = 1000
+	h := newCountingHandler()
+	c, err := NewConsumer(client, q, h.handle, &ConsumerOptions{
+		Workers: 8, MinIdle: time.Second, ClaimInterval: 100 * time.Millisecond,
+		ReadBlock: 100 * time.Millisecond, Logger: testLogger(t),
+	})
+	require.NoError(t, err)
+	runConsumer(t, c)
+	p, err := NewProducer[string, string](client, q, &ProducerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	ids := seqIDs("aof", jobs)
+	start := time.Now()
+	var batch []Job[string]
+	for i, id := range ids {
+		// Due from 0.5 s to 2.5 s from now; the kill comes at about 1 s.
+		at := start.Add(500*time.Millisecond + time.Duration(i)*2*time.Millisecond)
+		batch = append(batch, Job[string]{ID: id, Request: "p-" + id, Options: []ProduceOption{At(at)}})
+		if len(batch) == 250 {
+			prs, err := p.ProduceBatch(ctx, batch)
+			require.NoError(t, err)
+			for _, pr := range prs {
+				pr.Release()
+			}
+			batch = nil
+		}
+	}
+	eventually(t, 20*time.Second, func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return len(h.runs) >= 100
+	}, "jobs start running")
+	srv.Kill()
+	h.mu.Lock()
+	ranBefore := len(h.runs)
+	h.mu.Unlock()
+	srv.Restart(t)
+	scheduled, err := client.ZCard(ctx, "streamq:{"+q+"}:schedule").Result()
+	require.NoError(t, err)
+	t.Logf("Redis killed after %d of %d jobs ran; %d still scheduled after the restart", ranBefore, jobs, scheduled)
+	require.Positive(t, scheduled, "the kill should come while jobs are scheduled")
+	eventually(t, 60*time.Second, func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return len(h.runs) == jobs
+	}, "every job runs after the restart")
+	for _, id := range ids {
+		rec, err := client.Get(ctx, recordKey(q, id)).Result()
+		require.NoError(t, err, "record of %s", id)
+		require.Equal(t, `R"r:p-`+id+`"`, rec, "record of %s", id)
+	}
+	h.requireOnceEach(t, ids)
+}
+
+// TestRetryDelayBeyondMinIdle: a RetryAfter longer than MinIdle waits in the
+// schedule: no claim pass takes it early, and it runs once after the delay.
+func TestRetryDelayBeyondMinIdle(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	q := queueName(t)
+	const delay = 3 * time.Second
+	var mu sync.Mutex
+	var at []time.Time
+	h := func(ctx context.Context, m *Message[string]) (string, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		at = append(at, time.Now())
+		if m.Deliveries == 1 {
+			return "", RetryAfter(errors.New("come back later"), delay)
+		}
+		return fmt.Sprint(m.Deliveries), nil
+	}
+	for i := range 2 { // a second consumer claims whatever it may
+		c, err := NewConsumer(sameServer(client), q, h, &ConsumerOptions{
+			Name: fmt.Sprintf("c%d", i), MinIdle: 500 * time.Millisecond, ClaimInterval: 100 * time.Millisecond,
+			ReadBlock: 100 * time.Millisecond, Logger: testLogger(t),
+		})
+		require.NoError(t, err)
+		runConsumer(t, c)
+	}
+	p := newStringProducer(t, client, q)
+	pr, err := p.Produce(context.Background(), "slow", "x")
+	require.NoError(t, err)
+	got, err := pr.Wait(waitCtx(t, 30*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, "2", got)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, at, 2)
+	gap := at[1].Sub(at[0])
+	t.Logf("RetryAfter(%v) with MinIdle 500ms: second start %v after the first", delay, gap)
+	require.GreaterOrEqual(t, gap, delay)
+	require.Less(t, gap, delay+2*time.Second)
+}
+
+// TestRetryFourFailuresThenSuccess: MaxDeliveries 5, a handler that fails
+// four times succeeds on the fifth start, seeing Deliveries 1..5, with the
+// default back-off shortened.
+func TestRetryFourFailuresThenSuccess(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		q := queueName(t)
+		var mu sync.Mutex
+		var seen []int
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+			mu.Lock()
+			seen = append(seen, m.Deliveries)
+			mu.Unlock()
+			if m.Deliveries < 5 {
+				return "", fmt.Errorf("failure %d", m.Deliveries)
+			}
+			return "ok", nil
+		}, &ConsumerOptions{MaxDeliveries: 5, RetryBackoff: 20 * time.Millisecond, MinIdle: time.Minute, Logger: testLogger(t)})
+		require.NoError(t, err)
+		runConsumer(t, c)
+		p, err := NewProducer[string, string](client, q, nil)
+		require.NoError(t, err)
+		defer p.Close()
+		pr, err := p.Produce(context.Background(), "four", "x")
+		require.NoError(t, err)
+		got, err := pr.Wait(waitCtx(t, 30*time.Second))
+		require.NoError(t, err)
+		require.Equal(t, "ok", got)
+		mu.Lock()
+		defer mu.Unlock()
+		require.Equal(t, []int{1, 2, 3, 4, 5}, seen)
+	})
 }
