@@ -474,3 +474,35 @@ func TestRetryFourFailuresThenSuccess(t *testing.T) {
 		require.Equal(t, []int{1, 2, 3, 4, 5}, seen)
 	})
 }
+
+// TestRetryCountsSurviveReschedulesAndCrashes: a message that fails twice
+// (rescheduled through the schedule, each time as a new entry) and then
+// kills its consumer twice is dead-lettered at MaxDeliveries 4 with exactly
+// the four starts its handler saw.
+func TestRetryCountsSurviveReschedulesAndCrashes(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	cfg := crashConfig{
+		Addr: sharedAddr(t), Queue: q, Mode: "retrypoison", Name: "poisoned",
+		Workers: 1, Prefetch: 1, MinIdle: 2 * time.Second, MaxDeliveries: 4,
+	}
+	crashes, poison, prs := runPoisonLoop(t, client, q, cfg, seqIDs("good", 20))
+	require.Equal(t, 2, crashes)
+	_, err := poison.Wait(ctx)
+	require.ErrorIs(t, err, ErrDeadLettered)
+	seen, err := client.LRange(ctx, poisonSeenKey(q), 0, -1).Result()
+	require.NoError(t, err)
+	require.Equal(t, []string{"r1", "r2", "3", "4"}, seen, "starts seen by the poison's handler")
+	admin, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	dls, err := admin.DeadLetters(ctx, "", 10)
+	require.NoError(t, err)
+	require.Len(t, dls, 1)
+	require.Equal(t, 4, dls[0].Deliveries)
+	for _, pr := range prs {
+		_, err := pr.Wait(waitCtx(t, 10*time.Second))
+		require.NoError(t, err)
+	}
+}
