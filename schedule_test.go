@@ -506,3 +506,58 @@ func TestRetryCountsSurviveReschedulesAndCrashes(t *testing.T) {
 		require.NoError(t, err)
 	}
 }
+
+// TestRetryInFanoutGroup: both groups fail a request once. Each group's
+// retry carries its group (field g), so each group runs the request exactly
+// twice, the other group skipping the other's retry; callers get the
+// answering group's result.
+func TestRetryInFanoutGroup(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	client := realRedis(t)
+	q := queueName(t)
+	var mu sync.Mutex
+	runs := map[string][]int{}
+	handler := func(group string) Handler[int, int] {
+		return func(ctx context.Context, m *Message[int]) (int, error) {
+			mu.Lock()
+			runs[group] = append(runs[group], m.Deliveries)
+			mu.Unlock()
+			if m.Deliveries == 1 {
+				return 0, RetryAfter(errors.New("once"), 50*time.Millisecond)
+			}
+			return m.Payload * 2, nil
+		}
+	}
+	b, err := NewConsumer(client, q, handler("audit"), &ConsumerOptions{Group: "audit", Fanout: true,
+		ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, b)
+	eventually(t, 10*time.Second, func() bool {
+		n, err := client.Exists(ctx, "streamq:{"+q+"}:stream").Result()
+		return err == nil && n == 1
+	}, "fan-out group created")
+	a, err := NewConsumer(client, q, handler("answer"), &ConsumerOptions{Group: "answer",
+		ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, a)
+	p, err := NewProducer[int, int](client, q, &ProducerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	pr, err := p.Produce(ctx, "x", 21)
+	require.NoError(t, err)
+	got, err := pr.Wait(waitCtx(t, 10*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, 42, got)
+	eventually(t, 10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(runs["audit"]) >= 2
+	}, "the fan-out group's retry runs")
+	// Let a wrong extra run show up.
+	time.Sleep(300 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []int{1, 2}, runs["answer"])
+	require.Equal(t, []int{1, 2}, runs["audit"])
+}
