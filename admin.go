@@ -118,6 +118,9 @@ type Stats struct {
 	Length int64
 	// DeadLetters is the number of entries in the dead-letter stream.
 	DeadLetters int64
+	// Scheduled is the number of jobs waiting in the schedule: delayed
+	// requests (At, After) and retries waiting for their back-off.
+	Scheduled int64
 	// Groups describes each consumer group.
 	Groups []GroupStats
 }
@@ -163,6 +166,11 @@ func (a *Admin) shardStats(ctx context.Context, k keys.Keys, s *Stats, byName ma
 	if err != nil {
 		return err
 	}
+	scheduled, err := a.client.ZCard(ctx, k.Schedule).Result()
+	if err != nil {
+		return err
+	}
+	s.Scheduled += scheduled
 	dead, err := a.client.XLen(ctx, k.DeadLetter).Result()
 	if err != nil {
 		return err

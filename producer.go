@@ -653,7 +653,8 @@ type Promise[Resp any] struct {
 func (pr *Promise[Resp]) ID() string { return pr.id }
 
 // EntryID returns the stream entry id of the request, or "" when its result was
-// already stored when it was produced.
+// already stored when it was produced, or when it was waiting in the schedule
+// (At, After): its entry is appended at its due time.
 func (pr *Promise[Resp]) EntryID() string { return pr.entryID }
 
 // Done returns a channel closed when the result is available. Release does not

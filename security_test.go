@@ -25,7 +25,7 @@ var aclCommands = []string{
 	"xack", "xadd", "xautoclaim", "xclaim", "xdel", "xgroup|create", "xgroup|delconsumer",
 	"xinfo|consumers", "xinfo|groups", "xlen", "xpending", "xrange", "xreadgroup", "xtrim",
 	"hincrby", "hsetnx", "hget", "hdel", "hmget", "pexpire", "pttl",
-	"hset", "zadd", "zrange", "zrangebyscore", "zrem", "time", // the schedule (delayed jobs, retries)
+	"hset", "zadd", "zcard", "zrange", "zrangebyscore", "zrem", "time", // the schedule (delayed jobs, retries)
 	"ping", // go-redis's pub/sub health checks
 }
 
