@@ -38,6 +38,10 @@ type AdminOptions struct {
 	// than live, in Stats and Consumers. Running consumers heartbeat every
 	// ClaimInterval, at most every 5s. Default DefaultStaleAfter (30s).
 	StaleAfter time.Duration
+	// ResultTTL is how long Cancel keeps the outcome of a cancelled request
+	// (callers get ErrCanceled meanwhile). Default DefaultResultTTL; use the
+	// consumers' value.
+	ResultTTL time.Duration
 }
 
 // DefaultStaleAfter is the default AdminOptions.StaleAfter.
@@ -70,6 +74,10 @@ func NewAdmin(client redis.UniversalClient, queue string, opts *AdminOptions) (*
 		o.StaleAfter = DefaultStaleAfter
 	case o.StaleAfter < time.Millisecond:
 		return nil, optionError("StaleAfter is %v; it must be at least 1ms (leave it 0 for the default %v)", o.StaleAfter, DefaultStaleAfter)
+	case o.ResultTTL == 0:
+		o.ResultTTL = DefaultResultTTL
+	case o.ResultTTL < time.Millisecond:
+		return nil, optionError("ResultTTL is %v; it must be at least 1ms (leave it 0 for the default %v)", o.ResultTTL, DefaultResultTTL)
 	}
 	return &Admin{client: client, queue: queue, opts: o}, nil
 }
@@ -122,6 +130,9 @@ type Stats struct {
 	Length int64 `json:"length"`
 	// DeadLetters is the number of entries in the dead-letter stream.
 	DeadLetters int64 `json:"dead_letters"`
+	// Scheduled is the number of jobs waiting in the schedule: delayed
+	// requests (At, After) and retries waiting for their back-off.
+	Scheduled int64 `json:"scheduled"`
 	// Groups describes each consumer group.
 	Groups []GroupStats `json:"groups"`
 	// Paused reports whether the queue is paused (Admin.Pause).
@@ -204,6 +215,11 @@ func (a *Admin) shardStats(ctx context.Context, k keys.Keys, s *Stats, byName ma
 	if err != nil {
 		return err
 	}
+	scheduled, err := a.client.ZCard(ctx, k.Schedule).Result()
+	if err != nil {
+		return err
+	}
+	s.Scheduled += scheduled
 	dead, err := a.client.XLen(ctx, k.DeadLetter).Result()
 	if err != nil {
 		return err

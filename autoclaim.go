@@ -107,7 +107,7 @@ func (r *run[Req, Resp]) readNew(ctx context.Context, shard, n int, block time.D
 	}
 	got := 0
 	for _, st := range res {
-		got += r.admit(shard, st.Messages, func(int) int { return 0 })
+		got += r.admit(shard, st.Messages, func(i int) int { return carriedStarts(st.Messages[i]) })
 	}
 	return got, nil
 }
@@ -197,7 +197,7 @@ func (r *run[Req, Resp]) admitClaimed(shard int, msgs []redis.XMessage, counts [
 // run took in this consumer's pending list, unseen: without this pass they
 // would wait for MinIdle and some claim pass. It costs one XPENDING summary
 // per ClaimInterval; only when this consumer's pending count exceeds what it
-// holds (plus the retries it scheduled) does it list its pending ids and take
+// holds does it list its pending ids and take
 // the unheld ones (adopt.lua), with their start counts. So such entries run
 // within about ClaimInterval, counted once.
 func (r *run[Req, Resp]) adopt(ctx context.Context, shard, n int) (int, error) {
@@ -208,7 +208,7 @@ func (r *run[Req, Resp]) adopt(ctx context.Context, shard, n int) (int, error) {
 		return 0, err
 	}
 	pending := sum.Consumers[o.Name]
-	if pending <= int64(r.heldOrRetrying(shard)) {
+	if pending <= int64(r.held(shard)) {
 		return 0, nil
 	}
 	list, err := r.c.client.XPendingExt(ctx, &redis.XPendingExtArgs{
@@ -222,9 +222,6 @@ func (r *run[Req, Resp]) adopt(ctx context.Context, shard, n int) (int, error) {
 	for _, p := range list {
 		key := ownedKey{shard, p.ID}
 		if _, held := r.owned[key]; held {
-			continue
-		}
-		if _, retry := r.retrying[key]; retry {
 			continue
 		}
 		if len(args)-2 < n {
@@ -254,24 +251,14 @@ func (r *run[Req, Resp]) adopt(ctx context.Context, shard, n int) (int, error) {
 	return got, nil
 }
 
-// heldOrRetrying counts the entries of a shard that this consumer holds or
-// left pending for a retry that is not due yet, and forgets retries that are
-// due (any claim pass may take those now).
-func (r *run[Req, Resp]) heldOrRetrying(shard int) int {
-	now := time.Now()
+// held counts the entries of a shard that this consumer holds (a failed
+// entry stays held until retry.lua acknowledged it and scheduled its retry).
+func (r *run[Req, Resp]) held(shard int) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := 0
 	for k := range r.owned {
 		if k.shard == shard {
-			n++
-		}
-	}
-	for k, due := range r.retrying {
-		switch {
-		case !now.Before(due):
-			delete(r.retrying, k)
-		case k.shard == shard:
 			n++
 		}
 	}
@@ -368,25 +355,6 @@ func (r *run[Req, Resp]) leaseShard(ctx context.Context, shard int, slots []*slo
 		lost = append(lost, res...)
 	}
 	return lost, nil
-}
-
-// retryAfter leaves a failed entry pending and makes it claimable after delay,
-// by setting its idle time to MinIdle-delay. The next delivery goes to whichever
-// consumer's claim pass comes first, and its start is counted then.
-func (r *run[Req, Resp]) retryAfter(s *slot, delay time.Duration) {
-	// Mark it a retry before untracking, so that the adoption pass never sees
-	// it neither held nor retrying and takes it before its time.
-	r.mu.Lock()
-	r.retrying[s.key()] = time.Now().Add(delay)
-	r.mu.Unlock()
-	// Untrack first, so that a lease renewal does not undo the new idle time.
-	r.untrack(s)
-	idle := max(r.c.opts.MinIdle-delay, 0)
-	if _, err := r.leaseShard(r.bg, s.shard, []*slot{s}, idle, 0); err != nil {
-		r.c.log.Warn("streamq: scheduling a retry failed; the entry will be retried after MinIdle",
-			"id", s.entry.ID, "entry", s.entry.EntryID, "err", err)
-	}
-	r.forget(s)
 }
 
 // releaseUnstarted makes the entries that were prefetched but never started

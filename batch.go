@@ -184,7 +184,8 @@ type produceItem struct {
 	payload []byte
 	// due is when the request may start, in Unix milliseconds; 0: now.
 	due int64
-	// flags are single-letter switches for produce.lua (none defined yet).
+	// flags are single-letter switches for produce.lua: "r", due is a delay
+	// in milliseconds from the server's clock.
 	flags string
 	// fields are extra stream fields, name then value, written beside the
 	// id and payload.
@@ -194,7 +195,12 @@ type produceItem struct {
 
 // apply copies what a call's options set into the item.
 func (it *produceItem) apply(s produceSettings) error {
-	_ = s
+	due, flags, err := s.due()
+	if err != nil {
+		return err
+	}
+	it.due = due
+	it.flags += flags
 	return nil
 }
 
@@ -240,6 +246,8 @@ func (p *Producer[Req, Resp]) runProduce(ctx context.Context, shard int, items [
 			args = append(args, f)
 		}
 	}
+	keys = append(keys, k.Schedule, k.ScheduleData)
+	args = append(args, k.Wake, publishCommand(p.sharded))
 	res, err := scripts.Produce.Run(ctx, p.client, keys, args...).Slice()
 	if err != nil {
 		p.slots.onError(err)

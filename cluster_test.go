@@ -68,6 +68,62 @@ func clusterSuite(t *testing.T, c *redistest.Cluster, client redis.UniversalClie
 		t.Parallel()
 		testClusterStats(t, client)
 	})
+	t.Run("Delayed", func(t *testing.T) {
+		t.Parallel()
+		testClusterDelayed(t, client)
+	})
+}
+
+// testClusterDelayed: delayed jobs on every shard of a sharded queue run once,
+// not before their time, and well before the promoters' 10 s backstop: the
+// wake notices (sharded pub/sub) reach the consumers' promoters.
+func testClusterDelayed(t *testing.T, client redis.UniversalClient) {
+	ctx := context.Background()
+	q := queueName(t)
+	rc := newRunCounter()
+	var mu sync.Mutex
+	late := map[string]time.Duration{}
+	due := map[string]time.Time{}
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		now := time.Now()
+		rc.add(m.ID)
+		mu.Lock()
+		late[m.ID] = now.Sub(due[m.ID])
+		mu.Unlock()
+		return m.Payload, nil
+	}, &ConsumerOptions{Shards: clusterShards, Workers: 4, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, c)
+	p, err := NewProducer[string, string](client, q, &ProducerOptions{Shards: clusterShards, Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	// Let the consumer subscribe and find an empty schedule first.
+	time.Sleep(500 * time.Millisecond)
+	var prs []*Promise[string]
+	for i := range 30 {
+		id := fmt.Sprintf("later-%d", i)
+		at := time.Now().Add(300 * time.Millisecond)
+		mu.Lock()
+		due[id] = at
+		mu.Unlock()
+		pr, err := p.Produce(ctx, id, id, At(at))
+		require.NoError(t, err)
+		prs = append(prs, pr)
+	}
+	for _, pr := range prs {
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		got, err := pr.Wait(wctx)
+		cancel()
+		require.NoError(t, err)
+		require.Equal(t, pr.ID(), got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for id, n := range rc.snapshot() {
+		require.Equal(t, 1, n, "runs of %s", id)
+		require.GreaterOrEqual(t, late[id], time.Duration(0), "%s ran early", id)
+		require.Less(t, late[id], 5*time.Second, "%s ran %v late: a wake notice was missed", id, late[id])
+	}
 }
 
 // runCounter counts handler runs per id.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -270,11 +271,8 @@ type run[Req, Resp any] struct {
 	completers []*coalescer[*completion] // one per shard: shards fail independently
 	places     *shardPlaces
 	charger    *coalescer[*chargeReq] // counts handler starts, many per round trip
-	// retrying holds entries left pending for a retry, until the retry is due:
-	// the adoption pass must not take them early. Guarded by mu.
-	retrying map[ownedKey]time.Time
-	pause    *pauseGate // open while the queue is not paused (watchPause)
-	limiter  *limiter   // nil without RateLimit
+	pause      *pauseGate             // open while the queue is not paused (watchPause)
+	limiter    *limiter               // nil without RateLimit
 
 	fetches   sync.WaitGroup
 	handoffs  sync.WaitGroup // hand-offs waiting for a busy completer
@@ -291,7 +289,6 @@ func newRun[Req, Resp any](c *Consumer[Req, Resp]) *run[Req, Resp] {
 		ahead:     newReadAhead(c.opts.Workers, c.opts.Prefetch, c.opts.holdPrefetch),
 		places:    newShardPlaces(c.opts.Prefetch, len(c.shards)),
 		owned:     make(map[ownedKey]*slot),
-		retrying:  make(map[ownedKey]time.Time),
 		pause:     newPauseGate(),
 		stopLoops: make(chan struct{}),
 	}
@@ -332,6 +329,10 @@ func (r *run[Req, Resp]) start(ctx context.Context) {
 	if o.TrimInterval > 0 {
 		r.loops.Add(1)
 		go r.trimLoop()
+	}
+	r.loops.Add(len(r.c.shards))
+	for shard := range r.c.shards {
+		go r.promoteLoop(shard)
 	}
 	r.feeder.Add(len(r.c.shards))
 	for shard := range r.c.shards {
@@ -717,8 +718,8 @@ func (r *run[Req, Resp]) handOff(cp *completion) {
 	cp.s.outcome = cp.done
 	cp.s.handedOff.Store(true)
 	cp.s.data = nil // the fetched payload
-	if _, inline := r.c.opts.Fetcher.(InlineFetcher); inline && cp.code != recordDead {
-		cp.s.entry.Data = nil // the payload itself; dead letters keep it
+	if _, inline := r.c.opts.Fetcher.(InlineFetcher); inline && cp.code != recordDead && cp.code != recordRetry {
+		cp.s.entry.Data = nil // the payload itself; dead letters and retries keep it
 	}
 	in := r.completers[cp.s.shard].in
 	select {
@@ -869,7 +870,8 @@ func (r *run[Req, Resp]) call(ctx context.Context, msg *Message[Req]) (resp Resp
 }
 
 // fail handles a failed attempt: dead-letter when the error is permanent or the
-// deliveries are used up, else leave the entry pending and schedule its retry.
+// deliveries are used up, else hand the entry to its completer, which
+// acknowledges it and schedules its retry in one step (retry.lua).
 func (r *run[Req, Resp]) fail(s *slot, err error) {
 	o := &r.c.opts
 	r.c.outcomes.failed.Add(1)
@@ -877,15 +879,21 @@ func (r *run[Req, Resp]) fail(s *slot, err error) {
 		r.deadLetter(s, err.Error())
 		return
 	}
-	delay := retryDelay(o.RetryBackoff, s.entry.Deliveries, o.MinIdle)
+	delay := retryDelay(o.RetryBackoff, s.entry.Deliveries, o.RetryBackoffMax)
 	var ra retryAfterError
 	if errors.As(err, &ra) {
-		delay = min(max(ra.delay, 0), o.MinIdle)
+		delay = min(max(ra.delay, 0), maxDelay)
 	}
 	r.c.log.Info("streamq: handler failed; will retry", "id", s.entry.ID, "entry", s.entry.EntryID,
 		"deliveries", s.entry.Deliveries, "retry_in", delay, "err", err)
-	r.retryAfter(s, delay)
+	// Round up: a retry never runs before its delay.
+	ms := int64((delay + time.Millisecond - 1) / time.Millisecond)
+	r.handOff(&completion{s: s, code: recordRetry, value: []byte(strconv.FormatInt(ms, 10))})
 }
+
+// recordRetry is the completion of a failed attempt to retry after a delay
+// (value: milliseconds): acknowledged and scheduled (retry.lua).
+const recordRetry = 'T'
 
 // retryDelay is the exponential back-off before delivery number deliveries+1:
 // base * 2^(deliveries-1), with jitter, capped at limit.
@@ -935,6 +943,25 @@ type completion struct {
 // on stay pending and are reclaimed by another consumer later. Each shard has
 // its own completer, so a shard that fails here stalls only itself.
 func (r *run[Req, Resp]) completeShard(shard int, batch []*completion) {
+	all := batch
+	var retries []*completion
+	rest := batch[:0:0]
+	for _, cp := range batch {
+		if cp.code == recordRetry {
+			retries = append(retries, cp)
+		} else {
+			rest = append(rest, cp)
+		}
+	}
+	if len(retries) > 0 && !r.retryShard(shard, retries) {
+		r.forgetCompletions(all)
+		return
+	}
+	if len(rest) == 0 {
+		r.forgetCompletions(all)
+		return
+	}
+	batch = rest
 	o := &r.c.opts
 	k := r.c.shards[shard]
 	keyList := make([]string, 2, 3+len(batch))
@@ -982,7 +1009,7 @@ func (r *run[Req, Resp]) completeShard(shard int, batch []*completion) {
 		if r.bg.Err() != nil {
 			r.c.log.Error("streamq: gave up recording outcomes at shutdown; the entries stay pending and will be reclaimed",
 				"entries", len(batch), "err", err)
-			r.forgetCompletions(batch)
+			r.forgetCompletions(all)
 			return
 		}
 		r.c.log.Warn("streamq: recording outcomes failed; retrying", "entries", len(batch), "stream", k.Stream, "err", err)
@@ -1003,7 +1030,7 @@ func (r *run[Req, Resp]) completeShard(shard int, batch []*completion) {
 			}
 		}
 	}
-	r.forgetCompletions(batch)
+	r.forgetCompletions(all)
 }
 
 // forgetCompletions forgets the slots of recorded (or abandoned) outcomes:

@@ -8,6 +8,7 @@ package streamq
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -34,6 +35,8 @@ type crashConfig struct {
 	//   "work":   count the run, return "r:"+payload.
 	//   "poison": like "work", except that the id "poison" records its delivery
 	//             count and SIGKILLs the process.
+	//   "retrypoison": like "poison", except that the poison's first two
+	//             starts fail with RetryAfter (recorded as "r<count>").
 	Mode          string
 	Name          string
 	Workers       int
@@ -68,7 +71,10 @@ func TestCrashHelperProcess(t *testing.T) {
 			}
 			<-ctx.Done()
 			return "", context.Cause(ctx)
-		case cfg.Mode == "poison" && m.ID == "poison":
+		case cfg.Mode == "retrypoison" && m.ID == "poison" && m.Deliveries <= 2:
+			client.RPush(bg, poisonSeenKey(cfg.Queue), fmt.Sprintf("r%d", m.Deliveries))
+			return "", RetryAfter(errors.New("retry through the schedule"), 100*time.Millisecond)
+		case (cfg.Mode == "poison" || cfg.Mode == "retrypoison") && m.ID == "poison":
 			client.RPush(bg, poisonSeenKey(cfg.Queue), m.Deliveries)
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			time.Sleep(time.Hour)

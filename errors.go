@@ -48,6 +48,15 @@ var (
 	// ErrWrongType is returned when a key the queue needs holds a value of another
 	// kind, usually because another program wrote it. Delete or rename that key.
 	ErrWrongType = errors.New("streamq: key holds a value streamq did not write")
+	// ErrCanceled is returned by Wait for a scheduled request that
+	// Admin.Cancel cancelled before it ran. Producing the id again, once its
+	// stored outcome expired (AdminOptions.ResultTTL), schedules it anew.
+	ErrCanceled = errors.New("streamq: request canceled before it ran")
+	// ErrNotScheduled is returned by Admin.Cancel for a request that is not
+	// waiting in the schedule: it is already in the stream (or running), or
+	// it completed. Only a request produced with At or After, or a retry
+	// waiting for its back-off, can be cancelled.
+	ErrNotScheduled = errors.New("streamq: request is not scheduled: it is already queued, running or completed")
 	// ErrLeaseLost is the cause of a handler context cancelled because another
 	// consumer claimed the message.
 	ErrLeaseLost = errors.New("streamq: message claimed by another consumer")

@@ -118,6 +118,8 @@ var recordSeeds = []string{
 	`Efailed`,
 	`N`,
 	`P1796110074717-0`,
+	`P@1796110074717`,
+	`Ccanceled by Admin.Cancel at 2026-12-01T11:00:00Z`,
 	``,
 	`R`,
 	`R{"not":"a string"}`,
@@ -154,6 +156,9 @@ func FuzzDecodeRecord(f *testing.F) {
 			require.Equal(t, record[1:], re.Message)
 		case record[0] == recordNoResult:
 			require.ErrorIs(t, err, ErrNoResult)
+		case record[0] == recordCanceled:
+			require.ErrorIs(t, err, ErrCanceled)
+			require.False(t, errors.As(err, &re), "a cancellation is not a request error: %v", err)
 		default:
 			require.Error(t, err)
 			require.False(t, errors.As(err, &re), "a foreign record is not a request error: %v", err)

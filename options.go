@@ -50,6 +50,8 @@ const (
 	DefaultMaxDeliveries = 5
 	// DefaultRetryBackoff is the default ConsumerOptions.RetryBackoff.
 	DefaultRetryBackoff = time.Second
+	// DefaultRetryBackoffMax is the default ConsumerOptions.RetryBackoffMax.
+	DefaultRetryBackoffMax = 10 * time.Minute
 	// DefaultFetchRetries is the default ConsumerOptions.FetchRetries.
 	DefaultFetchRetries = 3
 	// DefaultFetchBackoff is the default ConsumerOptions.FetchBackoff.
@@ -266,9 +268,20 @@ type ConsumerOptions struct {
 	MaxDeliveries int
 
 	// RetryBackoff is the delay before the second delivery of a failed message;
-	// it doubles with each delivery, with jitter, capped at MinIdle.
+	// it doubles with each delivery up to RetryBackoffMax, and each delay is
+	// drawn uniformly from its upper half (jitter). A failed message waits in
+	// the queue's schedule in Redis, not in the stream, so the delay is exact
+	// and not bounded by MinIdle; RetryAfter sets it per failure.
 	// Defaults to DefaultRetryBackoff (1s).
 	RetryBackoff time.Duration
+
+	// RetryBackoffMax caps the exponential back-off of RetryBackoff (not the
+	// delay asked for with RetryAfter). With the defaults, the five
+	// deliveries of a failing message spread over about 8 to 15 s; raise
+	// MaxDeliveries to ride out real outages: with 20, a message is retried
+	// for about 1 to 2 hours, every 5 to 10 minutes at the end.
+	// Defaults to DefaultRetryBackoffMax (10m).
+	RetryBackoffMax time.Duration
 
 	// ShutdownTimeout is how long Run waits, after its context ends, for running
 	// handlers to finish before cancelling their contexts. Recording outcomes
@@ -341,6 +354,7 @@ func (o *ConsumerOptions) resolve() error {
 	setDefault(&o.ClaimInterval, DefaultClaimInterval)
 	setDefault(&o.MaxDeliveries, DefaultMaxDeliveries)
 	setDefault(&o.RetryBackoff, DefaultRetryBackoff)
+	setDefault(&o.RetryBackoffMax, max(DefaultRetryBackoffMax, o.RetryBackoff))
 	setDefault(&o.ShutdownTimeout, DefaultShutdownTimeout)
 	setDefault(&o.MaxCompleteBatch, DefaultMaxCompleteBatch)
 	setDefault(&o.TrimInterval, DefaultTrimInterval)
@@ -374,6 +388,7 @@ func (o *ConsumerOptions) resolve() error {
 		atLeast("ClaimInterval", o.ClaimInterval, time.Millisecond),
 		positive("MaxDeliveries", o.MaxDeliveries),
 		atLeast("RetryBackoff", o.RetryBackoff, time.Millisecond),
+		atLeast("RetryBackoffMax", o.RetryBackoffMax, o.RetryBackoff),
 		atLeast("ShutdownTimeout", o.ShutdownTimeout, time.Millisecond),
 		positive("MaxCompleteBatch", o.MaxCompleteBatch),
 		atMost("MaxCompleteBatch", o.MaxCompleteBatch, MaxCompleteBatchLimit, "MaxCompleteBatchLimit",

@@ -1,5 +1,10 @@
 package streamq
 
+import (
+	"fmt"
+	"time"
+)
+
 // ProduceOption sets something about one request at produce time, for
 // Produce, Enqueue and (per job) ProduceBatch. Options apply in order; a later
 // option overrides an earlier one that sets the same thing. Options only take
@@ -10,7 +15,40 @@ type ProduceOption func(*produceSettings)
 
 // produceSettings is what the ProduceOptions of one call set. The zero value
 // is a plain request: appended now, no extra entry fields.
-type produceSettings struct{}
+type produceSettings struct {
+	// at is the due time set by At (zero: none).
+	at time.Time
+	// after is the delay set by After; used when afterSet.
+	after    time.Duration
+	afterSet bool
+}
+
+// At delays the request until t: it is recorded (and deduplicated) at once,
+// kept in the queue's schedule, and appended to the stream when Redis's clock
+// reaches t, so that no handler starts it before t. A t that is not in the
+// future appends it now. Callers wait for it like for any request (Wait,
+// Done); Admin.Cancel cancels it while it waits. The record of a delayed
+// request lives until t plus InflightTTL, so a request nobody runs by then
+// is reported lost. Default: no delay. At and After override each other;
+// the last one given applies.
+//
+// Due times are compared with the Redis server's clock: keep the producers'
+// clocks in step with it (NTP), or use After, which does not depend on the
+// producer's clock.
+func At(t time.Time) ProduceOption {
+	return func(s *produceSettings) { s.at, s.afterSet = t, false }
+}
+
+// After delays the request by d, measured on the Redis server's clock from
+// the moment Redis records it: see At. A d of zero or less appends it now.
+// Default: no delay.
+func After(d time.Duration) ProduceOption {
+	return func(s *produceSettings) { s.after, s.afterSet, s.at = d, true, time.Time{} }
+}
+
+// maxDelay bounds how far ahead a request can be scheduled: its record must
+// live until then, and Redis's millisecond TTLs stay exact far beyond it.
+const maxDelay = 10 * 365 * 24 * time.Hour
 
 // applyProduceOptions folds opts into one produceSettings.
 func applyProduceOptions(opts []ProduceOption) produceSettings {
@@ -22,3 +60,37 @@ func applyProduceOptions(opts []ProduceOption) produceSettings {
 	}
 	return s
 }
+
+// due returns the item's due time and flags for produce.lua: an absolute
+// Unix millisecond time, or with flag "r" a delay in milliseconds from the
+// server's clock; 0 means now.
+func (s produceSettings) due() (int64, string, error) {
+	switch {
+	case s.afterSet:
+		if s.after > maxDelay {
+			return 0, "", fmt.Errorf("%w: After(%v) is beyond the limit of %v", ErrInvalidOptions, s.after, maxDelay)
+		}
+		if s.after <= 0 {
+			return 0, "", nil
+		}
+		// Round up: a job is never due before the delay has passed.
+		return int64((s.after + time.Millisecond - 1) / time.Millisecond), flagRelative, nil
+	case !s.at.IsZero():
+		if d := time.Until(s.at); d > maxDelay {
+			return 0, "", fmt.Errorf("%w: At(%v) is %v ahead, beyond the limit of %v", ErrInvalidOptions, s.at, d, maxDelay)
+		}
+		ms := s.at.UnixMilli()
+		if s.at.After(time.UnixMilli(ms)) {
+			ms++ // round up: never due before t
+		}
+		if ms <= 0 {
+			return 0, "", nil
+		}
+		return ms, "", nil
+	}
+	return 0, "", nil
+}
+
+// flagRelative marks an item whose due time is a delay from the server's
+// clock (produce.lua).
+const flagRelative = "r"

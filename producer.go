@@ -595,6 +595,7 @@ const (
 	recordFailed   = 'E' // rest: the error message
 	recordDead     = 'L' // rest: the error message; the request was dead-lettered
 	recordNoResult = 'N' // completed; the result was not stored
+	recordCanceled = 'C' // rest: a message; Admin.Cancel cancelled the scheduled request
 )
 
 // parseNotice splits a completion notice ("<len>:<id><len>:<record>"...) and
@@ -652,7 +653,8 @@ type Promise[Resp any] struct {
 func (pr *Promise[Resp]) ID() string { return pr.id }
 
 // EntryID returns the stream entry id of the request, or "" when its result was
-// already stored when it was produced.
+// already stored when it was produced, or when it was waiting in the schedule
+// (At, After): its entry is appended at its due time.
 func (pr *Promise[Resp]) EntryID() string { return pr.entryID }
 
 // Done returns a channel closed when the result is available. Release does not
@@ -716,6 +718,8 @@ func decodeRecord[Resp any](codec Codec, record string, err error) (Resp, error)
 		return zero, &RequestError{Message: body, DeadLettered: true}
 	case recordNoResult:
 		return zero, ErrNoResult
+	case recordCanceled:
+		return zero, fmt.Errorf("%w: %s", ErrCanceled, body)
 	default:
 		return zero, fmt.Errorf("%w: record starts with %q", ErrWrongType, record[0])
 	}

@@ -26,9 +26,10 @@ var aclCommands = []string{
 	"xack", "xadd", "xautoclaim", "xclaim", "xdel", "xgroup|create", "xgroup|delconsumer",
 	"xinfo|consumers", "xinfo|groups", "xlen", "xpending", "xrange", "xreadgroup", "xtrim",
 	"hincrby", "hsetnx", "hget", "hdel", "hmget", "pexpire", "pttl",
-	"hset", "hgetall", // consumer heartbeats (Admin.Consumers, Stats); periodic.lua's last and next slot
-	"scan", // Queues (SCAN MATCH on the queues' meta keys)
-	"time", // ratelimit.lua reads the server's clock
+	"hset", "hgetall", // consumer heartbeats (Admin.Consumers, Stats); periodic.lua's last and next slot; the schedule
+	"scan",                                             // Queues (SCAN MATCH on the queues' meta keys)
+	"time",                                             // ratelimit.lua and the schedule read the server's clock
+	"zadd", "zcard", "zrange", "zrangebyscore", "zrem", // the schedule (delayed jobs, retries)
 	"ping", // go-redis's pub/sub health checks
 }
 
@@ -214,6 +215,14 @@ func aclWorkload(t *testing.T, client redis.UniversalClient, q string, shards in
 	require.NoError(t, p.Enqueue(ctx, "fire", "f"))
 	flaky, err := p.Produce(ctx, "flaky-1", "x")
 	require.NoError(t, err)
+	delayed, err := p.Produce(ctx, "delayed-1", "d", After(50*time.Millisecond))
+	require.NoError(t, err)
+	prs = append(prs, delayed)
+	canceled, err := p.Produce(ctx, "canceled-1", "d", After(time.Hour))
+	require.NoError(t, err)
+	require.NoError(t, admin.Cancel(ctx, "canceled-1"))
+	_, err = wait(canceled)
+	require.ErrorIs(t, err, ErrCanceled)
 	poison, err := p.Produce(ctx, "poison-1", "x")
 	require.NoError(t, err)
 	tired, err := p.Produce(ctx, "tired-1", "x")

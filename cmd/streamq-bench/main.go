@@ -31,6 +31,11 @@
 //	            a second one 200 ms after the first job started; elapsed against
 //	            ideal = 0.2 s + (n*50 ms - 0.2 s)/2, and the jobs each ran.
 //	            Baseline: two loops reading one entry per XREADGROUP.
+//	delayed     n jobs scheduled with At (ProduceBatch of -batch jobs), due at
+//	            times spread evenly over -window starting 2 s later; the
+//	            consumers promote and run them. Rows "schedule" (scheduling
+//	            rate and cost) and "promote" (from the first due time until
+//	            all ran; latency: handler start - due time). No baseline.
 //	all         every scenario above, in that order.
 //
 // Without -redis host:port the program starts its own redis-server on a free
@@ -88,6 +93,7 @@ type config struct {
 	callers    int
 	payload    int
 	batch      int
+	window     time.Duration
 	fetch      time.Duration
 	handle     time.Duration
 	depth      int
@@ -113,6 +119,7 @@ var scenarios = []scenario{
 	{"prefetch", 500, runPrefetch},
 	{"batch", 200_000, runBatch},
 	{"fairness", 60, runFairness},
+	{"delayed", 20_000, runDelayed},
 }
 
 func main() {
@@ -124,15 +131,16 @@ func main() {
 
 func run() error {
 	var cfg config
-	flag.StringVar(&cfg.scenario, "scenario", "all", "throughput, rpc, latency, prefetch, batch, fairness or all")
+	flag.StringVar(&cfg.scenario, "scenario", "all", "throughput, rpc, latency, prefetch, batch, fairness, delayed or all")
 	flag.StringVar(&cfg.redisAddr, "redis", "", "host:port of a Redis to use; empty starts a private redis-server")
-	flag.IntVar(&cfg.n, "n", 0, "jobs per measured run; 0 uses each scenario's default (throughput 200000, rpc 100000, latency 2000, prefetch 500, batch 200000, fairness 60)")
+	flag.IntVar(&cfg.n, "n", 0, "jobs per measured run; 0 uses each scenario's default (throughput 200000, rpc 100000, latency 2000, prefetch 500, batch 200000, fairness 60, delayed 20000)")
 	flag.IntVar(&cfg.producers, "producers", 4, "producers (each with its own client, like separate processes)")
 	flag.IntVar(&cfg.workers, "workers", 8, "handler goroutines in all, spread over -consumers consumers")
 	flag.IntVar(&cfg.consumers, "consumers", 2, "consumers (each with its own client)")
 	flag.IntVar(&cfg.callers, "callers", 64, "concurrent calling goroutines per producer (throughput, rpc)")
 	flag.IntVar(&cfg.payload, "payload", 100, "encoded request size in bytes")
-	flag.IntVar(&cfg.batch, "batch", 100, "jobs per batch (batch scenario)")
+	flag.IntVar(&cfg.batch, "batch", 100, "jobs per batch (batch and delayed scenarios)")
+	flag.DurationVar(&cfg.window, "window", 5*time.Second, "spread of the due times (delayed)")
 	fetchMS := flag.Float64("fetch-ms", 5, "fetch latency in milliseconds (prefetch)")
 	handleMS := flag.Float64("handle-ms", 5, "handler time in milliseconds (prefetch)")
 	flag.IntVar(&cfg.depth, "depth", 16, "prefetch ring depth (prefetch)")
@@ -156,7 +164,7 @@ func run() error {
 		}
 	}
 	if len(chosen) == 0 {
-		return fmt.Errorf("unknown -scenario %q: use throughput, rpc, latency, prefetch, batch, fairness or all", cfg.scenario)
+		return fmt.Errorf("unknown -scenario %q: use throughput, rpc, latency, prefetch, batch, fairness, delayed or all", cfg.scenario)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -236,6 +244,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("-workers (%d) must be at least -consumers (%d)", c.workers, c.consumers)
 	case c.payload < 0 || c.batch < 1 || c.depth < 1:
 		return errors.New("-payload must be >= 0, -batch and -depth >= 1")
+	case c.window <= 0:
+		return errors.New("-window must be positive")
 	case c.fetch < 0 || c.handle < 0:
 		return errors.New("-fetch-ms and -handle-ms must be >= 0")
 	}
@@ -323,6 +333,7 @@ var targets = []target{
 	{"rpc round trips/s", field("rpc", "streamq", func(r Result) float64 { return r.JobsPerSec }), func(v float64) bool { return v >= 40_000 }, ">= 40000"},
 	{"latency p50 ms", field("latency", "streamq", func(r Result) float64 { return r.P50Ms }), func(v float64) bool { return v <= 0.5 }, "<= 0.5"},
 	{"latency p99 ms", field("latency", "streamq", func(r Result) float64 { return r.P99Ms }), func(v float64) bool { return v <= 2 }, "<= 2"},
+	{"delayed lateness p99 ms", field("delayed", "promote", func(r Result) float64 { return r.P99Ms }), func(v float64) bool { return v <= 20 }, "<= 20"},
 	{"prefetch elapsed/ideal", field("prefetch", "streamq", func(r Result) float64 { return r.IdealRatio }), func(v float64) bool { return v <= 1.15 }, "<= 1.15"},
 	{"fairness elapsed/ideal", field("fairness", "streamq", func(r Result) float64 { return r.IdealRatio }), func(v float64) bool { return v <= 1.2 }, "<= 1.2"},
 }

@@ -23,6 +23,18 @@ type Keys struct {
 	DeadLetter string
 	// Channel is the pub/sub channel that carries completion notices.
 	Channel string
+	// Schedule is the sorted set of scheduled jobs (delayed jobs and retries
+	// waiting for their time): member "r<request id>" (a job of every group)
+	// or "g<len(group)>:<group><request id>" (a retry of one fan-out group),
+	// score the due time in Unix milliseconds of the server's clock.
+	Schedule string
+	// ScheduleData is the hash holding, per Schedule member, what promotion
+	// needs to append the job: its record key, start-count key, start count
+	// and stream fields (see internal/scripts/promote.lua).
+	ScheduleData string
+	// Wake is the pub/sub channel on which a job scheduled ahead of every
+	// other one wakes the consumers' promoters.
+	Wake string
 
 	base         string // up to and including the hash tag and its ':'
 	recordPrefix string
@@ -48,6 +60,9 @@ func buildTagged(base string) Keys {
 		Stream:       base + "stream",
 		DeadLetter:   base + "dead",
 		Channel:      base + "done",
+		Schedule:     base + "schedule",
+		ScheduleData: base + "schedule:data",
+		Wake:         base + "wake",
 		base:         base,
 		recordPrefix: base + "id:",
 		startsPrefix: base + "starts:",

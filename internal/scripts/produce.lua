@@ -3,18 +3,30 @@
 -- The dedup check and the XADD are one atomic step, so any number of producers
 -- submitting one id cause at most one stream entry while the id's record lives.
 --
+-- A delayed item (a due time later than the server's clock) is not appended:
+-- its record is claimed as "P@<due ms>" (live until due + the in-flight TTL)
+-- and it waits in the schedule (a sorted set scored by due time, and a hash
+-- holding what promote.lua appends at the due time). When it is due ahead of
+-- every job already scheduled, a notice on the wake channel makes the
+-- consumers' promoters set their timers to it.
+--
 -- KEYS[1]          the stream
 -- KEYS[1+i]        the record key of item i (i = 1..n)
+-- KEYS[n+2]        the schedule (sorted set)
+-- KEYS[n+3]        the schedule's data (hash)
 -- ARGV[1]          TTL of a new in-flight record, in milliseconds
 -- ARGV[2]          "1": all or nothing (a batch); "0": items are independent
 -- ARGV[3...]       the items, one after another, each as:
---                    request id, payload, due time (Unix ms; "0": now),
---                    flags (single letters; none defined yet), f (a count),
+--                    request id, payload, due time (Unix ms of the server's
+--                    clock; "0": now), flags (single letters: "r", the due
+--                    time is a delay in ms from now), f (a count),
 --                    then f strings: extra stream fields, name then value
+-- ARGV[after the items]    the wake channel, then "PUBLISH" or "SPUBLISH"
 --
 -- Returns a flat array of n (code, data) pairs:
---   0, entry id   appended now
---   1, entry id   already in flight: the caller attaches to it
+--   0, entry id   appended now ("" when scheduled)
+--   1, entry id   already in flight: the caller attaches to it ("" when it
+--                 is scheduled)
 --   2, record     already completed: the record holds the outcome
 --  -1, reason     rejected (only when ARGV[2] is "0")
 -- With ARGV[2] = "1", an invalid item fails the whole call before any write.
@@ -22,9 +34,10 @@
 -- The common case, a new id, costs two commands: XADD, then SET NX GET of the
 -- record. When the id turns out to be known, the fresh entry is deleted again
 -- in the same step, so no consumer ever sees it.
-local ttl = ARGV[1]
+local ttl = tonumber(ARGV[1])
 local atomic = ARGV[2] == "1"
-local n = #KEYS - 1
+local n = #KEYS - 3
+local schedule, scheduleData = KEYS[n + 2], KEYS[n + 3]
 
 -- Split ARGV into items.
 local items = {}
@@ -38,6 +51,31 @@ for i = 1, n do
   items[i] = {id = ARGV[a], payload = ARGV[a + 1], due = ARGV[a + 2], flags = ARGV[a + 3], fields = fields}
   a = a + 5 + f
 end
+local wake, publish = ARGV[a], ARGV[a + 1]
+
+-- The server's clock, read only when an item has a due time.
+local now
+local function serverNow()
+  if not now then
+    local t = redis.call("TIME")
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return now
+end
+
+-- enc length-prefixes strings ("<len>:<s>"...) for the schedule's data.
+local function enc(list)
+  local parts = {}
+  for i, v in ipairs(list) do
+    parts[i] = #v .. ":" .. v
+  end
+  return table.concat(parts)
+end
+
+-- The earliest job scheduled before this call (nil: none).
+local head
+local headRead = false
+local wakeAt
 
 if atomic then
   -- Validate every item before the first write: Lua does not roll back.
@@ -60,26 +98,68 @@ for i = 1, n do
     out[#out + 1] = written[key]
   else
     local it = items[i]
-    local eid = redis.call("XADD", KEYS[1], "*", "id", it.id, "p", it.payload, unpack(it.fields))
-    local prev = redis.pcall("SET", key, "P" .. eid, "NX", "GET", "PX", ttl)
-    if type(prev) == "table" and prev.err then
-      redis.call("XDEL", KEYS[1], eid)
-      out[#out + 1] = -1
-      out[#out + 1] = "key " .. key .. " holds a value that is not a streamq record"
-    elseif not prev then
-      written[key] = eid
-      out[#out + 1] = 0
-      out[#out + 1] = eid
-    else
-      redis.call("XDEL", KEYS[1], eid)
-      if string.sub(prev, 1, 1) == "P" then
+    local due = tonumber(it.due) or 0
+    if due > 0 and string.find(it.flags, "r", 1, true) then
+      due = serverNow() + due
+    end
+    if due > 0 and due > serverNow() then
+      local prev = redis.pcall("SET", key, "P@" .. due, "NX", "GET", "PX", ttl + due - serverNow())
+      if type(prev) == "table" and prev.err then
+        out[#out + 1] = -1
+        out[#out + 1] = "key " .. key .. " holds a value that is not a streamq record"
+      elseif not prev then
+        if not headRead then
+          local h = redis.call("ZRANGE", schedule, 0, 0, "WITHSCORES")
+          if h[2] then
+            head = tonumber(h[2])
+          end
+          headRead = true
+        end
+        local member = "r" .. it.id
+        local fields = {"id", it.id, "p", it.payload}
+        for j = 1, #it.fields do
+          fields[#fields + 1] = it.fields[j]
+        end
+        redis.call("ZADD", schedule, due, member)
+        redis.call("HSET", scheduleData, member, enc({key, "", "0", enc(fields)}))
+        if (not head or due < head) and (not wakeAt or due < wakeAt) then
+          wakeAt = due
+        end
+        written[key] = ""
+        out[#out + 1] = 0
+        out[#out + 1] = ""
+      elseif string.sub(prev, 1, 1) == "P" then
         out[#out + 1] = 1
-        out[#out + 1] = string.sub(prev, 2)
+        out[#out + 1] = string.sub(prev, 2, 2) == "@" and "" or string.sub(prev, 2)
       else
         out[#out + 1] = 2
         out[#out + 1] = prev
       end
+    else
+      local eid = redis.call("XADD", KEYS[1], "*", "id", it.id, "p", it.payload, unpack(it.fields))
+      local prev = redis.pcall("SET", key, "P" .. eid, "NX", "GET", "PX", ttl)
+      if type(prev) == "table" and prev.err then
+        redis.call("XDEL", KEYS[1], eid)
+        out[#out + 1] = -1
+        out[#out + 1] = "key " .. key .. " holds a value that is not a streamq record"
+      elseif not prev then
+        written[key] = eid
+        out[#out + 1] = 0
+        out[#out + 1] = eid
+      else
+        redis.call("XDEL", KEYS[1], eid)
+        if string.sub(prev, 1, 1) == "P" then
+          out[#out + 1] = 1
+          out[#out + 1] = string.sub(prev, 2, 2) == "@" and "" or string.sub(prev, 2)
+        else
+          out[#out + 1] = 2
+          out[#out + 1] = prev
+        end
+      end
     end
   end
+end
+if wakeAt then
+  redis.call(publish, wake, tostring(wakeAt))
 end
 return out

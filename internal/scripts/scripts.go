@@ -38,6 +38,12 @@ var (
 	rateLimitSrc string
 	//go:embed periodic.lua
 	periodicSrc string
+	//go:embed promote.lua
+	promoteSrc string
+	//go:embed retry.lua
+	retrySrc string
+	//go:embed cancel.lua
+	cancelSrc string
 )
 
 // The scripts. Run uses EVALSHA and falls back to EVAL when the server lacks the script.
@@ -58,4 +64,7 @@ var (
 	RateLimit = redis.NewScript(rateLimitSrc)
 	// Periodic records a periodic job's last and next slot.
 	Periodic = redis.NewScript(periodicSrc)
+	Promote  = redis.NewScript(promoteSrc)
+	Retry    = redis.NewScript(retrySrc)
+	Cancel   = redis.NewScript(cancelSrc)
 )

@@ -1,0 +1,39 @@
+-- cancel.lua: cancel a scheduled request (a delayed job, or a retry of the
+-- answering group waiting for its time).
+--
+-- A request is scheduled while its record says "P@<due>". Cancelling removes
+-- it from the schedule, stores the outcome "C<message>" (ARGV[2] TTL) and
+-- announces it like any outcome, so every caller waiting on it gets
+-- ErrCanceled. One step: a promoter running at the same time either appended
+-- the job first (the record then says "P<entry id>" and this script refuses)
+-- or finds it gone.
+--
+-- KEYS[1]      the record
+-- KEYS[2]      the schedule (sorted set)
+-- KEYS[3]      the schedule's data (hash)
+-- ARGV[1]      the request id
+-- ARGV[2]      TTL of the stored outcome in milliseconds
+-- ARGV[3]      the completion notice channel
+-- ARGV[4]      "PUBLISH" or "SPUBLISH"
+-- ARGV[5]      the message stored with the outcome
+--
+-- Returns {0} when the id has no record, {1, record} when it is not scheduled
+-- (in the stream, running, or completed: the record says which), {2} when it
+-- was cancelled.
+local cur = redis.pcall("GET", KEYS[1])
+if type(cur) == "table" then
+  return redis.error_reply("WRONGTYPE key " .. KEYS[1] .. " is not a streamq record")
+end
+if not cur then
+  return {0}
+end
+if string.sub(cur, 1, 2) ~= "P@" then
+  return {1, cur}
+end
+local member = "r" .. ARGV[1]
+redis.call("ZREM", KEYS[2], member)
+redis.call("HDEL", KEYS[3], member)
+local outcome = "C" .. ARGV[5]
+redis.call("SET", KEYS[1], outcome, "PX", ARGV[2])
+redis.call(ARGV[4], ARGV[3], #ARGV[1] .. ":" .. ARGV[1] .. #outcome .. ":" .. outcome)
+return {2}

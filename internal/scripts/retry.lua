@@ -1,0 +1,152 @@
+-- retry.lua: acknowledge failed entries and schedule their next attempts, in
+-- one step.
+--
+-- A failed attempt that is to be retried after a delay leaves the stream:
+-- its entry is acknowledged (and deleted when the stream has one group), and
+-- the job waits in the schedule until the delay has passed on the server's
+-- clock, when promote.lua appends it again as a new entry. Its start count
+-- moves with it (from the group's start-count hash into the schedule's data,
+-- then back under the new entry id), so MaxDeliveries and Deliveries stay
+-- exact; each move is one atomic step, so a crash at any point leaves the
+-- count in exactly one place.
+--
+-- The new entry carries field "g" (this group) so that only this group runs
+-- the retry: every other group already ran the original entry and skips it.
+-- For the answering group the record becomes "P@<due>" (scheduled), its
+-- remaining TTL lengthened by the delay (and at least the delay plus
+-- ARGV[3]); a record that already holds an
+-- outcome (another copy finished) means there is nothing to retry: the entry
+-- is acknowledged only. A fan-out group leaves records alone.
+--
+-- An entry no longer pending for this consumer (its lease lapsed and another
+-- consumer took it, or this call is a resend after a lost reply) is left
+-- alone: whoever holds it decides. So the script is idempotent under resend.
+--
+-- Reads come first, then XACK (the first write, not refused under maxmemory).
+--
+-- KEYS[1]      the stream
+-- KEYS[2]      the group's start-count hash
+-- KEYS[3]      the schedule (sorted set)
+-- KEYS[4]      the schedule's data (hash)
+-- KEYS[4+i]    the record key of item i (KEYS[1] when it has none, or for a
+--              fan-out group)
+-- ARGV[1]      consumer group
+-- ARGV[2]      this consumer's name
+-- ARGV[3]      a scheduled record lives at least the delay plus this (ms)
+-- ARGV[4]      "1": a fan-out group; "0": the answering group
+-- ARGV[5]      the wake channel
+-- ARGV[6]      "PUBLISH" or "SPUBLISH"
+-- ARGV[7+4(i-1) .. 10+4(i-1)]  item i: entry id, request id, delay in ms,
+--              payload (used only when the stream entry is gone)
+--
+-- Returns, per item: 1 scheduled, 0 acknowledged only (the request already
+-- has its outcome), -1 not pending for this consumer (nothing done).
+local stream, starts, schedule, scheduleData = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local group, me, inflight = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local fanout = ARGV[4] == "1"
+local n = (#ARGV - 6) / 4
+
+local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local function enc(list)
+  local parts = {}
+  for i, v in ipairs(list) do
+    parts[i] = #v .. ":" .. v
+  end
+  return table.concat(parts)
+end
+
+-- 1. Reads.
+local items = {}
+local out = {}
+for i = 1, n do
+  local b = 7 + 4 * (i - 1)
+  local it = {eid = ARGV[b], rid = ARGV[b + 1], delay = tonumber(ARGV[b + 2]), payload = ARGV[b + 3], key = KEYS[4 + i]}
+  local p = redis.call("XPENDING", stream, group, it.eid, it.eid, 1)
+  if not p[1] or p[1][2] ~= me then
+    out[i] = -1
+  else
+    out[i] = 1
+    it.count = redis.call("HGET", starts, it.eid) or "0"
+    local e = redis.call("XRANGE", stream, it.eid, it.eid)
+    local fields = {}
+    if e[1] and e[1][2] then
+      local f = e[1][2]
+      for j = 1, #f, 2 do
+        if f[j] ~= "g" and f[j] ~= "n" then
+          fields[#fields + 1] = f[j]
+          fields[#fields + 1] = f[j + 1]
+        end
+      end
+    else
+      fields = {"id", it.rid, "p", it.payload}
+    end
+    fields[#fields + 1] = "g"
+    fields[#fields + 1] = group
+    it.fields = fields
+    if not fanout and it.key ~= stream then
+      local cur = redis.pcall("GET", it.key)
+      if type(cur) == "string" and string.sub(cur, 1, 1) ~= "P" then
+        out[i] = 0
+      end
+    end
+  end
+  items[i] = it
+end
+
+-- 2. Free first.
+local acked = {}
+for i = 1, n do
+  if out[i] >= 0 then
+    acked[#acked + 1] = items[i].eid
+  end
+end
+-- unpack() has a limit of a few thousand values: go in chunks.
+if #acked > 0 then
+  local del = false
+  if not fanout then
+    local ok, groups = pcall(redis.call, "XINFO", "GROUPS", stream)
+    del = ok and #groups == 1
+  end
+  for i = 1, #acked, 1000 do
+    local j = math.min(i + 999, #acked)
+    redis.call("XACK", stream, group, unpack(acked, i, j))
+    redis.call("HDEL", starts, unpack(acked, i, j))
+    if del then
+      redis.call("XDEL", stream, unpack(acked, i, j))
+    end
+  end
+end
+
+-- 3. Schedule.
+local h = redis.call("ZRANGE", schedule, 0, 0, "WITHSCORES")
+local head = h[2] and tonumber(h[2])
+local wakeAt
+for i = 1, n do
+  if out[i] == 1 then
+    local it = items[i]
+    local due = now + it.delay
+    local member
+    local rec = ""
+    if fanout then
+      member = "g" .. #group .. ":" .. group .. it.rid
+    else
+      member = "r" .. it.rid
+      if it.key ~= stream then
+        rec = it.key
+        local ttl = redis.call("PTTL", it.key)
+        redis.call("SET", it.key, "P@" .. due, "PX", math.max(ttl, inflight) + it.delay)
+      end
+    end
+    redis.call("ZADD", schedule, due, member)
+    redis.call("HSET", scheduleData, member, enc({rec, starts, it.count, enc(it.fields)}))
+    if (not head or due < head) and (not wakeAt or due < wakeAt) then
+      wakeAt = due
+    end
+  end
+end
+if wakeAt then
+  redis.call(ARGV[6], ARGV[5], tostring(wakeAt))
+end
+return out

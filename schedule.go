@@ -1,0 +1,239 @@
+package streamq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/streamq/streamq/internal/keys"
+	"github.com/streamq/streamq/internal/scripts"
+)
+
+// The schedule: delayed requests (At, After) and retries waiting for their
+// back-off live in a sorted set per shard, scored by due time on the Redis
+// server's clock, and are appended to the stream by promote.lua. Every
+// consumer runs one promoter per shard: a timer set to the earliest due time
+// (as promote.lua reports it), woken early by a notice on the shard's wake
+// channel when a job is scheduled ahead of all others, and a long backstop.
+
+// promoteBackstop is the longest a promoter sleeps without running
+// promote.lua: it bounds how late a job is when its wake notice was lost (a
+// pub/sub reconnection) and costs one script call per consumer and shard
+// per period while nothing is due.
+const promoteBackstop = 10 * time.Second
+
+// promoteBatch is the most jobs one promote.lua call appends; a call that
+// appends that many is followed at once by another.
+const promoteBatch = 1000
+
+// publishCommand is the pub/sub command for notices: sharded on a cluster.
+func publishCommand(sharded bool) string {
+	if sharded {
+		return "SPUBLISH"
+	}
+	return "PUBLISH"
+}
+
+// carriedStarts returns the start count a promoted retry carries in its
+// field "n" (0 for every other entry): an entry read as new is admitted with
+// it, so MaxDeliveries holds across reschedules.
+func carriedStarts(m redis.XMessage) int {
+	s, ok := m.Values[fieldStarts].(string)
+	if !ok {
+		return 0
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
+}
+
+// fieldStarts is the entry field of a promoted retry holding its starts so far.
+const fieldStarts = "n"
+
+// promoteLoop is the promoter of one shard; it ends when Run's context ends
+// or the loops stop, within one promote.lua round trip.
+func (r *run[Req, Resp]) promoteLoop(shard int) {
+	defer r.loops.Done()
+	k := r.c.shards[shard]
+	ctx, cancel := context.WithCancel(r.runCtx)
+	defer cancel()
+	go func() {
+		select {
+		case <-r.stopLoops:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	var ps *redis.PubSub
+	if r.c.sharded {
+		ps = r.c.client.SSubscribe(ctx, k.Wake)
+	} else {
+		ps = r.c.client.Subscribe(ctx, k.Wake)
+	}
+	defer func() { _ = ps.Close() }()
+	wake := ps.ChannelWithSubscriptions(redis.WithChannelSize(64))
+
+	timer := time.NewTimer(0) // the first run at once
+	defer timer.Stop()
+	var (
+		b        backoff
+		next     int64        = -1 // the earliest due time known, server ms; -1: none
+		base     int64             // the server's time at the last promote.lua reply, ms
+		baseMono = time.Now()      // when that reply arrived
+	)
+	reset := func(d time.Duration) {
+		timer.Stop()
+		select {
+		case <-timer.C:
+		default:
+		}
+		timer.Reset(max(d, 0))
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case m := <-wake:
+			switch v := m.(type) {
+			case *redis.Subscription:
+				// (Re)subscribed: a notice may have been missed meanwhile.
+				reset(0)
+			case *redis.Message:
+				due, err := strconv.ParseInt(v.Payload, 10, 64)
+				if err != nil {
+					reset(0)
+					continue
+				}
+				if next < 0 || due < next {
+					next = due
+					now := base + time.Since(baseMono).Milliseconds()
+					reset(time.Duration(due-now) * time.Millisecond)
+				}
+			}
+			continue
+		case <-timer.C:
+		}
+		res, err := scripts.Promote.Run(ctx, r.c.client, []string{k.Stream, k.Schedule, k.ScheduleData},
+			promoteBatch, startsTTL.Milliseconds()).Int64Slice()
+		if err == nil && len(res) != 3 {
+			err = fmt.Errorf("streamq: promote: unexpected reply of %d elements", len(res))
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			r.c.slots.onError(err)
+			r.c.log.Warn("streamq: promoting scheduled jobs failed; retrying", "stream", k.Stream, "err", err)
+			reset(b.next())
+			continue
+		}
+		b = backoff{}
+		next, base, baseMono = res[1], res[2], time.Now()
+		switch {
+		case res[0] >= promoteBatch:
+			reset(0) // more are due
+		case next < 0:
+			reset(promoteBackstop)
+		default:
+			reset(min(time.Duration(next-base)*time.Millisecond, promoteBackstop))
+		}
+	}
+}
+
+// retryShard acknowledges failed entries of one shard and schedules their
+// retries (retry.lua), retrying the call until Redis takes it or shutdown
+// gives up; it reports whether it succeeded. Entries it gives up on stay
+// pending, their start counts in place, and are claimed after MinIdle.
+func (r *run[Req, Resp]) retryShard(shard int, batch []*completion) bool {
+	o := &r.c.opts
+	k := r.c.shards[shard]
+	keyList := make([]string, 4, 4+len(batch))
+	keyList[0], keyList[1], keyList[2], keyList[3] = k.Stream, k.Starts(o.Group), k.Schedule, k.ScheduleData
+	fanout := "0"
+	if o.Fanout {
+		fanout = "1"
+	}
+	args := make([]any, 6, 6+4*len(batch))
+	args[0], args[1], args[2], args[3] = o.Group, o.Name, max(r.recordFloor(), DefaultInflightTTL).Milliseconds(), fanout
+	args[4], args[5] = k.Wake, publishCommand(r.c.sharded)
+	for _, cp := range batch {
+		e := cp.s.entry
+		if e.ID != "" && !o.Fanout {
+			keyList = append(keyList, k.Record(e.ID))
+		} else {
+			keyList = append(keyList, k.Stream)
+		}
+		args = append(args, e.EntryID, e.ID, string(cp.value), e.Data)
+	}
+	var b backoff
+	for {
+		res, err := scripts.Retry.Run(r.bg, r.c.client, keyList, args...).Int64Slice()
+		if err == nil && len(res) != len(batch) {
+			err = fmt.Errorf("streamq: retry: %d results for %d entries", len(res), len(batch))
+		}
+		if err == nil {
+			for i, v := range res {
+				if v < 0 {
+					r.c.log.Info("streamq: a failed entry was taken by another consumer before its retry was scheduled",
+						"id", batch[i].s.entry.ID, "entry", batch[i].s.entry.EntryID)
+				}
+			}
+			return true
+		}
+		if r.bg.Err() != nil {
+			r.c.log.Error("streamq: gave up scheduling retries at shutdown; the entries stay pending and will be reclaimed",
+				"entries", len(batch), "err", err)
+			return false
+		}
+		r.c.log.Warn("streamq: scheduling retries failed; retrying", "entries", len(batch), "stream", k.Stream, "err", err)
+		r.c.slots.onError(err)
+		_ = sleepCtx(r.bg, b.next())
+	}
+}
+
+// Cancel cancels a request that waits in the schedule: one produced with At
+// or After whose time has not come, or a retry waiting for its back-off.
+// Its callers get ErrCanceled (through the stored outcome, kept ResultTTL,
+// and a notice), and producing the id again meanwhile returns that outcome.
+// A request that is already in the stream, running or completed cannot be
+// cancelled: Cancel returns ErrNotScheduled; an id with no record returns
+// ErrNotFound. A nil ctx panics.
+func (a *Admin) Cancel(ctx context.Context, id string) error {
+	mustContext(ctx, "Admin.Cancel")
+	if err := validateID(id); err != nil {
+		return err
+	}
+	shards, err := a.shards(ctx)
+	if err != nil {
+		return err
+	}
+	k := shards[keys.ShardOf(id, len(shards))]
+	res, err := scripts.Cancel.Run(ctx, a.client, []string{k.Record(id), k.Schedule, k.ScheduleData},
+		id, a.opts.ResultTTL.Milliseconds(), k.Channel, publishCommand(isCluster(a.client)),
+		"canceled by Admin.Cancel at "+time.Now().UTC().Format(time.RFC3339Nano)).Slice()
+	if err != nil {
+		if errors.Is(err, redis.Nil) {
+			return fmt.Errorf("%w: request %q of %s", ErrNotFound, id, a.queue)
+		}
+		return fmt.Errorf("streamq: cancel %q: %w", id, err)
+	}
+	code, _ := res[0].(int64)
+	switch code {
+	case 0:
+		return fmt.Errorf("%w: request %q of %s has no record (never produced, or its outcome expired)", ErrNotFound, id, a.queue)
+	case 1:
+		rec, _ := res[1].(string)
+		state := "completed"
+		if len(rec) > 0 && rec[0] == recordInflight {
+			state = "already in the stream as entry " + rec[1:] + " (queued or running)"
+		}
+		return fmt.Errorf("%w: request %q of %s is %s", ErrNotScheduled, id, a.queue, state)
+	}
+	return nil
+}
