@@ -74,6 +74,8 @@ func NewAdmin(client redis.UniversalClient, queue string, opts *AdminOptions) (*
 		o.StaleAfter = DefaultStaleAfter
 	case o.StaleAfter < time.Millisecond:
 		return nil, optionError("StaleAfter is %v; it must be at least 1ms (leave it 0 for the default %v)", o.StaleAfter, DefaultStaleAfter)
+	}
+	switch {
 	case o.ResultTTL == 0:
 		o.ResultTTL = DefaultResultTTL
 	case o.ResultTTL < time.Millisecond:

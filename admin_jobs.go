@@ -204,9 +204,10 @@ func (a *Admin) existingShards(ctx context.Context) ([]keys.Keys, error) {
 		return nil, fmt.Errorf("streamq: read the shard count of %s: %w", a.queue, err)
 	}
 	if n == 0 && len(shards) == 1 {
-		if n, err = a.client.Exists(ctx, shards[0].Stream).Result(); err == nil && n == 0 {
-			n, err = a.client.Exists(ctx, shards[0].DeadLetter).Result()
-		}
+		// An unsharded queue has no meta key: it exists once anything of it
+		// does. Its keys share one hash tag, so one EXISTS asks for all.
+		k := shards[0]
+		n, err = a.client.Exists(ctx, k.Stream, k.DeadLetter, k.Schedule, keys.Paused(a.queue), keys.Periodic(a.queue)).Result()
 		if err != nil {
 			return nil, fmt.Errorf("streamq: look for queue %s: %w", a.queue, err)
 		}

@@ -222,10 +222,13 @@ func TestTrimConcurrentWithAppendsLosesNothing(t *testing.T) {
 						t.Errorf("group b read entry %s without its fields: it was trimmed before b read it", m.ID)
 						continue
 					}
-					bSeen[id]++
 					ids = append(ids, m.ID)
+					if g, ok := m.Values[fieldGroup].(string); ok && g != "b" {
+						continue // another group's retry, as a consumer of b would skip it
+					}
+					bSeen[id]++
+					bCount.Add(1)
 				}
-				bCount.Add(int64(len(ids)))
 				time.Sleep(time.Millisecond) // lag a little behind group a
 				if err := client.XAck(stopCtx, stream, "b", ids...).Err(); err != nil && stopCtx.Err() == nil {
 					t.Errorf("group b ack: %v", err)
@@ -400,9 +403,10 @@ func TestStatsOfAConstructedQueue(t *testing.T) {
 		require.NoError(t, err)
 		stream, dead, _, _ := firstShardKeys(t, admin)
 
-		// A queue that does not exist yet has empty statistics.
+		// A queue that does not exist yet is not found (a typo in a name
+		// must not look like an idle queue).
 		st, err := admin.Stats(ctx)
-		require.NoError(t, err)
+		require.ErrorIs(t, err, ErrNotFound)
 		require.Equal(t, Stats{}, st)
 
 		p, err := NewProducer[int, int](client, q, &ProducerOptions{Logger: testLogger(t)})
@@ -448,7 +452,9 @@ func TestStatsOfAConstructedQueue(t *testing.T) {
 			byName[g.Name] = g
 		}
 		g, h := byName["g"], byName["h"]
-		require.EqualValues(t, 2, g.Consumers)
+		// Two consumers read; whether one counts as live or stale depends on
+		// how the backend dates the XCLAIM above (miniredis backdates c1).
+		require.EqualValues(t, 2, g.Consumers+g.StaleConsumers)
 		require.EqualValues(t, 5, g.Pending)
 		require.GreaterOrEqual(t, g.OldestPendingAge, idle)
 		require.Less(t, g.OldestPendingAge, idle+time.Since(before)+time.Minute)
