@@ -97,6 +97,10 @@ func (h *Handler) page(w http.ResponseWriter, r *http.Request, title string) pag
 }
 
 func (h *Handler) render(w http.ResponseWriter, name string, data any) {
+	h.renderStatus(w, http.StatusOK, name, data)
+}
+
+func (h *Handler) renderStatus(w http.ResponseWriter, status int, name string, data any) {
 	var b strings.Builder
 	if err := h.pages.ExecuteTemplate(&b, name, data); err != nil {
 		h.opts.Logger.Error("streamqdash: render", "page", name, "err", err)
@@ -105,6 +109,7 @@ func (h *Handler) render(w http.ResponseWriter, name string, data any) {
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
 	_, _ = w.Write([]byte(b.String()))
 }
 
@@ -227,6 +232,7 @@ func (h *Handler) job(w http.ResponseWriter, r *http.Request) {
 		NotFound  string
 	}{page: h.page(w, r, "Job lookup"), Queues: qs, Queue: name, ID: id}
 	data.Poll = 0
+	status := http.StatusOK
 	if name != "" && id != "" {
 		a, err := h.admin(ctx, name)
 		if err != nil {
@@ -236,8 +242,7 @@ func (h *Handler) job(w http.ResponseWriter, r *http.Request) {
 		j, err := a.Job(ctx, id)
 		switch {
 		case errors.Is(err, streamq.ErrNotFound):
-			data.NotFound = err.Error()
-			w.WriteHeader(http.StatusNotFound)
+			data.NotFound, status = err.Error(), http.StatusNotFound
 		case err != nil:
 			h.fail(w, r, err)
 			return
@@ -249,7 +254,7 @@ func (h *Handler) job(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	h.render(w, "job.html", data)
+	h.renderStatus(w, status, "job.html", data)
 }
 
 // statsResponse is the body of GET api/stats.
@@ -306,6 +311,10 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
+	if (op == "requeue" || op == "purge") != (id != "") {
+		h.fail(w, r, fmt.Errorf("%w: requeue and purge take one dead letter id (id=), the other actions none", errBadRequest))
+		return
+	}
 	back := url.Values{"q": {name}, "done": {op}}
 	if after := r.PostFormValue("after"); after != "" {
 		back.Set("after", after)
@@ -337,9 +346,6 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 		err = a.Resume(ctx)
 	default:
 		err = fmt.Errorf("%w: unknown action %q", errBadRequest, op)
-	}
-	if op != "requeue" && op != "purge" && id != "" {
-		err = errors.Join(err, fmt.Errorf("%w: action %q takes no id", errBadRequest, op))
 	}
 	if err != nil {
 		h.fail(w, r, err)
