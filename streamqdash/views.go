@@ -17,20 +17,32 @@ import (
 	"github.com/streamq/streamq"
 )
 
-// QueueSummary is one queue's line of the overview and of GET api/stats.
+// QueueSummary is one queue's line of the overview and of GET api/stats:
+// Admin.Stats summed over the consumer groups.
 type QueueSummary struct {
-	Name        string `json:"name"`
-	Length      int64  `json:"length"`
-	Scheduled   int64  `json:"scheduled"`
-	DeadLetters int64  `json:"dead_letters"`
-	Pending     int64  `json:"pending"`
-	Lag         int64  `json:"lag"` // -1: unknown
-	Consumers   int64  `json:"consumers"`
-	Stale       int64  `json:"stale_consumers"`
-	Succeeded   int64  `json:"succeeded"` // totals: sample twice for a rate
-	Failed      int64  `json:"failed"`
-	Paused      bool   `json:"paused"`
-	Error       string `json:"error,omitempty"`
+	// Name is the queue's name.
+	Name string `json:"name"`
+	// Length is the number of entries in the stream (Stats.Length).
+	Length int64 `json:"length"`
+	// Scheduled is the number of delayed jobs and retries waiting.
+	Scheduled int64 `json:"scheduled"`
+	// DeadLetters is the number of dead letters of the answering group.
+	DeadLetters int64 `json:"dead_letters"`
+	// Pending is the entries read and not acknowledged, over the groups.
+	Pending int64 `json:"pending"`
+	// Lag is the entries not yet read, over the groups; -1 when unknown.
+	Lag int64 `json:"lag"`
+	// Consumers and Stale count live and stale consumers over the groups.
+	Consumers int64 `json:"consumers"`
+	Stale     int64 `json:"stale_consumers"`
+	// Succeeded and Failed are the outcome totals the consumers report in
+	// their heartbeats: sample them twice for a rate.
+	Succeeded int64 `json:"succeeded"`
+	Failed    int64 `json:"failed"`
+	// Paused reports whether the queue is paused.
+	Paused bool `json:"paused"`
+	// Error is why the queue's statistics could not be read ("" when they were).
+	Error string `json:"error,omitempty"`
 }
 
 func summarize(name string, s streamq.Stats) QueueSummary {

@@ -16,6 +16,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -28,13 +29,17 @@ import (
 )
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], nil)
+	stop()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "streamq-web:", err)
 		os.Exit(1)
 	}
 }
 
-func run(args []string) error {
+// run serves until ctx ends; ready, when not nil, gets the address it listens on.
+func run(ctx context.Context, args []string, ready func(addr string)) error {
 	fs := flag.NewFlagSet("streamq-web", flag.ContinueOnError)
 	defURL := os.Getenv("REDIS_URL")
 	if defURL == "" {
@@ -67,12 +72,17 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Addr: *addr, Handler: dash, ReadHeaderTimeout: 10 * time.Second}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: dash, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.ListenAndServe() }()
-	log.Info("streamq-web: serving the dashboard", "url", "http://"+*addr+"/", "read_only", *readOnly)
+	go func() { errc <- srv.Serve(ln) }()
+	log.Info("streamq-web: serving the dashboard", "url", "http://"+ln.Addr().String()+"/", "read_only", *readOnly)
+	if ready != nil {
+		ready(ln.Addr().String())
+	}
 	select {
 	case err := <-errc:
 		return err
