@@ -148,6 +148,8 @@ func TestBrowser(t *testing.T) {
 		[]string{fmt.Sprint(want.Length), fmt.Sprint(want.DeadLetters), fmt.Sprint(want.Pending), fmt.Sprint(want.Consumers), fmt.Sprint(want.Scheduled)},
 		[]string{text("q-length"), text("q-dead"), text("q-pending"), text("q-consumers"), text("q-scheduled")})
 	require.Equal(t, "3", text("q-dead"))
+	t.Logf("queue page: entries %d, dead letters %d, pending %d, live consumers %d, scheduled %d: as Admin.Stats says",
+		want.Length, want.DeadLetters, want.Pending, want.Consumers, want.Scheduled)
 	step("list the dead letters", 15*time.Second, poll(`document.querySelectorAll("#dead tbody tr").length === 3`))
 
 	// A consumer comes back, and requests keep coming: the chart has
@@ -195,12 +197,14 @@ func TestBrowser(t *testing.T) {
 		chromedp.Click(chromedp.CSS(`tr[data-dl="`+dls[0].DeadLetterID+`"] button.requeue`)),
 		chromedp.WaitVisible(chromedp.ID("flash")))
 	require.Equal(t, "Requeued 1 dead letter.", text("flash"))
+	pressed := time.Now()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		j, err := admin.Job(ctx, "bad-1")
 		require.NoError(t, err)
 		if j.State == streamq.JobSucceeded {
 			require.Equal(t, `"done order bad-1"`, string(j.Result))
+			t.Logf("pressed Requeue on %s (bad-1): the job succeeded %v after the page confirmed it", dls[0].DeadLetterID, time.Since(pressed).Round(time.Millisecond))
 			break
 		}
 		require.True(t, time.Now().Before(deadline), "the requeued job did not run: %+v", j)
@@ -224,6 +228,7 @@ func TestBrowser(t *testing.T) {
 	cancel()
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, strings.Count(points.Value, ","), 6, "points drawn: %q", points.Value)
+	t.Logf("chart: %d points drawn, succeeded %s/s", strings.Count(points.Value, ","), text("rate-ok"))
 	step("the live consumer counted", 15*time.Second, poll(`document.getElementById("q-consumers").textContent === "1"`))
 
 	// The overview lists the queue with its rate.
@@ -252,4 +257,5 @@ func TestBrowser(t *testing.T) {
 	t.Logf("screenshot (%d bytes) in %s", len(shot), out)
 
 	require.Empty(t, errs.list(), "the pages logged errors")
+	t.Log("no console error, exception or error log entry")
 }
