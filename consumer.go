@@ -553,6 +553,7 @@ func (r *run[Req, Resp]) admit(shard int, msgs []redis.XMessage, starts func(i i
 		default:
 			s.entry.ID, s.entry.Data = id, []byte(data)
 		}
+		s.entry.Headers = s.meta.headers
 		if g, ok := m.Values[fieldGroup].(string); ok && g != o.Group {
 			s.skip, s.dead = true, "" // requeued for another group: acknowledge only
 		}

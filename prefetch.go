@@ -22,6 +22,8 @@ type Entry struct {
 	Data []byte
 	// Deliveries counts the deliveries of the entry, this one included.
 	Deliveries int
+	// Headers are the request's headers (see Headers); nil when none.
+	Headers map[string]string
 }
 
 // Fetcher produces the encoded request of an entry. The consumer calls it ahead
