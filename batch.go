@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -41,10 +42,38 @@ func (p *Producer[Req, Resp]) ProduceBatch(ctx context.Context, jobs []Job[Req])
 	if len(jobs) > p.opts.MaxBatchItems {
 		return nil, fmt.Errorf("%w: %d jobs, the limit is MaxBatchItems=%d; split the batch", ErrBatchTooLarge, len(jobs), p.opts.MaxBatchItems)
 	}
+	if len(p.opts.Interceptors) == 0 {
+		return p.produceBatch(ctx, jobs, nil)
+	}
+	ids := make([]string, len(jobs))
+	opts := make([][]ProduceOption, len(jobs))
+	for i, j := range jobs {
+		ids[i], opts[i] = j.ID, j.Options
+	}
+	var promises []*Promise[Resp]
+	err := p.intercept(ctx, ids, opts, func(ctx context.Context, outs []*Outgoing) error {
+		var err error
+		promises, err = p.produceBatch(ctx, jobs, outs)
+		for i, pr := range promises {
+			if pr != nil {
+				outs[i].EntryID = pr.EntryID()
+			}
+		}
+		return err
+	})
+	if err != nil && promises == nil {
+		return nil, err
+	}
+	return promises, err
+}
+
+// produceBatch is ProduceBatch inside the interceptors.
+func (p *Producer[Req, Resp]) produceBatch(ctx context.Context, jobs []Job[Req], outs []*Outgoing) ([]*Promise[Resp], error) {
 	items := make([]*produceItem, len(jobs))
 	total := 0
 	for i, j := range jobs {
-		it, err := p.newItem(ctx, j.ID, j.Request, j.Options)
+		h, set := headersOf(outs, i)
+		it, err := p.newItem(ctx, j.ID, j.Request, j.Options, h, set)
 		if err != nil {
 			return nil, fmt.Errorf("job %d: %w", i, err)
 		}
@@ -190,7 +219,10 @@ type produceItem struct {
 	// fields are extra stream fields, name then value, written beside the
 	// id and payload.
 	fields []string
-	out    chan produceOutcome // buffered: the sender never blocks
+	// headerBytes is the size of the encoded headers, counted against
+	// MaxPayloadBytes with the payload.
+	headerBytes int
+	out         chan produceOutcome // buffered: the sender never blocks
 	// done, when set (Send), takes the outcome instead of out; it runs on
 	// the coalescer's goroutine.
 	done func(produceOutcome)
@@ -213,6 +245,17 @@ func (it *produceItem) apply(s produceSettings) error {
 	}
 	it.due = due
 	it.flags += flags
+	if !s.deadline.IsZero() {
+		it.fields = append(it.fields, fieldDeadline, strconv.FormatInt(max(s.deadline.UnixMilli(), 1), 10))
+	}
+	h, err := encodeHeaders(s.headers)
+	if err != nil {
+		return err
+	}
+	if h != "" {
+		it.fields = append(it.fields, fieldHeaders, h)
+		it.headerBytes = len(h)
+	}
 	return nil
 }
 

@@ -32,6 +32,12 @@ type Message[Req any] struct {
 	// runs, so starts that crashed their process count too; entries that were
 	// read, claimed or released without starting count nothing.
 	Deliveries int
+	// Headers are the request's headers (see Headers); nil when none.
+	Headers map[string]string
+	// ProducedAt, ReadAt and StartedAt time the message: see Delivery.
+	ProducedAt, ReadAt, StartedAt time.Time
+	// Deadline is the request's deadline (see Deadline); zero when none.
+	Deadline time.Time
 }
 
 // Handler handles one request. Its context is cancelled when the consumer shuts
@@ -518,9 +524,10 @@ func (r *run[Req, Resp]) untrack(slots ...*slot) {
 func (r *run[Req, Resp]) admit(shard int, msgs []redis.XMessage, starts func(i int) int) int {
 	o := &r.c.opts
 	admitted := 0
+	now := time.Now()
 	for i, m := range msgs {
 		n := starts(i)
-		s := &slot{shard: shard, ready: make(chan struct{})}
+		s := &slot{shard: shard, ready: make(chan struct{}), meta: parseMeta(m.Values, now)}
 		s.entry = Entry{EntryID: m.ID, Deliveries: n + 1}
 		id, idOK := m.Values[fieldID].(string)
 		data, dataOK := m.Values[fieldPayload].(string)
@@ -546,6 +553,7 @@ func (r *run[Req, Resp]) admit(shard int, msgs []redis.XMessage, starts func(i i
 		default:
 			s.entry.ID, s.entry.Data = id, []byte(data)
 		}
+		s.entry.Headers = s.meta.headers
 		if g, ok := m.Values[fieldGroup].(string); ok && g != o.Group {
 			s.skip, s.dead = true, "" // requeued for another group: acknowledge only
 		}
@@ -663,6 +671,14 @@ func (r *run[Req, Resp]) process(s *slot) {
 		r.drain(s)
 		return
 	}
+	if dl := s.meta.deadline; !dl.IsZero() && !time.Now().Before(dl) {
+		// Not started, so not a delivery: the count stays what it was.
+		s.entry.Deliveries--
+		r.c.outcomes.failed.Add(1)
+		r.deadLetter(s, fmt.Sprintf("%s: the deadline %s passed before a handler started it",
+			ErrDeadlineExceeded.Error(), dl.UTC().Format(time.RFC3339Nano)))
+		return
+	}
 	// The attempt starts here: a fetch failure counts like a handler failure.
 	switch r.chargeDelivery(s) {
 	case chargeSkip:
@@ -687,12 +703,16 @@ func (r *run[Req, Resp]) process(s *slot) {
 		r.forget(s)
 		return
 	}
-	msg := &Message[Req]{ID: s.entry.ID, EntryID: s.entry.EntryID, Payload: req, Deliveries: s.entry.Deliveries}
-	resp, err := r.call(ctx, msg)
+	hctx, stop := r.bound(ctx, s.meta.deadline)
+	msg := &Message[Req]{ID: s.entry.ID, EntryID: s.entry.EntryID, Payload: req, Deliveries: s.entry.Deliveries,
+		Headers: s.meta.headers, ProducedAt: entryTime(s.entry.EntryID), ReadAt: s.meta.readAt, StartedAt: time.Now(),
+		Deadline: s.meta.deadline}
+	resp, err := r.call(hctx, s, msg)
+	stop()
 	cancel(nil)
 	if s.isLost() {
-		r.c.log.Warn("streamq: message was claimed by another consumer while its handler ran; its outcome is dropped",
-			"id", s.entry.ID, "entry", s.entry.EntryID)
+		r.c.log.WarnContext(s.logContext(r.runCtx), "streamq: message was claimed by another consumer while its handler ran; its outcome is dropped",
+			"id", s.entry.ID, "entry", s.entry.EntryID, "deliveries", s.entry.Deliveries)
 		r.forget(s)
 		return
 	}
@@ -781,7 +801,7 @@ func (r *run[Req, Resp]) chargeDelivery(s *slot) int {
 		<-req.out
 		switch {
 		case req.err == nil && req.n == -1:
-			r.c.log.Info("streamq: an entry was taken by another consumer before it started",
+			r.c.log.InfoContext(r.runCtx, "streamq: an entry was taken by another consumer before it started",
 				"id", s.entry.ID, "entry", s.entry.EntryID)
 			return chargeSkip
 		case req.err == nil && req.n < 0:
@@ -791,7 +811,7 @@ func (r *run[Req, Resp]) chargeDelivery(s *slot) int {
 			return chargeRun
 		}
 		r.c.slots.onError(req.err)
-		r.c.log.Warn("streamq: recording a handler start failed; retrying",
+		r.c.log.WarnContext(r.runCtx, "streamq: recording a handler start failed; retrying",
 			"id", s.entry.ID, "entry", s.entry.EntryID, "err", req.err)
 		if sleepCtx(r.runCtx, b.next()) != nil {
 			return chargeStopped
@@ -858,15 +878,53 @@ func (r *run[Req, Resp]) recordKey(shard int, s *slot) string {
 	return k.Record(s.entry.ID)
 }
 
-// call runs the handler, turning a panic into an error.
-func (r *run[Req, Resp]) call(ctx context.Context, msg *Message[Req]) (resp Resp, err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			r.c.log.Error("streamq: handler panicked", "id", msg.ID, "entry", msg.EntryID, "panic", v, "stack", string(debug.Stack()))
-			err = fmt.Errorf("handler panicked: %v", v)
-		}
-	}()
-	return r.c.handler(ctx, msg)
+// bound applies HandlerTimeout and the request's deadline to a handler's
+// context; stop releases their timers.
+func (r *run[Req, Resp]) bound(ctx context.Context, deadline time.Time) (context.Context, func()) {
+	stops := [2]context.CancelFunc{func() {}, func() {}}
+	if t := r.c.opts.HandlerTimeout; t > 0 {
+		ctx, stops[0] = context.WithTimeoutCause(ctx, t, ErrHandlerTimeout)
+	}
+	if !deadline.IsZero() {
+		ctx, stops[1] = context.WithDeadlineCause(ctx, deadline, ErrDeadlineExceeded)
+	}
+	return ctx, func() { stops[1](); stops[0]() }
+}
+
+// call runs the middleware and the handler, turning a panic into an error
+// matching ErrPanic.
+func (r *run[Req, Resp]) call(ctx context.Context, s *slot, msg *Message[Req]) (resp Resp, err error) {
+	s.logCtx = ctx
+	mws := r.c.opts.Middleware
+	if len(mws) == 0 {
+		defer r.recovered(ctx, "handler", msg, &err)
+		return r.c.handler(ctx, msg)
+	}
+	defer r.recovered(ctx, "middleware", msg, &err)
+	d := &Delivery{Queue: r.c.queue, Group: r.c.opts.Group, Consumer: r.c.opts.Name, Shard: s.shard,
+		ID: msg.ID, EntryID: msg.EntryID, Deliveries: msg.Deliveries, MaxDeliveries: r.c.opts.MaxDeliveries,
+		Headers: msg.Headers, ProducedAt: msg.ProducedAt, ReadAt: msg.ReadAt, StartedAt: msg.StartedAt,
+		Deadline: msg.Deadline}
+	err = chainMiddleware(ctx, mws, d, func(ctx context.Context) (err error) {
+		s.logCtx = ctx // the middleware's context: log lines about the outcome join its trace
+		defer r.recovered(ctx, "handler", msg, &err)
+		resp, err = r.c.handler(ctx, msg)
+		return err
+	})
+	if err != nil {
+		var zero Resp
+		resp = zero
+	}
+	return resp, err
+}
+
+// recovered, deferred, turns a panic of what into *err, matching ErrPanic.
+func (r *run[Req, Resp]) recovered(ctx context.Context, what string, msg *Message[Req], err *error) {
+	if v := recover(); v != nil {
+		r.c.log.ErrorContext(ctx, "streamq: "+what+" panicked", "id", msg.ID, "entry", msg.EntryID,
+			"deliveries", msg.Deliveries, "panic", v, "stack", string(debug.Stack()))
+		*err = fmt.Errorf("%w: %v", ErrPanic, v)
+	}
 }
 
 // fail handles a failed attempt: dead-letter when the error is permanent or the
@@ -884,7 +942,7 @@ func (r *run[Req, Resp]) fail(s *slot, err error) {
 	if errors.As(err, &ra) {
 		delay = min(max(ra.delay, 0), maxDelay)
 	}
-	r.c.log.Info("streamq: handler failed; will retry", "id", s.entry.ID, "entry", s.entry.EntryID,
+	r.c.log.InfoContext(s.logContext(r.runCtx), "streamq: handler failed; will retry", "id", s.entry.ID, "entry", s.entry.EntryID,
 		"deliveries", s.entry.Deliveries, "retry_in", delay, "err", err)
 	// Round up: a retry never runs before its delay.
 	ms := int64((delay + time.Millisecond - 1) / time.Millisecond)
@@ -914,7 +972,7 @@ func jitter(d time.Duration) time.Duration {
 }
 
 func (r *run[Req, Resp]) deadLetter(s *slot, reason string) {
-	r.c.log.Warn("streamq: dead-lettering message", "id", s.entry.ID, "entry", s.entry.EntryID,
+	r.c.log.WarnContext(s.logContext(r.runCtx), "streamq: dead-lettering message", "id", s.entry.ID, "entry", s.entry.EntryID,
 		"deliveries", s.entry.Deliveries, "reason", reason)
 	r.handOff(&completion{s: s, code: recordDead, value: []byte(reason)})
 }

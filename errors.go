@@ -3,6 +3,7 @@ package streamq
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 )
 
@@ -60,6 +61,20 @@ var (
 	// ErrLeaseLost is the cause of a handler context cancelled because another
 	// consumer claimed the message.
 	ErrLeaseLost = errors.New("streamq: message claimed by another consumer")
+	// ErrDeadlineExceeded matches a request whose deadline (Deadline,
+	// Timeout) passed: as the cause of its handler's context, and as the
+	// error of a request that was dead-lettered because its deadline passed
+	// before a handler started it (callers' RequestError matches it).
+	ErrDeadlineExceeded = errors.New("streamq: request deadline exceeded")
+	// ErrHandlerTimeout is the cause of a handler context ended by
+	// ConsumerOptions.HandlerTimeout.
+	ErrHandlerTimeout = errors.New("streamq: handler timeout")
+	// ErrPanic matches the error of an attempt whose handler (or middleware)
+	// panicked.
+	ErrPanic = errors.New("streamq: handler panicked")
+	// ErrIntercepted is returned by a produce call whose ProduceInterceptor
+	// returned nil without calling next: nothing was sent.
+	ErrIntercepted = errors.New("streamq: a produce interceptor did not send the request")
 )
 
 // mustContext panics when ctx is nil, as the standard library does: a nil
@@ -91,7 +106,8 @@ func (e *RequestError) Error() string {
 
 // Is makes errors.Is match ErrFailed, and ErrDeadLettered when dead-lettered.
 func (e *RequestError) Is(target error) bool {
-	return target == ErrFailed || (e.DeadLettered && target == ErrDeadLettered)
+	return target == ErrFailed || (e.DeadLettered && target == ErrDeadLettered) ||
+		(e.DeadLettered && target == ErrDeadlineExceeded && strings.HasPrefix(e.Message, ErrDeadlineExceeded.Error()))
 }
 
 // permanentError marks an error that must not be retried.

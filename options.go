@@ -150,6 +150,11 @@ type ProducerOptions struct {
 	// Defaults to 1.
 	Shards int
 
+	// Interceptors wrap every Produce, Enqueue and ProduceBatch call, the
+	// first outermost: to set headers from ctx (a trace context), to count
+	// or time calls. See ProduceInterceptor. Defaults to none.
+	Interceptors []ProduceInterceptor
+
 	// Logger receives the producer's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -328,6 +333,20 @@ type ConsumerOptions struct {
 	// Defaults to 1.
 	Shards int
 
+	// Middleware wraps the handling of every message, the first outermost:
+	// tracing, metrics, logging written once for every Consumer type. See
+	// Middleware for what it sees and how its errors and panics count.
+	// Defaults to none.
+	Middleware []Middleware
+
+	// HandlerTimeout bounds each handler run: its context ends after it, with
+	// cause ErrHandlerTimeout. A handler that returns an error then fails
+	// like any other attempt: it counts as a delivery and is retried up to
+	// MaxDeliveries. A request's own deadline (Deadline, Timeout) applies as
+	// well; the earlier of the two ends the context. Defaults to 0: no
+	// bound.
+	HandlerTimeout time.Duration
+
 	// Logger receives the consumer's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 
@@ -395,6 +414,7 @@ func (o *ConsumerOptions) resolve() error {
 		atLeast("MinIdle", o.MinIdle, 10*time.Millisecond),
 		atLeast("ClaimInterval", o.ClaimInterval, time.Millisecond),
 		positive("MaxDeliveries", o.MaxDeliveries),
+		atLeast("HandlerTimeout", o.HandlerTimeout, 0),
 		atLeast("RetryBackoff", o.RetryBackoff, time.Millisecond),
 		atLeast("RetryBackoffMax", o.RetryBackoffMax, o.RetryBackoff),
 		atLeast("ShutdownTimeout", o.ShutdownTimeout, time.Millisecond),

@@ -22,6 +22,8 @@ type Entry struct {
 	Data []byte
 	// Deliveries counts the deliveries of the entry, this one included.
 	Deliveries int
+	// Headers are the request's headers (see Headers); nil when none.
+	Headers map[string]string
 }
 
 // Fetcher produces the encoded request of an entry. The consumer calls it ahead
@@ -41,7 +43,10 @@ type FetchCompleter interface {
 	Completed(ctx context.Context, entries []Entry) error
 }
 
-// FetcherFunc adapts a function to the Fetcher interface.
+// FetcherFunc adapts a function to the Fetcher interface. A FetcherFunc has
+// no Completed method: wrapping a FetchCompleter's Fetch in one drops its
+// completion hook (CacheFetcher's DeleteOnComplete, say). Use WrapFetcher to
+// wrap a fetcher.
 type FetcherFunc func(ctx context.Context, e Entry) ([]byte, error)
 
 // Fetch calls f.
@@ -137,6 +142,10 @@ type slot struct {
 	entry Entry
 	dead  string // non-empty: dead-letter with this reason instead of handling
 	skip  bool   // requeued for another group: acknowledge without handling
+	meta  messageMeta
+	// logCtx is the context the handler ran with (after middleware), for
+	// logs about its outcome; nil before. Owned by the worker.
+	logCtx context.Context
 
 	ready    chan struct{}
 	data     []byte
@@ -157,6 +166,14 @@ type slot struct {
 type ownedKey struct {
 	shard int
 	id    string
+}
+
+// logContext is the context for logs about s: the handler's, or def.
+func (s *slot) logContext(def context.Context) context.Context {
+	if s.logCtx != nil {
+		return s.logCtx
+	}
+	return def
 }
 
 func (s *slot) key() ownedKey { return ownedKey{s.shard, s.entry.EntryID} }
@@ -391,7 +408,7 @@ func (r *run[Req, Resp]) fetch(ctx context.Context, e Entry) ([]byte, error) {
 			return nil, fmt.Errorf("streamq: fetch failed: %w", err)
 		}
 		if i+1 < attempts {
-			r.c.log.Debug("streamq: fetch failed; retrying", "id", e.ID, "entry", e.EntryID, "attempt", i+1, "err", err)
+			r.c.log.DebugContext(ctx, "streamq: fetch failed; retrying", "id", e.ID, "entry", e.EntryID, "attempt", i+1, "err", err)
 			if sleepCtx(ctx, jitter(delay)) != nil {
 				return nil, ctx.Err()
 			}

@@ -21,6 +21,10 @@ type produceSettings struct {
 	// after is the delay set by After; used when afterSet.
 	after    time.Duration
 	afterSet bool
+	// headers are set by Headers (nil: none).
+	headers map[string]string
+	// deadline is set by Deadline or Timeout (zero: none).
+	deadline time.Time
 }
 
 // At delays the request until t: it is recorded (and deduplicated) at once,
@@ -44,6 +48,46 @@ func At(t time.Time) ProduceOption {
 // Default: no delay.
 func After(d time.Duration) ProduceOption {
 	return func(s *produceSettings) { s.after, s.afterSet, s.at = d, true, time.Time{} }
+}
+
+// Headers adds h to the request's headers: string metadata stored in its
+// entry and given to the handler (Message.Headers) and to middleware
+// (Delivery.Headers), such as a trace context. Several Headers options
+// merge; for a name given twice the last value applies. The encoded headers
+// count against MaxPayloadBytes together with the request. Headers travel
+// with retries; a dead letter requeued by Admin.Requeue loses them.
+// Default: no headers.
+func Headers(h map[string]string) ProduceOption {
+	return func(s *produceSettings) {
+		if len(h) == 0 {
+			return
+		}
+		if s.headers == nil {
+			s.headers = make(map[string]string, len(h))
+		}
+		for k, v := range h {
+			s.headers[k] = v
+		}
+	}
+}
+
+// Deadline sets the request's deadline: a handler starting after t does not
+// run; the request is dead-lettered with an error matching
+// ErrDeadlineExceeded (its waiting callers get it too), without counting a
+// delivery. A handler that starts in time runs with a context ending at t
+// (cause ErrDeadlineExceeded); if it fails, its retry is dead-lettered the
+// same way once t has passed. t is compared with the consumers' clocks.
+// Deadline and Timeout override each other; the last one given applies.
+// Default: no deadline.
+func Deadline(t time.Time) ProduceOption {
+	return func(s *produceSettings) { s.deadline = t }
+}
+
+// Timeout sets the request's deadline to d from now (the producer's clock):
+// see Deadline. A d of zero or less gives a deadline that has passed.
+// Default: no deadline.
+func Timeout(d time.Duration) ProduceOption {
+	return func(s *produceSettings) { s.deadline = time.Now().Add(d) }
 }
 
 // maxDelay bounds how far ahead a request can be scheduled: its record must

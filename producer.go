@@ -131,7 +131,29 @@ func NewProducer[Req, Resp any](client redis.UniversalClient, queue string, opts
 // no longer wanted, and use Enqueue for fire-and-forget. A nil ctx panics.
 func (p *Producer[Req, Resp]) Produce(ctx context.Context, id string, req Req, opts ...ProduceOption) (*Promise[Resp], error) {
 	mustContext(ctx, "Producer.Produce")
-	it, err := p.newItem(ctx, id, req, opts)
+	var pr *Promise[Resp]
+	err := p.intercept(ctx, []string{id}, [][]ProduceOption{opts}, func(ctx context.Context, outs []*Outgoing) error {
+		h, set := headersOf(outs, 0)
+		var err error
+		pr, err = p.produce(ctx, id, req, opts, h, set)
+		if err == nil && outs != nil {
+			outs[0].EntryID = pr.EntryID()
+		}
+		return err
+	})
+	if err != nil {
+		if pr != nil {
+			pr.Release()
+		}
+		return nil, err
+	}
+	return pr, nil
+}
+
+// produce is Produce inside the interceptors.
+func (p *Producer[Req, Resp]) produce(ctx context.Context, id string, req Req, opts []ProduceOption,
+	headers map[string]string, headersSet bool) (*Promise[Resp], error) {
+	it, err := p.newItem(ctx, id, req, opts, headers, headersSet)
 	if err != nil {
 		return nil, err
 	}
@@ -153,21 +175,37 @@ func (p *Producer[Req, Resp]) Produce(ctx context.Context, id string, req Req, o
 // returns. A nil ctx panics.
 func (p *Producer[Req, Resp]) Enqueue(ctx context.Context, id string, req Req, opts ...ProduceOption) error {
 	mustContext(ctx, "Producer.Enqueue")
-	it, err := p.newItem(ctx, id, req, opts)
-	if err != nil {
+	return p.intercept(ctx, []string{id}, [][]ProduceOption{opts}, func(ctx context.Context, outs []*Outgoing) error {
+		h, set := headersOf(outs, 0)
+		entryID, err := p.enqueue(ctx, id, req, opts, h, set)
+		if err == nil && outs != nil {
+			outs[0].EntryID = entryID
+		}
 		return err
+	})
+}
+
+// enqueue is Enqueue inside the interceptors; it returns the entry id.
+func (p *Producer[Req, Resp]) enqueue(ctx context.Context, id string, req Req, opts []ProduceOption,
+	headers map[string]string, headersSet bool) (string, error) {
+	it, err := p.newItem(ctx, id, req, opts, headers, headersSet)
+	if err != nil {
+		return "", err
 	}
 	if err := p.ensureMeta(ctx); err != nil {
-		return err
+		return "", err
 	}
 	out, err := p.submit(ctx, it)
 	if err != nil {
-		return err
+		return "", err
 	}
-	if out.code == outcomeRejected {
-		return fmt.Errorf("%w: request %q: %s", ErrWrongType, id, out.data)
+	switch out.code {
+	case outcomeRejected:
+		return "", fmt.Errorf("%w: request %q: %s", ErrWrongType, id, out.data)
+	case outcomeAppended, outcomeInflight:
+		return out.data, nil
 	}
-	return nil
+	return "", nil
 }
 
 // errClosedUnknown is returned to a caller whose request was still being sent
@@ -233,7 +271,10 @@ func (p *Producer[Req, Resp]) Close() error {
 }
 
 // newItem validates and encodes one request and applies its options.
-func (p *Producer[Req, Resp]) newItem(ctx context.Context, id string, req Req, opts []ProduceOption) (*produceItem, error) {
+// headers, when set, replace the options' headers (a ProduceInterceptor
+// changed them).
+func (p *Producer[Req, Resp]) newItem(ctx context.Context, id string, req Req, opts []ProduceOption,
+	headers map[string]string, headersSet bool) (*produceItem, error) {
 	if err := validateID(id); err != nil {
 		return nil, err
 	}
@@ -247,8 +288,16 @@ func (p *Producer[Req, Resp]) newItem(ctx context.Context, id string, req Req, o
 	}
 	it := &produceItem{ctx: ctx, id: id, shard: keys.ShardOf(id, len(p.shards)), payload: payload,
 		out: make(chan produceOutcome, 1)}
-	if err := it.apply(applyProduceOptions(opts)); err != nil {
+	settings := applyProduceOptions(opts)
+	if headersSet {
+		settings.headers = headers
+	}
+	if err := it.apply(settings); err != nil {
 		return nil, fmt.Errorf("request %q: %w", id, err)
+	}
+	if n := len(payload) + it.headerBytes; n > p.opts.MaxPayloadBytes {
+		return nil, fmt.Errorf("%w: request %q encodes to %d bytes with its headers, the limit is MaxPayloadBytes=%d",
+			ErrPayloadTooLarge, id, n, p.opts.MaxPayloadBytes)
 	}
 	// An item is its id, payload and extra fields; it must fit one round trip
 	// and the pending budget, or it could never be sent.

@@ -20,10 +20,21 @@ import (
 // returned at once) and blocks, respecting ctx, only while MaxPendingBytes of
 // requests wait to be written. It has Enqueue's deduplication. ctx bounds the
 // call, not the write that follows. Close writes what Send accepted, within
-// CloseTimeout. A nil ctx panics.
+// CloseTimeout. ProducerOptions.Interceptors run around the handover (their
+// Outgoing.EntryID stays empty: the entry does not exist yet). A nil ctx
+// panics.
 func (p *Producer[Req, Resp]) Send(ctx context.Context, id string, req Req, opts ...ProduceOption) error {
 	mustContext(ctx, "Producer.Send")
-	it, err := p.newItem(ctx, id, req, opts)
+	return p.intercept(ctx, []string{id}, [][]ProduceOption{opts}, func(ctx context.Context, outs []*Outgoing) error {
+		h, set := headersOf(outs, 0)
+		return p.send(ctx, id, req, opts, h, set)
+	})
+}
+
+// send is Send inside the interceptors.
+func (p *Producer[Req, Resp]) send(ctx context.Context, id string, req Req, opts []ProduceOption,
+	headers map[string]string, headersSet bool) error {
+	it, err := p.newItem(ctx, id, req, opts, headers, headersSet)
 	if err != nil {
 		return err
 	}

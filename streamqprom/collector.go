@@ -1,0 +1,183 @@
+// Package streamqprom exports streamq's metrics to Prometheus: a Collector
+// of queue state read from Admin.Stats at scrape time, and Metrics, a
+// collector of handler and producer metrics fed by a consumer middleware and
+// a producer interceptor. Nothing registers itself: register them with your
+// registry.
+//
+//	reg := prometheus.NewRegistry()
+//	m := streamqprom.NewMetrics()
+//	reg.MustRegister(m, streamqprom.NewCollector([]*streamq.Admin{admin}))
+//	c, _ := streamq.NewConsumer(rdb, "q", handle, &streamq.ConsumerOptions{
+//		Middleware: []streamq.Middleware{m.Middleware()}})
+package streamqprom
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/streamq/streamq"
+)
+
+// Defaults of the Collector's options.
+const (
+	// DefaultCacheInterval is how long a scrape reuses the statistics read
+	// by an earlier one.
+	DefaultCacheInterval = 5 * time.Second
+	// DefaultScrapeTimeout bounds the Admin.Stats calls of one scrape.
+	DefaultScrapeTimeout = 5 * time.Second
+)
+
+// CollectorOption configures NewCollector.
+type CollectorOption func(*Collector)
+
+// WithCacheInterval sets how long statistics read by a scrape are reused
+// by the next scrapes, so that frequent scrapes (several Prometheus
+// servers, say) cost Redis one read per interval. 0 reads at every scrape.
+// Defaults to DefaultCacheInterval (5s).
+func WithCacheInterval(d time.Duration) CollectorOption {
+	return func(c *Collector) { c.cacheInterval = d }
+}
+
+// WithScrapeTimeout bounds the Admin.Stats calls of one scrape; a queue
+// whose call fails or times out is left out of that scrape and counted in
+// streamq_scrape_errors_total. Defaults to DefaultScrapeTimeout (5s).
+func WithScrapeTimeout(d time.Duration) CollectorOption {
+	return func(c *Collector) { c.timeout = d }
+}
+
+// Collector is a prometheus.Collector of queue state. Each scrape reads
+// Admin.Stats of every queue, in parallel (unless the last read is younger
+// than the cache interval), and exports:
+//
+//	streamq_queue_entries{queue}                           entries in the stream
+//	streamq_queue_scheduled_entries{queue}                 delayed jobs and retries waiting
+//	streamq_queue_paused{queue}                            1 while paused
+//	streamq_dead_letter_entries{queue}                     entries in the dead-letter stream
+//	streamq_group_pending_entries{queue,group}             delivered, not acknowledged
+//	streamq_group_lag_entries{queue,group}                 not yet delivered (omitted while unknown)
+//	streamq_group_consumers{queue,group}                   live consumers
+//	streamq_group_oldest_pending_age_seconds{queue,group}  idle time of the oldest pending entry
+//	streamq_scrape_errors_total{queue}                     failed Admin.Stats reads
+//	streamq_scrape_duration_seconds                        time the last read took
+//
+// Collect may be called concurrently.
+type Collector struct {
+	admins        []*streamq.Admin
+	cacheInterval time.Duration
+	timeout       time.Duration
+
+	queueEntries, scheduled, paused, dead *prometheus.Desc
+	pending, lag, consumers, oldest       *prometheus.Desc
+	scrapeDuration                        *prometheus.Desc
+	errors                                *prometheus.CounterVec
+
+	mu       sync.Mutex // serialises reads; guards the fields below
+	readAt   time.Time
+	took     time.Duration
+	stats    []streamq.Stats
+	statsOK  []bool
+	hasReads bool
+}
+
+// NewCollector returns a Collector of the queues admins manage. It panics
+// on a negative option value, like prometheus's own constructors.
+func NewCollector(admins []*streamq.Admin, opts ...CollectorOption) *Collector {
+	c := &Collector{admins: admins, cacheInterval: DefaultCacheInterval, timeout: DefaultScrapeTimeout}
+	for _, o := range opts {
+		o(c)
+	}
+	if c.cacheInterval < 0 || c.timeout <= 0 {
+		panic(fmt.Sprintf("streamqprom: invalid options: cache interval %v (must be >= 0), scrape timeout %v (must be > 0)", c.cacheInterval, c.timeout))
+	}
+	q := []string{"queue"}
+	qg := []string{"queue", "group"}
+	c.queueEntries = prometheus.NewDesc("streamq_queue_entries", "Entries in the queue's stream.", q, nil)
+	c.scheduled = prometheus.NewDesc("streamq_queue_scheduled_entries", "Delayed jobs and retries waiting in the queue's schedule.", q, nil)
+	c.paused = prometheus.NewDesc("streamq_queue_paused", "1 while the queue is paused, else 0.", q, nil)
+	c.dead = prometheus.NewDesc("streamq_dead_letter_entries", "Entries in the queue's dead-letter stream.", q, nil)
+	c.pending = prometheus.NewDesc("streamq_group_pending_entries", "Entries delivered to the group and not yet acknowledged.", qg, nil)
+	c.lag = prometheus.NewDesc("streamq_group_lag_entries", "Entries not yet delivered to the group.", qg, nil)
+	c.consumers = prometheus.NewDesc("streamq_group_consumers", "Live consumers of the group.", qg, nil)
+	c.oldest = prometheus.NewDesc("streamq_group_oldest_pending_age_seconds", "Idle time of the group's longest-idle pending entry.", qg, nil)
+	c.scrapeDuration = prometheus.NewDesc("streamq_scrape_duration_seconds", "Time the last read of the queues' statistics took.", nil, nil)
+	c.errors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "streamq_scrape_errors_total",
+		Help: "Reads of a queue's statistics that failed."}, q)
+	for _, a := range admins {
+		c.errors.WithLabelValues(a.Queue()) // exported as 0 from the start
+	}
+	return c
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.queueEntries, c.scheduled, c.paused, c.dead, c.pending, c.lag,
+		c.consumers, c.oldest, c.scrapeDuration} {
+		ch <- d
+	}
+	c.errors.Describe(ch)
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	stats, ok, took := c.read()
+	for i, a := range c.admins {
+		if !ok[i] {
+			continue
+		}
+		q, st := a.Queue(), stats[i]
+		gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, append([]string{q}, labels...)...)
+		}
+		gauge(c.queueEntries, float64(st.Length))
+		gauge(c.scheduled, float64(st.Scheduled))
+		gauge(c.dead, float64(st.DeadLetters))
+		p := 0.0
+		if st.Paused {
+			p = 1
+		}
+		gauge(c.paused, p)
+		for _, g := range st.Groups {
+			gauge(c.pending, float64(g.Pending), g.Name)
+			if g.Lag >= 0 {
+				gauge(c.lag, float64(g.Lag), g.Name)
+			}
+			gauge(c.consumers, float64(g.Consumers), g.Name)
+			gauge(c.oldest, g.OldestPendingAge.Seconds(), g.Name)
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(c.scrapeDuration, prometheus.GaugeValue, took.Seconds())
+	c.errors.Collect(ch)
+}
+
+// read returns the statistics of every queue, read now or within the
+// cache interval.
+func (c *Collector) read() ([]streamq.Stats, []bool, time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.hasReads && time.Since(c.readAt) < c.cacheInterval {
+		return c.stats, c.statsOK, c.took
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	stats := make([]streamq.Stats, len(c.admins))
+	ok := make([]bool, len(c.admins))
+	var wg sync.WaitGroup
+	for i, a := range c.admins {
+		wg.Go(func() {
+			st, err := a.Stats(ctx)
+			if err != nil {
+				c.errors.WithLabelValues(a.Queue()).Inc()
+				return
+			}
+			stats[i], ok[i] = st, true
+		})
+	}
+	wg.Wait()
+	c.stats, c.statsOK, c.readAt, c.took, c.hasReads = stats, ok, time.Now(), time.Since(start), true
+	return stats, ok, c.took
+}

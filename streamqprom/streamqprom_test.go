@@ -1,0 +1,200 @@
+package streamqprom_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamq/streamq"
+	"github.com/streamq/streamq/internal/redistest"
+	"github.com/streamq/streamq/streamqprom"
+)
+
+// backends runs fn on miniredis and on a real redis-server.
+func backends(t *testing.T, fn func(t *testing.T, rdb *redis.Client)) {
+	t.Run("miniredis", func(t *testing.T) {
+		m := miniredis.RunT(t)
+		rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		t.Cleanup(func() { _ = rdb.Close() })
+		fn(t, rdb)
+	})
+	t.Run("redis", func(t *testing.T) {
+		fn(t, redistest.Start(t).Client(t))
+	})
+}
+
+// TestHandlerMetricsCount: 100 jobs, 90 succeeding and 10 failing for good,
+// give exactly those counts, and as many observations in each histogram.
+func TestHandlerMetricsCount(t *testing.T) {
+	backends(t, func(t *testing.T, rdb *redis.Client) {
+		ctx := context.Background()
+		q := "prom"
+		m := streamqprom.NewMetrics()
+		reg := prometheus.NewPedanticRegistry()
+		reg.MustRegister(m)
+		p, err := streamq.NewProducer[int, int](rdb, q, &streamq.ProducerOptions{Interceptors: []streamq.ProduceInterceptor{m.Interceptor()}})
+		require.NoError(t, err)
+		defer p.Close()
+		c, err := streamq.NewConsumer(rdb, q, func(ctx context.Context, msg *streamq.Message[int]) (int, error) {
+			if msg.Payload%10 == 0 {
+				return 0, streamq.Permanent(errors.New("multiple of ten"))
+			}
+			return msg.Payload, nil
+		}, &streamq.ConsumerOptions{Workers: 4, Middleware: []streamq.Middleware{m.Middleware()}})
+		require.NoError(t, err)
+		runCtx, cancel := context.WithCancel(ctx)
+		ran := make(chan error, 1)
+		go func() { ran <- c.Run(runCtx) }()
+		var prs []*streamq.Promise[int]
+		for i := range 100 {
+			pr, err := p.Produce(ctx, fmt.Sprint(i), i)
+			require.NoError(t, err)
+			prs = append(prs, pr)
+		}
+		wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+		defer wcancel()
+		for _, pr := range prs {
+			_, _ = pr.Wait(wctx)
+		}
+		require.NoError(t, wctx.Err())
+		cancel()
+		require.NoError(t, <-ran)
+
+		require.Equal(t, 90.0, testutil.ToFloat64(m.ProcessedCounter(q, streamqprom.OutcomeOK)))
+		require.Equal(t, 10.0, testutil.ToFloat64(m.ProcessedCounter(q, streamqprom.OutcomeDeadLetter)))
+		require.Equal(t, 0.0, testutil.ToFloat64(m.ProcessedCounter(q, streamqprom.OutcomeRetry)), "pre-set to 0")
+		families, err := reg.Gather()
+		require.NoError(t, err)
+		counts := map[string]uint64{}
+		for _, f := range families {
+			for _, mm := range f.GetMetric() {
+				if h := mm.GetHistogram(); h != nil {
+					counts[f.GetName()] += h.GetSampleCount()
+				}
+				if f.GetType() == dto.MetricType_COUNTER && f.GetName() == "streamq_jobs_produced_total" {
+					counts[f.GetName()] += uint64(mm.GetCounter().GetValue())
+				}
+				if f.GetName() == "streamq_jobs_in_flight" {
+					require.Zero(t, mm.GetGauge().GetValue())
+				}
+			}
+		}
+		require.Equal(t, map[string]uint64{"streamq_job_duration_seconds": 100, "streamq_queue_wait_seconds": 100,
+			"streamq_jobs_produced_total": 100}, counts)
+		problems, err := testutil.CollectAndLint(m)
+		require.NoError(t, err)
+		require.Empty(t, problems)
+	})
+}
+
+// TestCollectorEqualsStats: the queue gauges equal Admin.Stats; reads are
+// cached for the interval; the metrics pass the linter.
+func TestCollectorEqualsStats(t *testing.T) {
+	backends(t, func(t *testing.T, rdb *redis.Client) {
+		ctx := context.Background()
+		q := "collected"
+		p, err := streamq.NewProducer[int, int](rdb, q, nil)
+		require.NoError(t, err)
+		defer p.Close()
+		for i := range 12 {
+			require.NoError(t, p.Enqueue(ctx, fmt.Sprint(i), i))
+		}
+		require.NoError(t, p.Enqueue(ctx, "later", 1, streamq.After(time.Hour)))
+		// A consumer that takes 3 entries and stops without completing them
+		// (its handler blocks until shutdown): 3 pending, 9 lag.
+		started := make(chan struct{}, 3)
+		c, err := streamq.NewConsumer(rdb, q, func(ctx context.Context, msg *streamq.Message[int]) (int, error) {
+			started <- struct{}{}
+			<-ctx.Done()
+			return 0, ctx.Err()
+		}, &streamq.ConsumerOptions{Workers: 3, Prefetch: 3, ShutdownTimeout: 10 * time.Millisecond, ReadBlock: 10 * time.Millisecond})
+		require.NoError(t, err)
+		runCtx, cancel := context.WithCancel(ctx)
+		ran := make(chan error, 1)
+		go func() { ran <- c.Run(runCtx) }()
+		for range 3 {
+			<-started
+		}
+
+		a, err := streamq.NewAdmin(rdb, q, nil)
+		require.NoError(t, err)
+		col := streamqprom.NewCollector([]*streamq.Admin{a}, streamqprom.WithCacheInterval(time.Hour))
+		reg := prometheus.NewPedanticRegistry()
+		reg.MustRegister(col)
+		st, err := a.Stats(ctx)
+		require.NoError(t, err)
+		require.Len(t, st.Groups, 1)
+		g := st.Groups[0]
+		expected := fmt.Sprintf(`
+# HELP streamq_dead_letter_entries Entries in the queue's dead-letter stream.
+# TYPE streamq_dead_letter_entries gauge
+streamq_dead_letter_entries{queue="%[1]s"} %[2]d
+# HELP streamq_group_consumers Live consumers of the group.
+# TYPE streamq_group_consumers gauge
+streamq_group_consumers{group="streamq",queue="%[1]s"} %[3]d
+# HELP streamq_group_lag_entries Entries not yet delivered to the group.
+# TYPE streamq_group_lag_entries gauge
+streamq_group_lag_entries{group="streamq",queue="%[1]s"} %[4]d
+# HELP streamq_group_pending_entries Entries delivered to the group and not yet acknowledged.
+# TYPE streamq_group_pending_entries gauge
+streamq_group_pending_entries{group="streamq",queue="%[1]s"} %[5]d
+# HELP streamq_queue_entries Entries in the queue's stream.
+# TYPE streamq_queue_entries gauge
+streamq_queue_entries{queue="%[1]s"} %[6]d
+# HELP streamq_queue_paused 1 while the queue is paused, else 0.
+# TYPE streamq_queue_paused gauge
+streamq_queue_paused{queue="%[1]s"} 0
+# HELP streamq_queue_scheduled_entries Delayed jobs and retries waiting in the queue's schedule.
+# TYPE streamq_queue_scheduled_entries gauge
+streamq_queue_scheduled_entries{queue="%[1]s"} %[7]d
+# HELP streamq_scrape_errors_total Reads of a queue's statistics that failed.
+# TYPE streamq_scrape_errors_total counter
+streamq_scrape_errors_total{queue="%[1]s"} 0
+`, q, st.DeadLetters, g.Consumers, g.Lag, g.Pending, st.Length, st.Scheduled)
+		require.EqualValues(t, 12, st.Length)
+		require.EqualValues(t, 1, st.Scheduled)
+		require.EqualValues(t, 3, g.Pending)
+		// g.Lag is 9 on Redis; miniredis reports lag its own way. The gauge
+		// must equal whatever Stats says.
+		names := []string{"streamq_dead_letter_entries", "streamq_group_consumers", "streamq_group_lag_entries",
+			"streamq_group_pending_entries", "streamq_queue_entries", "streamq_queue_paused",
+			"streamq_queue_scheduled_entries", "streamq_scrape_errors_total"}
+		require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(expected), names...))
+
+		// Cached: a new entry is not seen until the interval has passed.
+		require.NoError(t, p.Enqueue(ctx, "extra", 1))
+		require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(expected), names...))
+		fresh := streamqprom.NewCollector([]*streamq.Admin{a}, streamqprom.WithCacheInterval(0))
+		require.Equal(t, 13.0, gaugeValue(t, fresh, "streamq_queue_entries"))
+
+		problems, err := testutil.CollectAndLint(col)
+		require.NoError(t, err)
+		require.Empty(t, problems)
+		cancel()
+		require.NoError(t, <-ran)
+	})
+}
+
+func gaugeValue(t *testing.T, c prometheus.Collector, name string) float64 {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() == name {
+			return f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
