@@ -546,6 +546,9 @@ func (r *run[Req, Resp]) admit(shard int, msgs []redis.XMessage, starts func(i i
 		default:
 			s.entry.ID, s.entry.Data = id, []byte(data)
 		}
+		if f, ok := m.Values[fieldFetchFailures].(string); ok {
+			s.fetchFailures, _ = strconv.Atoi(f)
+		}
 		if g, ok := m.Values[fieldGroup].(string); ok && g != o.Group {
 			s.skip, s.dead = true, "" // requeued for another group: acknowledge only
 		}
@@ -573,6 +576,9 @@ const (
 	fieldID      = "id"
 	fieldPayload = "p"
 	fieldGroup   = "g" // set by Requeue: only this group runs the entry
+	// fieldFetchFailures counts the failed fetches in a row of a retried
+	// entry (set by retry.lua); the handler did not start on any of them.
+	fieldFetchFailures = "f"
 )
 
 func fieldNames(v map[string]any) string {
@@ -663,7 +669,13 @@ func (r *run[Req, Resp]) process(s *slot) {
 		r.drain(s)
 		return
 	}
-	// The attempt starts here: a fetch failure counts like a handler failure.
+	// A failed fetch is not a delivery: the handler does not start, so no
+	// start is charged (see fetchFailed).
+	if s.fetchErr != nil {
+		r.fetchFailed(s, s.fetchErr)
+		return
+	}
+	// The handler's start is charged here, before it runs.
 	switch r.chargeDelivery(s) {
 	case chargeSkip:
 		r.forget(s)
@@ -672,13 +684,9 @@ func (r *run[Req, Resp]) process(s *slot) {
 		r.drain(s)
 		return
 	}
-	if s.fetchErr != nil {
-		r.fail(s, s.fetchErr)
-		return
-	}
 	req, err := decode[Req](r.c.opts.Codec, s.data)
 	if err != nil {
-		r.deadLetter(s, "undecodable request: "+err.Error())
+		r.deadLetter(s, "undecodable request: "+unprefixed(err))
 		return
 	}
 	ctx, cancel := context.WithCancelCause(r.handlerCtx)
@@ -891,6 +899,33 @@ func (r *run[Req, Resp]) fail(s *slot, err error) {
 	r.handOff(&completion{s: s, code: recordRetry, value: []byte(strconv.FormatInt(ms, 10))})
 }
 
+// fetchFailed handles a message whose payload could not be fetched (after
+// FetchRetries): its handler did not start, so no start is charged and the
+// failure is not a handler failure. The message is retried through the
+// schedule like a failed handler, its fetch failures counted in the entry's
+// field "f" (retry.lua), and dead-lettered when the error is permanent or
+// after MaxDeliveries failed fetches in a row.
+func (r *run[Req, Resp]) fetchFailed(s *slot, err error) {
+	o := &r.c.opts
+	s.entry.Deliveries-- // admit counted the start that did not happen
+	failures := s.fetchFailures + 1
+	if IsPermanent(err) || failures >= o.MaxDeliveries {
+		r.c.outcomes.failed.Add(1)
+		r.deadLetter(s, fmt.Sprintf("payload fetch failed %d times (the handler did not run): %s", failures, unprefixed(err)))
+		return
+	}
+	delay := retryDelay(o.RetryBackoff, failures, o.RetryBackoffMax)
+	r.c.log.Warn("streamq: fetch failed; will retry (the handler did not run)", "id", s.entry.ID, "entry", s.entry.EntryID,
+		"fetch_failures", failures, "retry_in", delay, "err", err)
+	ms := int64((delay + time.Millisecond - 1) / time.Millisecond)
+	r.handOff(&completion{s: s, code: recordRetry, value: []byte(strconv.FormatInt(ms, 10) + retryFetchFailed)})
+}
+
+// retryFetchFailed ends the value of a recordRetry completion whose payload
+// could not be fetched: retry.lua then counts the failure in field "f"
+// instead of moving a start count that was not charged.
+const retryFetchFailed = ":f"
+
 // recordRetry is the completion of a failed attempt to retry after a delay
 // (value: milliseconds): acknowledged and scheduled (retry.lua).
 const recordRetry = 'T'
@@ -914,6 +949,8 @@ func jitter(d time.Duration) time.Duration {
 }
 
 func (r *run[Req, Resp]) deadLetter(s *slot, reason string) {
+	// The caller's error reads "streamq: request dead-lettered: <reason>".
+	reason = strings.TrimPrefix(reason, "streamq: ")
 	r.c.log.Warn("streamq: dead-lettering message", "id", s.entry.ID, "entry", s.entry.EntryID,
 		"deliveries", s.entry.Deliveries, "reason", reason)
 	r.handOff(&completion{s: s, code: recordDead, value: []byte(reason)})

@@ -3,6 +3,8 @@ package streamq
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"time"
 )
 
@@ -81,13 +83,34 @@ type RequestError struct {
 	DeadLettered bool
 }
 
-// Error implements error.
+// Error implements error. The text carries the "streamq: " prefix once,
+// also for a Message that starts with it.
 func (e *RequestError) Error() string {
+	msg := strings.TrimPrefix(e.Message, "streamq: ")
 	if e.DeadLettered {
-		return "streamq: request dead-lettered: " + e.Message
+		return "streamq: request dead-lettered: " + msg
 	}
-	return "streamq: request failed: " + e.Message
+	return "streamq: request failed: " + msg
 }
+
+// wrappedError is an error wrapping another with context, its text carrying
+// the "streamq: " prefix once.
+type wrappedError struct {
+	msg string
+	err error
+}
+
+func (e *wrappedError) Error() string { return e.msg }
+func (e *wrappedError) Unwrap() error { return e.err }
+
+// wrapf is fmt.Errorf("streamq: <format>: %w", ..., err) without repeating
+// the prefix when err's own text starts with it.
+func wrapf(err error, format string, args ...any) error {
+	return &wrappedError{msg: "streamq: " + fmt.Sprintf(format, args...) + ": " + unprefixed(err), err: err}
+}
+
+// unprefixed is err's text without a leading "streamq: ".
+func unprefixed(err error) string { return strings.TrimPrefix(err.Error(), "streamq: ") }
 
 // Is makes errors.Is match ErrFailed, and ErrDeadLettered when dead-lettered.
 func (e *RequestError) Is(target error) bool {

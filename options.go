@@ -229,7 +229,10 @@ type ConsumerOptions struct {
 	Fetcher Fetcher
 
 	// FetchRetries is how many times a failed fetch is retried, with exponential
-	// back-off from FetchBackoff, before the message takes the failure path.
+	// back-off from FetchBackoff, before the message takes the failure path:
+	// it is retried through the schedule (RetryBackoff), without counting a
+	// delivery since its handler did not start, and dead-lettered after
+	// MaxDeliveries failed fetches in a row or at once for a Permanent error.
 	// Defaults to DefaultFetchRetries (3); -1 disables retries.
 	FetchRetries int
 
