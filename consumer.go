@@ -58,7 +58,18 @@ type Consumer[Req, Resp any] struct {
 	// still waiting on Redis when Run's bound passed.
 	background sync.WaitGroup
 	outcomes   outcomeCounts // reported by the heartbeat (heartbeat.go)
+	ready      chan struct{} // closed once by markReady (see Ready)
+	readyOnce  sync.Once
 }
+
+// Ready returns a channel that is closed once the consumer is working: a Run
+// created (or found) its consumer groups and its first read of new entries
+// succeeded. It stays closed after Run returns. Use it for a readiness
+// probe, or in tests to produce only once the consumer reads; while Redis is
+// unreachable at start (Run retries, unless FailFast), it stays open.
+func (c *Consumer[Req, Resp]) Ready() <-chan struct{} { return c.ready }
+
+func (c *Consumer[Req, Resp]) markReady() { c.readyOnce.Do(func() { close(c.ready) }) }
 
 // NewConsumer returns a consumer of queue that calls handler for each request.
 // opts may be nil for the defaults. It does not touch Redis; Run does.
@@ -89,6 +100,7 @@ func NewConsumer[Req, Resp any](client redis.UniversalClient, queue string, hand
 		opts:    o,
 		handler: handler,
 		log:     o.Logger.With("queue", queue, "consumer", o.Name),
+		ready:   make(chan struct{}),
 	}, nil
 }
 
@@ -109,11 +121,14 @@ func (c *Consumer[Req, Resp]) Name() string { return c.opts.Name }
 // On start it creates the consumer group if needed (from the start of the
 // stream, so nothing produced earlier is missed), resumes its own pending
 // entries, then reads new ones and claims idle entries of other consumers.
-// Redis errors are logged and retried; they do not end Run. Run returns an
-// error only when the consumer is already running, the queue has another
-// shard count (ErrShardMismatch), another group answers the queue
-// (ErrAnsweringGroup), or the server is older than Redis 7.0
-// (ErrUnsupportedServer).
+// Redis errors are logged and retried; they do not end Run (with FailFast,
+// an error before the consumer is ready ends it). Run returns an error only
+// when the consumer is already running, the queue has another shard count
+// (ErrShardMismatch), another group answers the queue (ErrAnsweringGroup),
+// the server is older than Redis 7.0 (ErrUnsupportedServer), a key of the
+// queue holds another type (ErrWrongType), or the server refuses the client's
+// credentials or permissions at start (ErrAccessDenied). Ready tells when the
+// consumer is working.
 func (c *Consumer[Req, Resp]) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("streamq: Consumer.Run called while it is already running; use one Consumer per Run")
@@ -139,7 +154,7 @@ func (c *Consumer[Req, Resp]) Run(ctx context.Context) error {
 		}
 	}
 	if err != nil {
-		if errors.Is(err, ErrShardMismatch) || errors.Is(err, ErrUnsupportedServer) || errors.Is(err, ErrAnsweringGroup) {
+		if fatalStartError(err) || (c.opts.FailFast && ctx.Err() == nil) {
 			return err
 		}
 		return nil // ctx ended before Redis could be reached
@@ -149,6 +164,13 @@ func (c *Consumer[Req, Resp]) Run(ctx context.Context) error {
 	<-ctx.Done()
 	r.shutdown()
 	return nil
+}
+
+// fatalStartError reports whether Run must return err rather than retry:
+// configuration that waiting does not fix.
+func fatalStartError(err error) bool {
+	return errors.Is(err, ErrShardMismatch) || errors.Is(err, ErrUnsupportedServer) ||
+		errors.Is(err, ErrAnsweringGroup) || errors.Is(err, ErrWrongType) || errors.Is(err, ErrAccessDenied)
 }
 
 // ErrAnsweringGroup is returned by Run when the queue is answered by another
@@ -226,8 +248,12 @@ func (c *Consumer[Req, Resp]) ensureGroupRetry(ctx context.Context) error {
 		if err == nil {
 			return nil
 		}
-		if errors.Is(err, ErrShardMismatch) || errors.Is(err, ErrUnsupportedServer) || errors.Is(err, ErrAnsweringGroup) {
+		err = classifyRedisError(err)
+		if fatalStartError(err) {
 			return err
+		}
+		if c.opts.FailFast {
+			return fmt.Errorf("streamq: consumer start failed (FailFast): %s", unprefixed(err))
 		}
 		c.log.Error("streamq: cannot create the consumer group; retrying", "err", err)
 		if sleepCtx(ctx, b.next()) != nil {

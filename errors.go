@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Sentinel errors. Match them with errors.Is.
@@ -59,6 +61,11 @@ var (
 	// it completed. Only a request produced with At or After, or a retry
 	// waiting for its back-off, can be cancelled.
 	ErrNotScheduled = errors.New("streamq: request is not scheduled: it is already queued, running or completed")
+	// ErrAccessDenied is returned by Consumer.Run when Redis refuses the
+	// client at start: no or wrong credentials (NOAUTH, WRONGPASS) or an ACL
+	// that does not allow a command or key the queue needs (NOPERM). The
+	// error names what was refused; README, Security, lists the ACL rules.
+	ErrAccessDenied = errors.New("streamq: Redis refused access")
 	// ErrLeaseLost is the cause of a handler context cancelled because another
 	// consumer claimed the message.
 	ErrLeaseLost = errors.New("streamq: message claimed by another consumer")
@@ -155,4 +162,27 @@ func RetryAfter(err error, d time.Duration) error {
 		return nil
 	}
 	return retryAfterError{err, d}
+}
+
+// classifyRedisError makes a Redis refusal that waiting does not fix match
+// its sentinel: NOAUTH, WRONGPASS and NOPERM match ErrAccessDenied, WRONGTYPE
+// matches ErrWrongType. Other errors are returned as they are.
+func classifyRedisError(err error) error {
+	if err == nil || errors.Is(err, ErrAccessDenied) || errors.Is(err, ErrWrongType) {
+		return err
+	}
+	var rerr redis.Error
+	msg := err.Error()
+	if errors.As(err, &rerr) {
+		msg = rerr.Error()
+	}
+	for _, code := range []string{"NOAUTH", "WRONGPASS", "NOPERM"} {
+		if strings.HasPrefix(msg, code) || strings.Contains(err.Error(), ": "+code+" ") {
+			return &wrappedError{msg: "streamq: Redis refused access: " + unprefixed(err), err: errors.Join(ErrAccessDenied, err)}
+		}
+	}
+	if strings.HasPrefix(msg, "WRONGTYPE") || strings.Contains(err.Error(), ": WRONGTYPE ") {
+		return &wrappedError{msg: "streamq: a key of the queue holds another type: " + unprefixed(err), err: errors.Join(ErrWrongType, err)}
+	}
+	return err
 }

@@ -297,6 +297,14 @@ type ConsumerOptions struct {
 	// MaxCompleteBatchLimit (10,000). Defaults to DefaultMaxCompleteBatch (256).
 	MaxCompleteBatch int
 
+	// FailFast makes Run return the first error it meets at start
+	// (connecting, checking the server, creating the consumer groups)
+	// instead of logging it and trying again until Redis answers. Use it when
+	// the host should stop, or report itself unhealthy, if Redis is not
+	// reachable when it starts; after the start, errors are retried either
+	// way. Defaults to false: Run retries at start.
+	FailFast bool
+
 	// TrimInterval is how often the stream is trimmed of entries every group is
 	// done with, and idle consumers are pruned. It is jittered by ±20%.
 	// Defaults to DefaultTrimInterval (30s); -1 disables.
