@@ -136,7 +136,8 @@ func unprefixed(err error) string { return strings.TrimPrefix(err.Error(), "stre
 // Is makes errors.Is match ErrFailed, and ErrDeadLettered when dead-lettered.
 func (e *RequestError) Is(target error) bool {
 	return target == ErrFailed || (e.DeadLettered && target == ErrDeadLettered) ||
-		(e.DeadLettered && target == ErrDeadlineExceeded && strings.HasPrefix(e.Message, ErrDeadlineExceeded.Error()))
+		(e.DeadLettered && target == ErrDeadlineExceeded &&
+			strings.HasPrefix(strings.TrimPrefix(e.Message, "streamq: "), unprefixed(ErrDeadlineExceeded)))
 }
 
 // permanentError marks an error that must not be retried.
