@@ -9,6 +9,7 @@ import (
 	"html/template"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -73,7 +74,7 @@ func (h *Handler) summaries(ctx context.Context, only string) ([]QueueSummary, e
 	}
 	out := make([]QueueSummary, 0, len(names))
 	for _, name := range names {
-		a, err := h.admin(ctx, name)
+		a, err := h.admin(ctx, name, "")
 		if err != nil {
 			return nil, err
 		}
@@ -147,14 +148,14 @@ type deadLetterRow struct {
 }
 
 func (h *Handler) queue(w http.ResponseWriter, r *http.Request) {
-	name, after := r.FormValue("q"), r.FormValue("after")
+	name, after, group := r.FormValue("q"), r.FormValue("after"), r.FormValue("group")
 	if name == "" {
 		h.fail(w, r, fmt.Errorf("%w: which queue? (q=)", errBadRequest))
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), h.opts.Timeout)
 	defer cancel()
-	a, err := h.admin(ctx, name)
+	a, err := h.admin(ctx, name, group)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -162,6 +163,10 @@ func (h *Handler) queue(w http.ResponseWriter, r *http.Request) {
 	s, err := a.Stats(ctx)
 	if err != nil {
 		h.fail(w, r, err)
+		return
+	}
+	if group != "" && !slices.ContainsFunc(s.Groups, func(g streamq.GroupStats) bool { return g.Name == group }) {
+		h.fail(w, r, fmt.Errorf("%w: queue %s has no consumer group %q", streamq.ErrNotFound, name, group))
 		return
 	}
 	cs, err := a.Consumers(ctx)
@@ -196,7 +201,8 @@ func (h *Handler) queue(w http.ResponseWriter, r *http.Request) {
 		After, Next string
 		PageSize    int
 		Done        string
-	}{h.page(w, r, "Queue "+name), name, summarize(name, s), s, cs, rows, after, next, h.opts.PageSize, doneMessage(r.URL.Query())})
+		Group       string // whose dead letters: "" for the answering group
+	}{h.page(w, r, "Queue "+name), name, summarize(name, s), s, cs, rows, after, next, h.opts.PageSize, doneMessage(r.URL.Query()), group})
 }
 
 // doneMessage says what the action before a redirect did (fixed texts
@@ -246,7 +252,7 @@ func (h *Handler) job(w http.ResponseWriter, r *http.Request) {
 	data.Poll = 0
 	status := http.StatusOK
 	if name != "" && id != "" {
-		a, err := h.admin(ctx, name)
+		a, err := h.admin(ctx, name, "")
 		if err != nil {
 			h.fail(w, r, err)
 			return
@@ -318,7 +324,8 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), timeout)
 	defer cancel()
-	a, err := h.admin(ctx, name)
+	group := r.PostFormValue("group")
+	a, err := h.admin(ctx, name, group)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -328,6 +335,9 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	back := url.Values{"q": {name}, "done": {op}}
+	if group != "" {
+		back.Set("group", group)
+	}
 	if after := r.PostFormValue("after"); after != "" {
 		back.Set("after", after)
 	}
