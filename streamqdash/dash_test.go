@@ -428,3 +428,35 @@ func TestFanoutGroupDeadLetters(t *testing.T) {
 	require.Len(t, left, 1)
 	require.Equal(t, dls[1].DeadLetterID, left[0].DeadLetterID)
 }
+
+// TestManyQueues: the overview reads the queues' stats several at once and
+// lists them in order.
+func TestManyQueues(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	ctx := context.Background()
+	var want []string
+	for i := range 20 {
+		q := fmt.Sprintf("q%02d", i)
+		want = append(want, q)
+		p, err := streamq.NewProducer[string, string](client, q, &streamq.ProducerOptions{Logger: slog.New(slog.DiscardHandler)})
+		require.NoError(t, err)
+		for j := range i {
+			require.NoError(t, p.Enqueue(ctx, fmt.Sprint(j), "x"))
+		}
+		require.NoError(t, p.Close())
+	}
+	h, err := New(client, &Options{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	b := newBrowser(t, mount(t, h))
+	code, body, _ := b.get("api/stats")
+	require.Equal(t, http.StatusOK, code, body)
+	var st statsResponse
+	require.NoError(t, json.Unmarshal([]byte(body), &st))
+	require.Len(t, st.Queues, 20)
+	for i, q := range st.Queues {
+		require.Equal(t, want[i], q.Name)
+		require.EqualValues(t, i, q.Length)
+		require.Empty(t, q.Error)
+	}
+}

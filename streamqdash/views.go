@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -63,34 +64,59 @@ func summarize(name string, s streamq.Stats) QueueSummary {
 	return q
 }
 
-// summaries reads the stats of the queues (all shown ones when only is "").
+// summaryWorkers bounds how many queues' Stats one overview reads at once.
+const summaryWorkers = 8
+
+// summaries reads the stats of the queues (all shown ones when only is ""),
+// several at once, in the order of the list.
 func (h *Handler) summaries(ctx context.Context, only string) ([]QueueSummary, error) {
 	names, err := h.queues(ctx)
 	if err != nil {
 		return nil, err
 	}
 	if only != "" {
+		if _, err := h.admin(ctx, only, ""); err != nil {
+			return nil, err
+		}
 		names = []string{only}
 	}
-	out := make([]QueueSummary, 0, len(names))
-	for _, name := range names {
-		a, err := h.admin(ctx, name, "")
-		if err != nil {
-			return nil, err
-		}
-		s, err := a.Stats(ctx)
-		switch {
-		case errors.Is(err, streamq.ErrNotFound) && only == "":
-			continue // deleted since discovered
-		case err != nil && only == "":
-			out = append(out, QueueSummary{Name: name, Error: err.Error()})
-			continue
-		case err != nil:
-			return nil, err
-		}
-		out = append(out, summarize(name, s))
+	out := make([]QueueSummary, len(names))
+	errs := make([]error, len(names))
+	sem := make(chan struct{}, summaryWorkers)
+	var wg sync.WaitGroup
+	for i, name := range names {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			a, err := streamq.NewAdmin(h.client, name, &streamq.AdminOptions{StaleAfter: h.opts.StaleAfter})
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			s, err := a.Stats(ctx)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			out[i] = summarize(name, s)
+		}()
 	}
-	return out, nil
+	wg.Wait()
+	kept := out[:0]
+	for i, q := range out {
+		switch err := errs[i]; {
+		case err == nil:
+			kept = append(kept, q)
+		case only != "":
+			return nil, err
+		case errors.Is(err, streamq.ErrNotFound):
+			// deleted since discovered
+		default:
+			kept = append(kept, QueueSummary{Name: names[i], Error: err.Error()})
+		}
+	}
+	return kept, nil
 }
 
 // page is what every page template gets.
