@@ -48,20 +48,37 @@ required_core() {
 		{ want = 0 }'
 }
 
+# required_siblings DIR: "path version" of each nested module of this
+# repository that DIR/go.mod requires (an example module using two others).
+required_siblings() {
+	(cd "$1" && "$GO" mod edit -json) | awk -v core="$CORE" '
+		$1 == "\"Path\":" { gsub(/[",]/, "", $2); path = $2; next }
+		$1 == "\"Version\":" && index(path, core "/") == 1 { gsub(/[",]/, "", $2); print path, $2 }
+		{ path = "" }'
+}
+
 # module_path DIR: the module path declared in DIR/go.mod.
 module_path() {
 	awk '$1 == "module" { print $2; exit }' "$1/go.mod"
 }
 
 cmd_pin() {
-	local v dir
+	local v dir path old
 	v=$(pseudo HEAD)
 	for dir in $(nested_modules); do
 		(cd "$dir" && "$GO" mod edit -require="$CORE@$v")
 		echo "$dir: $CORE $v"
+		while read -r path old; do
+			[ -n "$path" ] || continue
+			(cd "$dir" && "$GO" mod edit -require="$path@$v")
+			echo "$dir: $path $v"
+		done < <(required_siblings "$dir")
 	done
 	echo "pinned to HEAD ($v); commit the go.mod files. Pin to a commit that is on main:"
-	echo "dependents resolve the core module at that commit."
+	echo "dependents resolve the core module at that commit. A nested module that"
+	echo "requires another (an example) resolves it at that commit too, whose go.mod"
+	echo "must itself be pinned: after pinning for the first time, commit, then run"
+	echo "\`make pin\` once more and commit again."
 }
 
 # add_version MODPATH VERSION ZIP GOMOD TIME: put one module version into the proxy.
@@ -93,7 +110,7 @@ archive() {
 }
 
 cmd_check() {
-	local dirs dir req hash full t headv snap modpath fails=0 pinned=() p
+	local dirs dir req hash full t headv snap modpath fails=0 pinned=() siblings=() p sib
 	dirs=$(nested_modules)
 	[ -n "$dirs" ] || { echo "modcheck: no nested modules"; return 0; }
 
@@ -128,6 +145,23 @@ cmd_check() {
 		fi
 		echo "modcheck: $dir requires $CORE $req"
 		pinned+=("$full")
+		while read -r sib req; do
+			[ -n "$sib" ] || continue
+			hash=${req##*-}
+			if [ "$req" = "$PLACEHOLDER" ] || ! full=$(git rev-parse -q --verify "$hash^{commit}" 2>/dev/null) ||
+				[ "$(pseudo "$full")" != "$req" ] || ! git merge-base --is-ancestor "$full" HEAD; then
+				echo "modcheck: FAIL $dir requires $sib $req, not a commit in HEAD's history: run \`make pin\`, commit, and run it once more (see pin)" >&2
+				fails=1
+				continue
+			fi
+			if [ "$(git show "$full:${sib#"$CORE/"}/go.mod" 2>/dev/null | awk -v core="$CORE" '$1 == core { print $2 } $1 == "require" && $2 == core { print $3 }' | head -1)" = "$PLACEHOLDER" ]; then
+				echo "modcheck: FAIL $dir requires $sib $req, whose go.mod at that commit requires $CORE at the placeholder: run \`make pin\` again and commit" >&2
+				fails=1
+				continue
+			fi
+			echo "modcheck: $dir requires $sib $req"
+			siblings+=("$sib $req $full")
+		done < <(required_siblings "$dir")
 	done
 	[ "$fails" = 0 ] || return 1
 
@@ -147,6 +181,16 @@ cmd_check() {
 		mkdir -p "$tmp/warm-$req"
 		git archive "$p" go.mod go.sum | tar -x -C "$tmp/warm-$req"
 		(cd "$tmp/warm-$req" && GOFLAGS=-mod=mod GOWORK=off "$GO" mod download)
+	done
+
+	# 2b. Nested modules that other nested modules require, each at the commit
+	# its pseudo-version names.
+	for p in "${siblings[@]}"; do
+		read -r sib req full <<<"$p"
+		t=$(TZ=UTC git show -s --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ "$full")
+		archive "$full" "${sib#"$CORE/"}" "$sib" "$req" "$tmp/sib.zip"
+		git show "$full:${sib#"$CORE/"}/go.mod" >"$tmp/sib.mod"
+		add_version "$sib" "$req" "$tmp/sib.zip" "$tmp/sib.mod" "$t"
 	done
 
 	# 3. Each nested module at HEAD's pseudo-version, from the working tree.
