@@ -33,6 +33,7 @@
 //   - Test: package streamqtest gives each test a Redis (a real server or
 //     miniredis), drains queues and asserts what was produced.
 //
-// Every exported error is a sentinel to match with errors.Is, its text
-// starting with "streamq: ". Logs go to a *slog.Logger.
+// Errors match the exported sentinels (ErrDeadLettered, ErrNotFound...) with
+// errors.Is, and their text starts with "streamq: " once. Logs go to a
+// *slog.Logger.
 package streamq
