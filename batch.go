@@ -214,7 +214,7 @@ type produceItem struct {
 	// due is when the request may start, in Unix milliseconds; 0: now.
 	due int64
 	// flags are single-letter switches for produce.lua: "r", due is a delay
-	// in milliseconds from the server's clock.
+	// in milliseconds from the server's clock; "f", RetryFailed.
 	flags string
 	// fields are extra stream fields, name then value, written beside the
 	// id and payload.
@@ -255,6 +255,9 @@ func (it *produceItem) apply(s produceSettings) error {
 	if h != "" {
 		it.fields = append(it.fields, fieldHeaders, h)
 		it.headerBytes = len(h)
+	}
+	if s.retryFailed {
+		it.flags += flagRetryFailed
 	}
 	return nil
 }

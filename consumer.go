@@ -259,7 +259,7 @@ func (c *Consumer[Req, Resp]) ensureGroupRetry(ctx context.Context) error {
 			return err
 		}
 		if c.opts.FailFast {
-			return fmt.Errorf("streamq: consumer start failed (FailFast): %s", unprefixed(err))
+			return wrapf(err, "consumer start failed (FailFast)")
 		}
 		c.log.Error("streamq: cannot create the consumer group; retrying", "err", err)
 		if sleepCtx(ctx, b.next()) != nil {

@@ -25,7 +25,25 @@ type produceSettings struct {
 	headers map[string]string
 	// deadline is set by Deadline or Timeout (zero: none).
 	deadline time.Time
+	// retryFailed is set by RetryFailed.
+	retryFailed bool
 }
+
+// RetryFailed lets the request run again when its id's stored outcome is a
+// failure: an error, a dead letter or a permanent error (the record that
+// ConsumerOptions.ResultTTL keeps). Without it, producing such an id returns
+// the stored failure at once, as it returns a stored result. With it, the
+// failure record is replaced and the request is appended (or scheduled, with
+// At or After) with this call's payload, as if the id were new. An id in
+// flight, or whose stored outcome is a success, is deduplicated as usual.
+// The old dead letter, if any, stays in the dead-letter stream.
+// Default: off.
+func RetryFailed() ProduceOption {
+	return func(s *produceSettings) { s.retryFailed = true }
+}
+
+// flagRetryFailed marks an item produced with RetryFailed (produce.lua).
+const flagRetryFailed = "f"
 
 // At delays the request until t: it is recorded (and deduplicated) at once,
 // kept in the queue's schedule, and appended to the stream when Redis's clock

@@ -378,10 +378,14 @@ func (p *Producer[Req, Resp]) settle(id string, c *call, out produceOutcome) (*P
 	pr := &Promise[Resp]{id: id, c: c, codec: p.opts.Codec, w: p.waiters, released: make(chan struct{})}
 	switch out.code {
 	case outcomeAppended, outcomeInflight:
+		if out.code == outcomeInflight {
+			pr.dedup = DedupInflight
+		}
 		pr.entryID = out.data
 		p.waiters.markAppended(c)
 		return pr, nil
 	case outcomeDone:
+		pr.dedup = DedupStored
 		p.waiters.resolve(id, c, out.data, nil)
 		return pr, nil
 	default:
@@ -697,7 +701,46 @@ type Promise[Resp any] struct {
 	once sync.Once
 	resp Resp
 	err  error
+
+	dedup Dedup // how Produce was answered
 }
+
+// Dedup says how Redis answered the Produce call of a promise.
+type Dedup int
+
+// The answers of a Produce call.
+const (
+	// DedupNone: the call recorded a new request (or, with RetryFailed,
+	// replaced a stored failure).
+	DedupNone Dedup = iota
+	// DedupInflight: a request with the id was in flight (queued, running,
+	// or waiting in the schedule): the promise waits for that request, and
+	// this call's payload and options were not used.
+	DedupInflight
+	// DedupStored: the id's outcome was stored (ResultTTL): the promise is
+	// resolved with it at once, and this call's payload was not used.
+	DedupStored
+)
+
+// String names the answer.
+func (d Dedup) String() string {
+	switch d {
+	case DedupNone:
+		return "new"
+	case DedupInflight:
+		return "attached to the request in flight"
+	case DedupStored:
+		return "answered from the stored outcome"
+	}
+	return fmt.Sprintf("Dedup(%d)", int(d))
+}
+
+// Deduplicated tells whether the Produce call was deduplicated, and how:
+// DedupNone when it recorded a new request, DedupInflight when it attached to
+// the request in flight under the same id, DedupStored when it got the id's
+// stored outcome. A deduplicated call's payload is not compared with the
+// first one's: it is dropped, whatever it holds.
+func (pr *Promise[Resp]) Deduplicated() Dedup { return pr.dedup }
 
 // ID returns the request id.
 func (pr *Promise[Resp]) ID() string { return pr.id }

@@ -2,6 +2,7 @@ package streamq
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -120,4 +121,21 @@ func TestStartAccessDenied(t *testing.T) {
 	require.ErrorIs(t, err, ErrAccessDenied)
 	require.True(t, strings.Contains(err.Error(), "WRONGPASS") || strings.Contains(err.Error(), "NOAUTH"), "%v", err)
 	require.NoError(t, root.Do(ctx, "ACL", "DELUSER", name).Err())
+}
+
+// TestErrorPrefixOnce (issue 17): error texts carry "streamq: " once, also
+// when they wrap another streamq error.
+func TestErrorPrefixOnce(t *testing.T) {
+	inner := errors.New("streamq: read \"k\" from source: object store says 503")
+	cases := []error{
+		&RequestError{Message: "streamq: fetch failed: boom", DeadLettered: true},
+		&RequestError{Message: "handler says no"},
+		wrapf(inner, "fetch failed after %d attempts", 3),
+		classifyRedisError(wrapf(errors.New("NOPERM this user has no permissions"), "create group")),
+	}
+	for _, err := range cases {
+		require.Equal(t, 1, strings.Count(err.Error(), "streamq:"), "%q", err.Error())
+	}
+	require.ErrorIs(t, cases[2], inner, "wrapf keeps the chain")
+	require.ErrorIs(t, cases[3], ErrAccessDenied)
 }

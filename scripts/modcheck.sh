@@ -196,7 +196,9 @@ cmd_check() {
 	# 3. Each nested module at HEAD's pseudo-version, from the working tree.
 	headv=$(pseudo HEAD)
 	t=$(TZ=UTC git show -s --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ HEAD)
-	snap=$(git stash create)
+	# A commit object of the working tree (none when it is clean); the
+	# identity is only for that object, which nothing references.
+	snap=$(git -c user.name=modcheck -c user.email=modcheck@localhost stash create)
 	snap=${snap:-HEAD}
 	for dir in $dirs; do
 		[ -n "$(required_core "$dir")" ] || continue

@@ -19,7 +19,9 @@
 -- ARGV[3...]       the items, one after another, each as:
 --                    request id, payload, due time (Unix ms of the server's
 --                    clock; "0": now), flags (single letters: "r", the due
---                    time is a delay in ms from now), f (a count),
+--                    time is a delay in ms from now; "f", a stored failure
+--                    "E..." or dead letter "L..." does not deduplicate: the
+--                    record is replaced as for a new id), f (a count),
 --                    then f strings: extra stream fields, name then value
 -- ARGV[after the items]    the wake channel, then "PUBLISH" or "SPUBLISH"
 --
@@ -72,6 +74,13 @@ local function enc(list)
   return table.concat(parts)
 end
 
+-- rerun reports whether item it replaces the stored outcome prev: a failure
+-- or dead letter, with flag "f" (RetryFailed).
+local function rerun(it, prev)
+  local c = string.sub(prev, 1, 1)
+  return (c == "E" or c == "L") and string.find(it.flags, "f", 1, true) ~= nil
+end
+
 -- The earliest job scheduled before this call (nil: none).
 local head
 local headRead = false
@@ -107,7 +116,10 @@ for i = 1, n do
       if type(prev) == "table" and prev.err then
         out[#out + 1] = -1
         out[#out + 1] = "key " .. key .. " holds a value that is not a streamq record"
-      elseif not prev then
+      elseif not prev or rerun(it, prev) then
+        if prev then
+          redis.call("SET", key, "P@" .. due, "PX", ttl + due - serverNow())
+        end
         if not headRead then
           local h = redis.call("ZRANGE", schedule, 0, 0, "WITHSCORES")
           if h[2] then
@@ -142,7 +154,10 @@ for i = 1, n do
         redis.call("XDEL", KEYS[1], eid)
         out[#out + 1] = -1
         out[#out + 1] = "key " .. key .. " holds a value that is not a streamq record"
-      elseif not prev then
+      elseif not prev or rerun(it, prev) then
+        if prev then
+          redis.call("SET", key, "P" .. eid, "PX", ttl)
+        end
         written[key] = eid
         out[#out + 1] = 0
         out[#out + 1] = eid
