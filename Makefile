@@ -16,11 +16,11 @@ APT_GET := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninterac
 FUZZ_TARGETS := $(shell grep -ho '^func Fuzz[A-Za-z0-9_]*' *_test.go | cut -c6-)
 FUZZ_TIME ?= 4s
 
-.PHONY: test fuzz redis-server cc bench quickstart
+.PHONY: test fuzz redis-server cc chromium bench quickstart
 
 ## test: vet and test the root module, then every nested module (a directory
 ## below the root with its own go.mod), then run the fuzz targets for a while.
-test: redis-server cc
+test: redis-server cc chromium
 	$(GO) mod tidy -diff
 	$(GO) vet ./...
 	CI=$${CI:-} $(GO) test $(TEST_FLAGS) ./...
@@ -52,6 +52,15 @@ redis-server:
 		$(APT_GET) update && $(APT_GET) install -y redis-server; \
 	fi
 	@redis-server --version
+
+## chromium: install Chromium with apt-get if it is not on PATH (the
+## dashboard's browser test, streamqdash, drives it headless).
+chromium:
+	@if ! command -v chromium >/dev/null 2>&1; then \
+		echo "chromium not found; installing it with apt-get"; \
+		$(APT_GET) update && $(APT_GET) install -y chromium; \
+	fi
+	@chromium --version 2>/dev/null
 
 ## cc: install gcc (needed by go test -race) with apt-get if missing.
 cc:

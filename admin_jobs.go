@@ -17,8 +17,8 @@ type JobState string
 
 // The states of a request.
 const (
-	// JobScheduled: produced with a due time that has not come yet. Reserved
-	// for delayed jobs; Job does not report it yet.
+	// JobScheduled: waiting in the schedule for its due time (Due): produced
+	// with At or After, or a retry waiting for its back-off.
 	JobScheduled JobState = "scheduled"
 	// JobQueued: in the stream, not held by any consumer of the group (not yet
 	// read, or released by a consumer that shut down).
@@ -35,7 +35,8 @@ const (
 	// (Error says why).
 	JobDeadLettered JobState = "dead-lettered"
 	// JobLost: the record says in flight, but its stream entry is gone and no
-	// consumer holds it (the stream was deleted or trimmed by hand). Producing
+	// consumer holds it (the stream was deleted or trimmed by hand), or it
+	// says scheduled and the schedule does not hold it (deleted by hand). Producing
 	// the id attaches to nothing until the record expires; Forget it.
 	JobLost JobState = "lost"
 )
@@ -53,10 +54,14 @@ type JobInfo struct {
 	// Enqueued is when the entry of a request in flight was appended (its
 	// stream id's time); zero once completed.
 	Enqueued time.Time `json:"enqueued,omitzero"`
+	// Due is when a scheduled request is appended to the stream (the Redis
+	// server's clock); zero in every other state.
+	Due time.Time `json:"due,omitzero"`
 	// Consumer is the consumer holding a running request.
 	Consumer string `json:"consumer,omitempty"`
 	// Deliveries is how many times a handler started on the request in
-	// flight so far (streamq's own count).
+	// flight so far (streamq's own count); for a scheduled retry, the starts
+	// before it.
 	Deliveries int `json:"deliveries"`
 	// Idle is, for a running request, the time since its consumer last read
 	// or renewed it (leases are renewed every MinIdle/3): a value well past
@@ -73,8 +78,8 @@ type JobInfo struct {
 	TTL time.Duration `json:"ttl_ns"`
 }
 
-// Job looks up a request id: whether it is queued, running (on which
-// consumer, after how many starts), or finished (with its stored result or
+// Job looks up a request id: whether it is scheduled (until when), queued,
+// running (on which consumer, after how many starts), or finished (with its stored result or
 // error), and how long Redis keeps its record. It returns ErrNotFound when
 // Redis holds no record of the id: never produced, expired (ResultTTL,
 // InflightTTL), or forgotten. The in-flight part is read for the Admin's
@@ -94,7 +99,7 @@ func (a *Admin) Job(ctx context.Context, id string) (JobInfo, error) {
 	}
 	info.Shard = keys.ShardOf(id, len(shards))
 	k := shards[info.Shard]
-	res, err := scripts.Job.Run(ctx, a.client, []string{k.Record(id), k.Stream, k.Starts(t.group)}, t.group).Slice()
+	res, err := scripts.Job.Run(ctx, a.client, []string{k.Record(id), k.Stream, k.Starts(t.group), k.Schedule, k.ScheduleData}, t.group, id).Slice()
 	if err != nil {
 		return info, fmt.Errorf("streamq: look up %q in %s: %w", id, a.queue, err)
 	}
@@ -121,6 +126,20 @@ func (a *Admin) Job(ctx context.Context, id string) (JobInfo, error) {
 	case "L":
 		info.State, info.Error = JobDeadLettered, value
 	case "P":
+		if due, ok := strings.CutPrefix(value, "@"); ok {
+			// Scheduled: a delayed request or a retry waiting for its back-off.
+			info.State = JobScheduled
+			if ms, err := strconv.ParseInt(due, 10, 64); err == nil {
+				info.Due = time.UnixMilli(ms)
+			}
+			if s, ok := res[5].(string); ok {
+				info.Deliveries, _ = strconv.Atoi(s)
+			}
+			if present, _ := res[2].(int64); present == 0 {
+				info.State = JobLost
+			}
+			break
+		}
 		info.EntryID = value
 		if ms, _, ok := strings.Cut(value, "-"); ok {
 			if n, err := strconv.ParseInt(ms, 10, 64); err == nil {
@@ -131,8 +150,6 @@ func (a *Admin) Job(ctx context.Context, id string) (JobInfo, error) {
 			info.Deliveries, _ = strconv.Atoi(s)
 		}
 		present, _ := res[2].(int64)
-		// Delayed jobs: a request due later is reported JobScheduled here,
-		// before the queued/running checks.
 		switch holder, _ := res[3].(string); {
 		case holder != "":
 			idle, _ := res[4].(int64)
@@ -154,7 +171,9 @@ var ErrJobRunning = errors.New("streamq: the request is running")
 
 // Forget makes Redis forget a request id, so that producing the id again runs
 // it again. A finished request's record (result or error) is deleted. A
-// queued request is removed from the stream too: it will not run. A running
+// queued request is removed from the stream too, and a scheduled one from the
+// schedule: it will not run (a caller waiting for it is not told; Cancel
+// tells callers). A running
 // request is refused with ErrJobRunning (naming the consumer) unless force is
 // set; forced, its entry is also acknowledged for the Admin's group, so no
 // consumer runs it again, but a handler running now is not stopped and, if it
@@ -178,7 +197,7 @@ func (a *Admin) Forget(ctx context.Context, id string, force bool) error {
 	if force {
 		f = "1"
 	}
-	res, err := scripts.Forget.Run(ctx, a.client, []string{k.Record(id), k.Stream, k.Starts(t.group)}, t.group, f).StringSlice()
+	res, err := scripts.Forget.Run(ctx, a.client, []string{k.Record(id), k.Stream, k.Starts(t.group), k.Schedule, k.ScheduleData}, t.group, f, id).StringSlice()
 	if err != nil {
 		return fmt.Errorf("streamq: forget %q in %s: %w", id, a.queue, err)
 	}

@@ -223,6 +223,18 @@ type produceItem struct {
 	// MaxPayloadBytes with the payload.
 	headerBytes int
 	out         chan produceOutcome // buffered: the sender never blocks
+	// done, when set (Send), takes the outcome instead of out; it runs on
+	// the coalescer's goroutine.
+	done func(produceOutcome)
+}
+
+// deliver passes the item's outcome to whoever waits for it.
+func (it *produceItem) deliver(out produceOutcome) {
+	if it.done != nil {
+		it.done(out)
+		return
+	}
+	it.out <- out
 }
 
 // apply copies what a call's options set into the item.
@@ -316,7 +328,7 @@ func (p *Producer[Req, Resp]) sendCoalesced(batch []*produceItem) {
 	live := batch[:0:0]
 	for _, it := range batch {
 		if err := it.ctx.Err(); err != nil {
-			it.out <- produceOutcome{err: err}
+			it.deliver(produceOutcome{err: err})
 			continue
 		}
 		live = append(live, it)
@@ -325,9 +337,9 @@ func (p *Producer[Req, Resp]) sendCoalesced(batch []*produceItem) {
 		outs, errs := p.runShards(p.lifetime, live, false)
 		for i, it := range live {
 			if errs[i] != nil {
-				it.out <- produceOutcome{err: errs[i]}
+				it.deliver(produceOutcome{err: errs[i]})
 			} else {
-				it.out <- outs[i]
+				it.deliver(outs[i])
 			}
 		}
 	}

@@ -307,11 +307,15 @@ func TestProduceInterceptor(t *testing.T) {
 	require.EqualError(t, err, "a refused")
 	_, err = p.ProduceBatch(ctx, []Job[string]{{ID: "drop-a", Request: "x"}})
 	require.ErrorIs(t, err, ErrIntercepted)
+	trail = nil
+	require.NoError(t, p.Send(ctx, "sent", "x"))
+	require.NoError(t, p.Flush(ctx))
+	require.Equal(t, []string{"a>sent", "b>sent", "b<", "a<"}, trail, "Send is intercepted too")
 	a, err := NewAdmin(client, q, nil)
 	require.NoError(t, err)
 	st, err := a.Stats(ctx)
 	require.NoError(t, err)
-	require.EqualValues(t, 1, st.Length, "only x was sent")
+	require.EqualValues(t, 2, st.Length, "only x and sent were sent")
 }
 
 // TestDeadlinePassedNeverRuns: a request whose deadline passed before it

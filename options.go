@@ -129,6 +129,14 @@ type ProducerOptions struct {
 	// that ran. Defaults to DefaultBackstopInterval (5s).
 	BackstopInterval time.Duration
 
+	// OnSendError receives each request accepted by Send that could not be
+	// written (the error says why; the request may or may not be recorded
+	// when the round trip failed midway, and sending its id again is safe).
+	// It runs on the producer's sending goroutine: it must not block.
+	// Defaults to nil: the failure is logged at Error level. Flush reports
+	// failures either way.
+	OnSendError func(id string, err error)
+
 	// CloseTimeout bounds Close: how long it waits for accepted requests to be
 	// sent and for the producer's goroutines to stop, whatever the connection
 	// does. Requests still in a round trip after it get ErrClosed with an
@@ -142,7 +150,7 @@ type ProducerOptions struct {
 	// Defaults to 1.
 	Shards int
 
-	// Interceptors wrap every Produce, Enqueue and ProduceBatch call, the
+	// Interceptors wrap every Produce, Enqueue, Send and ProduceBatch call, the
 	// first outermost: to set headers from ctx (a trace context), to count
 	// or time calls. See ProduceInterceptor. Defaults to none.
 	Interceptors []ProduceInterceptor

@@ -48,6 +48,7 @@ type Producer[Req, Resp any] struct {
 	batcher *coalescer[*produceItem]
 	budget  *byteBudget
 	waiters *waiters
+	sends   sendTracker // requests Send accepted, for Flush
 
 	metaOK     atomic.Bool // the queue's recorded shard count matches ours
 	subscribed atomic.Bool // subs are confirmed and the loops run

@@ -567,3 +567,22 @@ func TestRetryInFanoutGroup(t *testing.T) {
 	require.Equal(t, []int{1, 2}, runs["answer"])
 	require.Equal(t, []int{1, 2}, runs["audit"])
 }
+
+// TestStatsOfAQueueWithOnlyScheduledJobs: a queue whose only job waits in
+// the schedule exists for Admin, and Stats counts the job; both backends.
+func TestStatsOfAQueueWithOnlyScheduledJobs(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		p, err := NewProducer[string, string](client, q, nil)
+		require.NoError(t, err)
+		defer p.Close()
+		require.NoError(t, p.Enqueue(ctx, "later", "x", After(time.Hour)))
+		a, err := NewAdmin(client, q, nil)
+		require.NoError(t, err)
+		st, err := a.Stats(ctx)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, st.Scheduled)
+		require.Zero(t, st.Length)
+	})
+}

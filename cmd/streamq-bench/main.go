@@ -7,7 +7,8 @@
 //
 // NAME is one of:
 //
-//	throughput  fire-and-forget: P producers Enqueue from many goroutines each,
+//	throughput  fire-and-forget: P producers Enqueue (with -send: Send, then
+//	            Flush) from -callers goroutines each,
 //	            C consumers with W workers in all run a no-op handler and discard
 //	            results. Baseline: P goroutines XADD pipelined in batches of 16,
 //	            W goroutines XREADGROUP COUNT 100 and pipeline XACK+XDEL.
@@ -100,6 +101,7 @@ type config struct {
 	ring       int
 	sendConc   int
 	json       bool
+	send       bool
 	cpuprofile string
 	verbose    bool
 	breakdown  bool
@@ -146,6 +148,7 @@ func run() error {
 	flag.IntVar(&cfg.depth, "depth", 16, "prefetch ring depth (prefetch)")
 	flag.IntVar(&cfg.sendConc, "send-concurrency", 0, "ProducerOptions.Concurrency of each producer in throughput and rpc; 0 keeps the library default")
 	flag.IntVar(&cfg.ring, "ring", 0, "ConsumerOptions.Prefetch of each consumer in throughput and rpc; 0 keeps the library default")
+	flag.BoolVar(&cfg.send, "send", false, "throughput: submit with Producer.Send (no per-call acknowledgement) and Flush, instead of Enqueue")
 	flag.BoolVar(&cfg.json, "json", false, "print JSON lines instead of a table")
 	flag.StringVar(&cfg.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole program to this file")
 	flag.BoolVar(&cfg.verbose, "v", false, "show the library's info logs")

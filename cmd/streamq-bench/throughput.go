@@ -21,9 +21,9 @@ func runThroughput(ctx context.Context, e *env, n int) error {
 		func() (Result, error) { return throughputBaseline(ctx, e, n, pad) })
 }
 
-// throughputStreamq: P producers, each Enqueue-ing from -callers goroutines so
-// that concurrent calls coalesce; C consumers with W workers in all,
-// DiscardResults.
+// throughputStreamq: P producers, each Enqueue-ing (or, with -send, Send-ing)
+// from -callers goroutines so that concurrent calls coalesce; C consumers
+// with W workers in all, DiscardResults.
 func throughputStreamq(ctx context.Context, e *env, n int, pad string) (Result, error) {
 	q := e.queue("throughput", "streamq")
 	t := newTracker(n)
@@ -67,6 +67,12 @@ func throughputStreamq(ctx context.Context, e *env, n int, pad string) (Result, 
 						return nil
 					}
 					j := job{Seq: i, T: time.Now().UnixNano(), Pad: pad}
+					if e.cfg.send {
+						if err := p.Send(ctx, jobID(i), j); err != nil {
+							return fmt.Errorf("Send: %w", err)
+						}
+						continue
+					}
 					if err := p.Enqueue(ctx, jobID(i), j); err != nil {
 						return fmt.Errorf("Enqueue: %w", err)
 					}
@@ -76,6 +82,11 @@ func throughputStreamq(ctx context.Context, e *env, n int, pad string) (Result, 
 	}
 	if err := g.Wait(); err != nil {
 		return Result{}, err
+	}
+	for _, p := range producers {
+		if err := p.Flush(ctx); err != nil {
+			return Result{}, err
+		}
 	}
 	if err := finish(ctx, e, m, t, streamKey(q), streamq.DefaultGroup); err != nil {
 		return Result{}, err

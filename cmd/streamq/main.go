@@ -1,6 +1,7 @@
 // Command streamq inspects and repairs streamq queues in Redis: queues and
 // their statistics, consumers and whether they are live, dead letters (list,
-// show, requeue, purge), one request id's status, forgetting an id, trimming.
+// show, requeue, purge), one request id's status, forgetting an id, pausing
+// and resuming a queue, trimming.
 //
 //	go install github.com/streamq/streamq/cmd/streamq@latest
 //	streamq --redis redis://localhost:6379/0 queues

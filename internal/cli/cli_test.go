@@ -93,7 +93,8 @@ func normalize(s string) string {
 
 // deadLetterSetup fills queue "orders" on srv: ok-1..ok-3 succeed, bad-1..bad-3
 // are dead-lettered ("card declined"); the consumer "worker-1" is stopped
-// afterwards. It also creates queue "emails" with a backlog of 2.
+// afterwards. It also creates queue "emails" with a backlog of 2 and one
+// request scheduled an hour ahead.
 func deadLetterSetup(t *testing.T, client *redis.Client) {
 	t.Helper()
 	ctx := context.Background()
@@ -131,6 +132,8 @@ func deadLetterSetup(t *testing.T, client *redis.Client) {
 	defer e.Close()
 	require.NoError(t, e.Enqueue(ctx, "welcome-1", "hi"))
 	require.NoError(t, e.Enqueue(ctx, "welcome-2", "hi"))
+	_, err = e.Produce(ctx, "welcome-later", "hi", streamq.After(time.Hour))
+	require.NoError(t, err)
 }
 
 // TestCLISession is an operator's session against a queue with dead letters:
@@ -170,6 +173,18 @@ func TestCLISession(t *testing.T) {
 	s.golden("purge-all", 0, "dlq", "purge", "orders", "--all", "--yes")
 	s.golden("dlq-ls-empty", 0, "dlq", "ls", "orders")
 	s.golden("trim", 0, "trim", "orders")
+
+	s.golden("job-scheduled", 0, "job", "emails", "welcome-later")
+	s.golden("pause", 0, "pause", "emails")
+	s.golden("stats-paused", 0, "stats", "emails")
+	st, err := mustAdmin(t, client, "emails").Stats(ctx)
+	require.NoError(t, err)
+	require.True(t, st.Paused)
+	s.golden("resume", 0, "resume", "emails")
+	st, err = mustAdmin(t, client, "emails").Stats(ctx)
+	require.NoError(t, err)
+	require.False(t, st.Paused)
+	s.golden("pause-unknown-queue", ExitNotFound, "pause", "ordrs")
 
 	s.golden("stats-unknown-queue", ExitNotFound, "stats", "ordrs")
 	s.golden("unknown-command", ExitUsage, "stat", "orders")
@@ -250,4 +265,11 @@ func TestCLIBinary(t *testing.T) {
 	out, err = exec.Command(bin, "version").Output()
 	require.NoError(t, err)
 	require.True(t, strings.HasPrefix(string(out), "streamq "), "%s", out)
+}
+
+func mustAdmin(t *testing.T, client *redis.Client, queue string) *streamq.Admin {
+	t.Helper()
+	a, err := streamq.NewAdmin(client, queue, nil)
+	require.NoError(t, err)
+	return a
 }

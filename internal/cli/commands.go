@@ -23,10 +23,12 @@ func init() {
 a cluster), with its backlog, pending entries, dead letters and live consumers.`,
 			flags: staleFlag, run: queues},
 		{name: "stats", args: "<queue>", summary: "statistics of one queue (--watch to refresh)", read: true,
-			help: `Shows a queue's backlog (LENGTH), dead letters, and per consumer group: live
-and stale consumers, entries read and not acknowledged (PENDING), entries not
-yet read (LAG), the longest-idle pending entry, and outcome totals. With
---watch it refreshes every --interval, adding succeeded/failed per second.`,
+			help: `Shows a queue's backlog (LENGTH), scheduled jobs (delayed, or retries waiting
+for their back-off), dead letters, whether it is paused, and per consumer
+group: live and stale consumers, entries read and not acknowledged
+(PENDING), entries not yet read (LAG), the longest-idle pending entry, and
+outcome totals. With --watch it refreshes every --interval, adding
+succeeded/failed per second.`,
 			flags: func(fs *flag.FlagSet, o *opts) {
 				staleFlag(fs, o)
 				fs.BoolVar(&o.watch, "watch", false, "refresh until interrupted (Ctrl-C)")
@@ -68,14 +70,16 @@ and payload; callers producing the id from now on get the new outcome.
 				fs.BoolVar(&o.yes, "yes", false, "confirm the deletion")
 			}, run: dlqPurge},
 		{name: "job", args: "<queue> <request-id>", summary: "where one request id stands", read: true,
-			help: `Shows a request id's state: queued, running (on which consumer, after how many
-starts), succeeded (with its stored result), failed or dead-lettered (with the
-error), and how long Redis keeps its record. Exit code 3 when Redis holds no
+			help: `Shows a request id's state: scheduled (due when: delayed, or a retry waiting
+for its back-off), queued, running (on which consumer, after how many starts),
+succeeded (with its stored result), failed or dead-lettered (with the error),
+and how long Redis keeps its record. Exit code 3 when Redis holds no
 record of the id (never produced, expired, or forgotten).`,
 			flags: groupFlag, run: job},
 		{name: "forget", args: "<queue> <request-id>", summary: "make Redis forget an id so it can run again (needs --yes)",
 			help: `Deletes a request id's record so that producing the id again runs it again. A
-queued request is removed from the stream (it will not run). A running one is
+queued request is removed from the stream and a scheduled one from the
+schedule (neither will run). A running one is
 refused unless --force; forced, its handler is not stopped and, if it
 finishes, records its outcome again. Needs --yes.`,
 			flags: func(fs *flag.FlagSet, o *opts) {
@@ -83,6 +87,17 @@ finishes, records its outcome again. Needs --yes.`,
 				fs.BoolVar(&o.force, "force", false, "forget even while a consumer runs it")
 				fs.BoolVar(&o.yes, "yes", false, "confirm")
 			}, run: forget},
+		{name: "pause", args: "<queue>", summary: "stop consumers from starting handlers",
+			help: `Pauses the queue: within about half a second no consumer of any group starts
+a handler. Running handlers finish; producers keep adding requests, which
+wait. The pause is kept in Redis, so it holds across consumer restarts until
+'streamq resume'. Pausing a paused queue changes nothing.`,
+			run: pause},
+		{name: "resume", args: "<queue>", summary: "let consumers start handlers again",
+			help: `Resumes a paused queue: consumers start handlers again within about half a
+second and work off what waited. Resuming a queue that is not paused changes
+nothing.`,
+			run: resume},
 		{name: "trim", args: "<queue>", summary: "trim acknowledged entries now",
 			help: `Removes the stream entries every consumer group has acknowledged, as the
 consumers' periodic trim does; never an entry a group still needs.`,
@@ -223,7 +238,14 @@ func stats(ctx context.Context, r *runner) error {
 
 // printStats prints s; with prev and elapsed > 0 also the rates since prev.
 func (r *runner) printStats(s streamq.Stats, prev *streamq.Stats, elapsed time.Duration) error {
-	fmt.Fprintf(r.stdout, "queue %s: %d entries, %d dead letters\n", r.args[0], s.Length, s.DeadLetters)
+	fmt.Fprintf(r.stdout, "queue %s: %d entries, %d scheduled, %d dead letters\n", r.args[0], s.Length, s.Scheduled, s.DeadLetters)
+	if s.Paused {
+		since := ""
+		if !s.PausedAt.IsZero() {
+			since = " since " + s.PausedAt.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(r.stdout, "PAUSED%s: no handler starts until 'streamq resume %s'\n", since, r.args[0])
+	}
 	if len(s.Groups) == 0 {
 		fmt.Fprintln(r.stdout, "no consumer group yet (no consumer has run)")
 		return nil
@@ -256,7 +278,7 @@ func (r *runner) printStats(s streamq.Stats, prev *streamq.Stats, elapsed time.D
 		return err
 	}
 	for _, g := range s.Groups {
-		if g.Consumers == 0 && (g.Lag != 0 || g.Pending > 0) {
+		if g.Consumers == 0 && (g.Lag != 0 || g.Pending > 0) && !s.Paused {
 			fmt.Fprintf(r.stdout, "warning: group %s has work and no live consumer\n", g.Name)
 		}
 	}
@@ -571,6 +593,12 @@ func job(ctx context.Context, r *runner) error {
 		fmt.Fprintf(tw, "entry\t%s (shard %d)\nenqueued\t%s (%s ago)\ndeliveries\t%d\n", j.EntryID, j.Shard,
 			j.Enqueued.UTC().Format(time.RFC3339), fmtDuration(time.Since(j.Enqueued)), j.Deliveries)
 	}
+	if j.State == streamq.JobScheduled || (j.State == streamq.JobLost && !j.Due.IsZero()) {
+		fmt.Fprintf(tw, "due\t%s (in %s)\n", j.Due.UTC().Format(time.RFC3339), fmtDuration(time.Until(j.Due)))
+		if j.Deliveries > 0 {
+			fmt.Fprintf(tw, "deliveries\t%d (a retry)\n", j.Deliveries)
+		}
+	}
 	if j.State == streamq.JobRunning {
 		fmt.Fprintf(tw, "consumer\t%s\nlease renewed\t%s ago\n", j.Consumer, fmtDuration(j.Idle))
 	}
@@ -633,3 +661,36 @@ func trim(ctx context.Context, r *runner) error {
 }
 
 func encodeBase64(b []byte) string { return base64.StdEncoding.EncodeToString(b) }
+
+func pause(ctx context.Context, r *runner) error { return setPaused(ctx, r, true) }
+
+func resume(ctx context.Context, r *runner) error { return setPaused(ctx, r, false) }
+
+// setPaused pauses or resumes the queue named by the argument, which must exist.
+func setPaused(ctx context.Context, r *runner, paused bool) error {
+	if err := r.need(1, "<queue>"); err != nil {
+		return err
+	}
+	a, err := r.admin(r.args[0])
+	if err != nil {
+		return err
+	}
+	ctx, cancel := r.withTimeout(ctx)
+	defer cancel()
+	if _, err := a.Stats(ctx); err != nil { // ErrNotFound for a misspelled queue
+		return err
+	}
+	if paused {
+		if err := a.Pause(ctx); err != nil {
+			return err
+		}
+		fmt.Fprintf(r.stdout, "paused %s: consumers start no handler from within %v ('streamq resume %s' undoes it)\n",
+			r.args[0], streamq.PauseCheckInterval, r.args[0])
+		return nil
+	}
+	if err := a.Resume(ctx); err != nil {
+		return err
+	}
+	fmt.Fprintf(r.stdout, "resumed %s\n", r.args[0])
+	return nil
+}

@@ -4,23 +4,32 @@
 -- A request still in flight ("P<entry id>") is refused while a consumer of
 -- the group holds its entry, unless forced. Otherwise its entry is deleted
 -- (a queued request will not run), acknowledged for the group when forced,
--- and its start count removed. Then the record is deleted. Every write frees
--- memory, so nothing here is refused under maxmemory.
+-- and its start count removed. A scheduled request ("P@<due>": delayed, or a
+-- retry waiting for its back-off) is removed from the schedule, so it will
+-- not run either. Then the record is deleted. Every write frees memory, so
+-- nothing here is refused under maxmemory.
 --
 -- KEYS[1]  the request's record
 -- KEYS[2]  the stream of the request's shard
 -- KEYS[3]  the group's start-count hash (see charge.lua)
+-- KEYS[4]  the shard's schedule (sorted set)
+-- KEYS[5]  the schedule's data (hash)
 -- ARGV[1]  consumer group
 -- ARGV[2]  "1": forget even while a consumer holds the entry
+-- ARGV[3]  the request id (its member in the schedule is "r" .. id)
 --
 -- Returns {"missing"} when there is no record; {"held", consumer} when a
 -- consumer holds the entry and ARGV[2] is not "1"; otherwise {"ok", the
 -- record's value before it was deleted}.
+local member = "r" .. ARGV[3]
 local rec = redis.call("GET", KEYS[1])
 if not rec then
   return {"missing"}
 end
-if string.sub(rec, 1, 1) == "P" then
+if string.sub(rec, 1, 2) == "P@" then
+  redis.call("ZREM", KEYS[4], member)
+  redis.call("HDEL", KEYS[5], member)
+elseif string.sub(rec, 1, 1) == "P" then
   local eid = string.sub(rec, 2)
   local ok, p = pcall(redis.call, "XPENDING", KEYS[2], ARGV[1], eid, eid, 1)
   if ok and p[1] then

@@ -5,11 +5,18 @@
 -- KEYS[1]  the request's record
 -- KEYS[2]  the stream of the request's shard
 -- KEYS[3]  the group's start-count hash (see charge.lua)
+-- KEYS[4]  the shard's schedule (sorted set)
+-- KEYS[5]  the schedule's data (hash)
 -- ARGV[1]  consumer group
+-- ARGV[2]  the request id (its member in the schedule is "r" .. id)
 --
--- Returns {record or false, record PTTL in ms, entry present 0/1, holder
--- consumer or false, holder idle ms or false, starts or false}. The last four
--- are read only when the record says "P<entry id>" (in flight).
+-- Returns {record or false, record PTTL in ms, present 0/1, holder consumer
+-- or false, holder idle ms or false, starts or false}. The last four are read
+-- only while the request is in flight: for "P<entry id>", present says the
+-- entry is in the stream; for "P@<due>" (scheduled), present says the request
+-- is in the schedule, and starts is the start count its schedule data carries
+-- (a retry's starts so far; "0" for a delayed request).
+local member = "r" .. ARGV[2]
 local rec = redis.call("GET", KEYS[1])
 if not rec then
   return {false, -2, 0, false, false, false}
@@ -17,6 +24,34 @@ end
 local ttl = redis.call("PTTL", KEYS[1])
 if string.sub(rec, 1, 1) ~= "P" then
   return {rec, ttl, 0, false, false, false}
+end
+if string.sub(rec, 2, 2) == "@" then
+  local raw = redis.call("HGET", KEYS[5], member)
+  local present = 0
+  if redis.call("ZSCORE", KEYS[4], member) then
+    present = 1
+  end
+  local starts = false
+  if raw then
+    -- Length-prefixed strings: record key, start-count hash key, count, ...
+    local pos, i = 1, 0
+    while pos <= #raw and i < 3 do
+      local colon = string.find(raw, ":", pos, true)
+      if not colon then
+        break
+      end
+      local len = tonumber(string.sub(raw, pos, colon - 1))
+      if not len then
+        break
+      end
+      i = i + 1
+      if i == 3 then
+        starts = string.sub(raw, colon + 1, colon + len)
+      end
+      pos = colon + 1 + len
+    end
+  end
+  return {rec, ttl, present, false, false, starts}
 end
 local eid = string.sub(rec, 2)
 local present = 0

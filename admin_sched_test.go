@@ -1,0 +1,84 @@
+package streamq
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+)
+
+// TestAdminJobScheduled: a delayed request and a retry waiting for its
+// back-off are reported scheduled, with their due time (and, for the retry,
+// the starts so far); Forget of a scheduled request removes it from the
+// schedule, so it never runs. Before, Job failed on a "P@<due>" record
+// (job.lua read it as an entry id) and so did Forget.
+func TestAdminJobScheduled(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		p := newStringProducer(t, client, q)
+		before := time.Now()
+		_, err := p.Produce(ctx, "later", "x", After(time.Hour))
+		require.NoError(t, err)
+		_, err = p.Produce(ctx, "forgotten", "x", After(time.Hour))
+		require.NoError(t, err)
+		admin, err := NewAdmin(client, q, nil)
+		require.NoError(t, err)
+
+		j, err := admin.Job(ctx, "later")
+		require.NoError(t, err)
+		require.Equal(t, JobScheduled, j.State)
+		require.WithinDuration(t, before.Add(time.Hour), j.Due, 5*time.Second)
+		require.Empty(t, j.EntryID)
+		require.Zero(t, j.Deliveries)
+		require.Greater(t, j.TTL, time.Hour)
+
+		require.NoError(t, admin.Forget(ctx, "forgotten", false))
+		_, err = admin.Job(ctx, "forgotten")
+		require.ErrorIs(t, err, ErrNotFound)
+		s, err := admin.Stats(ctx)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, s.Scheduled, "the forgotten request left the schedule")
+		require.NoError(t, admin.Cancel(ctx, "later"))
+	})
+}
+
+// TestAdminJobRetryScheduled: a request whose handler asked for a retry later
+// is scheduled with its start count; Forget removes it; a consumer running
+// meanwhile never starts it again.
+func TestAdminJobRetryScheduled(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	p := newStringProducer(t, client, q)
+	starts := make(chan int, 10)
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		starts <- m.Deliveries
+		return "", RetryAfter(errors.New("not yet"), time.Hour)
+	}, &ConsumerOptions{Name: "w", ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+	require.NoError(t, err)
+	stop := runConsumer(t, c)
+	require.NoError(t, p.Enqueue(ctx, "retry", "x"))
+	require.Equal(t, 1, <-starts)
+	admin, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	var j JobInfo
+	eventually(t, 10*time.Second, func() bool {
+		j, err = admin.Job(ctx, "retry")
+		return err == nil && j.State == JobScheduled
+	}, "the retry is scheduled: %+v %v", j, err)
+	require.WithinDuration(t, time.Now().Add(time.Hour), j.Due, 10*time.Second)
+	require.Equal(t, 1, j.Deliveries, "starts so far")
+	require.NoError(t, admin.Forget(ctx, "retry", false))
+	_, err = admin.Job(ctx, "retry")
+	require.ErrorIs(t, err, ErrNotFound)
+	s, err := admin.Stats(ctx)
+	require.NoError(t, err)
+	require.Zero(t, s.Scheduled)
+	stop()
+	require.Empty(t, starts)
+}

@@ -1,0 +1,358 @@
+package streamqdash
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamq/streamq"
+	"github.com/streamq/streamq/internal/redistest"
+)
+
+// fill makes queue "orders" on client: ok-1..ok-3 succeed, bad-1..bad-3 are
+// dead-lettered ("card declined") by consumer "worker-1", which then stops.
+func fill(t testing.TB, client *redis.Client) {
+	t.Helper()
+	ctx := context.Background()
+	log := slog.New(slog.DiscardHandler)
+	p, err := streamq.NewProducer[string, string](client, "orders", &streamq.ProducerOptions{Logger: log})
+	require.NoError(t, err)
+	defer p.Close()
+	c, err := streamq.NewConsumer(client, "orders", func(ctx context.Context, m *streamq.Message[string]) (string, error) {
+		if strings.HasPrefix(m.ID, "bad") {
+			return "", streamq.Permanent(errors.New("card declined"))
+		}
+		return "receipt for " + m.Payload, nil
+	}, &streamq.ConsumerOptions{Name: "worker-1", ReadBlock: 50 * time.Millisecond, Logger: log})
+	require.NoError(t, err)
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	for _, id := range []string{"ok-1", "bad-1", "ok-2", "bad-2", "ok-3", "bad-3"} {
+		pr, err := p.Produce(ctx, id, "order "+id)
+		require.NoError(t, err)
+		wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+		_, err = pr.Wait(wctx)
+		wcancel()
+		if strings.HasPrefix(id, "bad") {
+			require.ErrorIs(t, err, streamq.ErrDeadLettered)
+		} else {
+			require.NoError(t, err)
+		}
+	}
+	cancel()
+	require.NoError(t, <-done)
+}
+
+// browser is an HTTP client with cookies that does not follow redirects.
+type browser struct {
+	t    testing.TB
+	c    *http.Client
+	base string // the dashboard's URL, ending in "/"
+}
+
+func newBrowser(t testing.TB, base string) *browser {
+	jar, err := cookiejar.New(nil)
+	require.NoError(t, err)
+	return &browser{t: t, base: base, c: &http.Client{Jar: jar, Timeout: 30 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
+}
+
+func (b *browser) get(path string) (int, string, http.Header) {
+	b.t.Helper()
+	resp, err := b.c.Get(b.base + path)
+	require.NoError(b.t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(b.t, err)
+	return resp.StatusCode, string(body), resp.Header
+}
+
+func (b *browser) post(form url.Values, header http.Header) (int, string, http.Header) {
+	b.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, b.base+"action", strings.NewReader(form.Encode()))
+	require.NoError(b.t, err)
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	resp, err := b.c.Do(req)
+	require.NoError(b.t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(b.t, err)
+	return resp.StatusCode, string(body), resp.Header
+}
+
+var csrfField = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+
+// token reads the form token from the queue page (setting the cookie).
+func (b *browser) token(queue string) string {
+	b.t.Helper()
+	code, body, _ := b.get("queue?q=" + queue)
+	require.Equal(b.t, http.StatusOK, code, body)
+	m := csrfField.FindStringSubmatch(body)
+	require.NotNil(b.t, m, "no form token on the queue page")
+	return m[1]
+}
+
+// mount serves h under /ops/queues/ as a host would.
+func mount(t testing.TB, h http.Handler) string {
+	mux := http.NewServeMux()
+	mux.Handle("/ops/queues/", http.StripPrefix("/ops/queues", h))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv.URL + "/ops/queues/"
+}
+
+func TestPages(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	fill(t, client)
+	ctx := context.Background()
+	h, err := New(client, &Options{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	base := mount(t, h)
+	b := newBrowser(t, base)
+
+	// Asked without the trailing slash (mounted with a pattern that has
+	// none): a relative redirect to it, which the relative links need.
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodGet, "/ops/queues", nil)
+	http.StripPrefix("/ops/queues", h).ServeHTTP(rec, req)
+	require.Equal(t, http.StatusMovedPermanently, rec.Code)
+	require.Equal(t, "./queues/", rec.Header().Get("Location"))
+
+	code, body, hdr := b.get("")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `<a href="queue?q=orders">orders</a>`)
+	require.Contains(t, hdr.Get("Content-Security-Policy"), "default-src 'self'")
+
+	admin, err := streamq.NewAdmin(client, "orders", nil)
+	require.NoError(t, err)
+	s, err := admin.Stats(ctx)
+	require.NoError(t, err)
+	code, body, _ = b.get("api/stats")
+	require.Equal(t, http.StatusOK, code, body)
+	var st statsResponse
+	require.NoError(t, json.Unmarshal([]byte(body), &st))
+	require.Equal(t, []QueueSummary{summarize("orders", s)}, st.Queues)
+	require.EqualValues(t, 3, st.Queues[0].DeadLetters)
+	require.EqualValues(t, 3, st.Queues[0].Succeeded)
+
+	code, body, _ = b.get("queue?q=orders")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `id="q-dead" data-f="dead_letters">3<`)
+	require.Contains(t, body, "worker-1")
+	require.Equal(t, 3, strings.Count(body, "card declined"))
+	require.Equal(t, 3, strings.Count(body, `value="requeue"`))
+
+	code, body, _ = b.get("job?q=orders&id=bad-1")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `id="job-state">dead-lettered<`)
+	code, body, _ = b.get("job?q=orders&id=ok-1")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "receipt for order ok-1")
+	code, body, hdr = b.get("job?q=orders&id=never")
+	require.Equal(t, http.StatusNotFound, code)
+	require.Contains(t, body, `id="not-found"`)
+	require.Equal(t, "text/html; charset=utf-8", hdr.Get("Content-Type"))
+	code, body, _ = b.get("queue?q=ordrs")
+	require.Equal(t, http.StatusNotFound, code)
+	require.Contains(t, body, "not shown here")
+	code, _, _ = b.get("api/stats?q=ordrs")
+	require.Equal(t, http.StatusNotFound, code)
+
+	code, body, hdr = b.get("static/app.js")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, hdr.Get("Content-Type"), "javascript")
+	require.Contains(t, body, "api/stats")
+	code, _, _ = b.get("static/layout.html")
+	require.Equal(t, http.StatusNotFound, code, "templates are not served")
+}
+
+func TestActions(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	fill(t, client)
+	ctx := context.Background()
+	h, err := New(client, &Options{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	b := newBrowser(t, mount(t, h))
+	admin, err := streamq.NewAdmin(client, "orders", nil)
+	require.NoError(t, err)
+	dls, err := admin.DeadLetters(ctx, "", 10)
+	require.NoError(t, err)
+	require.Len(t, dls, 3)
+
+	form := url.Values{"q": {"orders"}, "op": {"requeue"}, "id": {dls[0].DeadLetterID}}
+	code, _, _ := b.post(form, nil)
+	require.Equal(t, http.StatusForbidden, code, "no token")
+	form.Set("csrf", b.token("orders"))
+	code, _, _ = b.post(form, http.Header{"Sec-Fetch-Site": {"cross-site"}})
+	require.Equal(t, http.StatusForbidden, code, "another origin")
+	code, _, _ = b.post(form, http.Header{"Origin": {"https://evil.example"}})
+	require.Equal(t, http.StatusForbidden, code, "another origin")
+	other := newBrowser(t, b.base)
+	other.token("orders") // a cookie of its own
+	code, _, _ = other.post(form, nil)
+	require.Equal(t, http.StatusForbidden, code, "a token bound to another cookie")
+	s, err := admin.Stats(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, s.DeadLetters, "nothing refused was done")
+
+	code, _, hdr := b.post(form, http.Header{"Sec-Fetch-Site": {"same-origin"}})
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Equal(t, "queue?done=requeue&q=orders", hdr.Get("Location"))
+	j, err := admin.Job(ctx, "bad-1")
+	require.NoError(t, err)
+	require.Equal(t, streamq.JobQueued, j.State)
+	_, body, _ := b.get(hdr.Get("Location"))
+	require.Contains(t, body, "Requeued 1 dead letter.")
+	require.Contains(t, body, `id="q-dead" data-f="dead_letters">2<`)
+	code, _, hdr = b.post(form, nil) // sent again: gone already
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Contains(t, hdr.Get("Location"), "done=")
+
+	form = url.Values{"q": {"orders"}, "op": {"purge"}, "id": {dls[1].DeadLetterID}, "csrf": {form.Get("csrf")}}
+	code, _, hdr = b.post(form, nil)
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Contains(t, hdr.Get("Location"), "n=1")
+	form.Set("op", "pause")
+	form.Del("id")
+	code, _, _ = b.post(form, nil)
+	require.Equal(t, http.StatusSeeOther, code)
+	s, err = admin.Stats(ctx)
+	require.NoError(t, err)
+	require.True(t, s.Paused)
+	require.EqualValues(t, 1, s.DeadLetters)
+	form.Set("op", "resume")
+	code, _, _ = b.post(form, nil)
+	require.Equal(t, http.StatusSeeOther, code)
+	form.Set("op", "requeue-all")
+	code, _, hdr = b.post(form, nil)
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Contains(t, hdr.Get("Location"), "n=1")
+	form.Set("op", "purge-all")
+	code, _, _ = b.post(form, nil)
+	require.Equal(t, http.StatusSeeOther, code)
+	form.Set("id", "1-1")
+	code, _, _ = b.post(form, nil)
+	require.Equal(t, http.StatusBadRequest, code, "purge-all with an id")
+	form.Del("id")
+	form.Set("op", "explode")
+	code, _, _ = b.post(form, nil)
+	require.Equal(t, http.StatusBadRequest, code)
+	s, err = admin.Stats(ctx)
+	require.NoError(t, err)
+	require.False(t, s.Paused)
+	require.Zero(t, s.DeadLetters)
+	require.EqualValues(t, 2, s.Length, "bad-1 and bad-3 requeued")
+
+	// Read-only: no buttons, no changes.
+	ro, err := New(client, &Options{ReadOnly: true, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	rb := newBrowser(t, mount(t, ro))
+	code, body, _ = rb.get("queue?q=orders")
+	require.Equal(t, http.StatusOK, code)
+	require.NotContains(t, body, "<button")
+	require.Contains(t, body, "read-only")
+	code, _, _ = rb.post(url.Values{"q": {"orders"}, "op": {"pause"}}, nil)
+	require.Equal(t, http.StatusForbidden, code)
+}
+
+func TestOptions(t *testing.T) {
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer client.Close()
+	for _, o := range []*Options{
+		{PageSize: 1001}, {PageSize: -1}, {PollInterval: time.Millisecond}, {Timeout: -1},
+		{CSRFKey: []byte("short")}, {Queues: []string{""}},
+	} {
+		_, err := New(client, o)
+		require.ErrorIs(t, err, ErrInvalidOptions, "%+v", o)
+	}
+	_, err := New(nil, nil)
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	h, err := New(client, nil)
+	require.NoError(t, err)
+	require.Equal(t, DefaultPageSize, h.opts.PageSize)
+	require.Equal(t, DefaultPollInterval, h.opts.PollInterval)
+}
+
+// TestManyDeadLetters: with 100,000 dead letters the pages stay fast: the
+// queue page reads one page (XRANGE with COUNT from a cursor), wherever the
+// cursor is. Times are logged; the bound asserted is generous.
+func TestManyDeadLetters(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes 100,000 dead letters")
+	}
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	fill(t, client)
+	ctx := context.Background()
+	admin, err := streamq.NewAdmin(client, "orders", nil)
+	require.NoError(t, err)
+	ks, err := admin.Keys(ctx)
+	require.NoError(t, err)
+	const total = 100000
+	for i := 0; i < total; i += 10000 {
+		pipe := client.Pipeline()
+		for j := i; j < i+10000; j++ {
+			pipe.XAdd(ctx, &redis.XAddArgs{Stream: ks[0].DeadLetter, Values: []any{
+				"id", fmt.Sprintf("job-%06d", j), "entry", "1-1", "p", `{"order":` + fmt.Sprint(j) + `}`,
+				"error", "card declined", "consumer", "worker-1", "deliveries", "3", "at", fmt.Sprint(time.Now().UnixMilli()),
+			}})
+		}
+		_, err := pipe.Exec(ctx)
+		require.NoError(t, err)
+	}
+	h, err := New(client, &Options{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	b := newBrowser(t, mount(t, h))
+	mid, err := client.XRangeN(ctx, ks[0].DeadLetter, "-", "+", total/2).Result()
+	require.NoError(t, err)
+	after := mid[len(mid)-1].ID
+
+	timed := func(path string) (time.Duration, string) {
+		best := time.Hour
+		var body string
+		for range 5 {
+			start := time.Now()
+			code, b, _ := b.get(path)
+			best = min(best, time.Since(start))
+			require.Equal(t, http.StatusOK, code, b)
+			body = b
+		}
+		return best, body
+	}
+	first, body := timed("queue?q=orders")
+	require.Contains(t, body, fmt.Sprintf(`data-f="dead_letters">%d<`, total+3))
+	require.Equal(t, DefaultPageSize, strings.Count(body, `value="requeue"`))
+	next := regexp.MustCompile(`href="queue\?q=orders&amp;after=([^"]+)" id="next-page"`).FindStringSubmatch(body)
+	require.NotNil(t, next, "a next-page link")
+	second, body2 := timed("queue?q=orders&after=" + url.QueryEscape(next[1]))
+	require.NotContains(t, body2, `data-dl="`+next[1]+`"`, "the next page starts after the cursor")
+	middle, body3 := timed("queue?q=orders&after=" + url.QueryEscape(after))
+	require.Contains(t, body3, fmt.Sprintf("job-%06d", total/2-3)) // 3 real dead letters come first
+	overview, _ := timed("")
+	api, _ := timed("api/stats")
+	t.Logf("with %d dead letters, best of 5: queue page 1 %v, page 2 %v, page at 50,000 %v, overview %v, api/stats %v",
+		total+3, first, second, middle, overview, api)
+	for _, d := range []time.Duration{first, second, middle, overview, api} {
+		require.Less(t, d, 2*time.Second)
+	}
+}

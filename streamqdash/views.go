@@ -1,0 +1,432 @@
+package streamqdash
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/streamq/streamq"
+)
+
+// QueueSummary is one queue's line of the overview and of GET api/stats:
+// Admin.Stats summed over the consumer groups.
+type QueueSummary struct {
+	// Name is the queue's name.
+	Name string `json:"name"`
+	// Length is the number of entries in the stream (Stats.Length).
+	Length int64 `json:"length"`
+	// Scheduled is the number of delayed jobs and retries waiting.
+	Scheduled int64 `json:"scheduled"`
+	// DeadLetters is the number of dead letters of the answering group.
+	DeadLetters int64 `json:"dead_letters"`
+	// Pending is the entries read and not acknowledged, over the groups.
+	Pending int64 `json:"pending"`
+	// Lag is the entries not yet read, over the groups; -1 when unknown.
+	Lag int64 `json:"lag"`
+	// Consumers and Stale count live and stale consumers over the groups.
+	Consumers int64 `json:"consumers"`
+	Stale     int64 `json:"stale_consumers"`
+	// Succeeded and Failed are the outcome totals the consumers report in
+	// their heartbeats: sample them twice for a rate.
+	Succeeded int64 `json:"succeeded"`
+	Failed    int64 `json:"failed"`
+	// Paused reports whether the queue is paused.
+	Paused bool `json:"paused"`
+	// Error is why the queue's statistics could not be read ("" when they were).
+	Error string `json:"error,omitempty"`
+}
+
+func summarize(name string, s streamq.Stats) QueueSummary {
+	q := QueueSummary{Name: name, Length: s.Length, Scheduled: s.Scheduled, DeadLetters: s.DeadLetters, Paused: s.Paused}
+	for _, g := range s.Groups {
+		q.Pending += g.Pending
+		q.Consumers += g.Consumers
+		q.Stale += g.StaleConsumers
+		q.Succeeded += g.Succeeded
+		q.Failed += g.Failed
+		if g.Lag < 0 || q.Lag < 0 {
+			q.Lag = -1
+		} else {
+			q.Lag += g.Lag
+		}
+	}
+	return q
+}
+
+// summaries reads the stats of the queues (all shown ones when only is "").
+func (h *Handler) summaries(ctx context.Context, only string) ([]QueueSummary, error) {
+	names, err := h.queues(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if only != "" {
+		names = []string{only}
+	}
+	out := make([]QueueSummary, 0, len(names))
+	for _, name := range names {
+		a, err := h.admin(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		s, err := a.Stats(ctx)
+		switch {
+		case errors.Is(err, streamq.ErrNotFound) && only == "":
+			continue // deleted since discovered
+		case err != nil && only == "":
+			out = append(out, QueueSummary{Name: name, Error: err.Error()})
+			continue
+		case err != nil:
+			return nil, err
+		}
+		out = append(out, summarize(name, s))
+	}
+	return out, nil
+}
+
+// page is what every page template gets.
+type page struct {
+	Title    string
+	ReadOnly bool
+	Poll     int64 // milliseconds; 0: no polling
+	CSRF     string
+}
+
+func (h *Handler) page(w http.ResponseWriter, r *http.Request, title string) page {
+	p := page{Title: title, ReadOnly: h.opts.ReadOnly, Poll: h.opts.PollInterval.Milliseconds()}
+	if !h.opts.ReadOnly {
+		p.CSRF = h.csrf.token(w, r)
+	}
+	return p
+}
+
+func (h *Handler) render(w http.ResponseWriter, name string, data any) {
+	h.renderStatus(w, http.StatusOK, name, data)
+}
+
+func (h *Handler) renderStatus(w http.ResponseWriter, status int, name string, data any) {
+	var b strings.Builder
+	if err := h.pages.ExecuteTemplate(&b, name, data); err != nil {
+		h.opts.Logger.Error("streamqdash: render", "page", name, "err", err)
+		http.Error(w, "streamqdash: cannot render the page", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(b.String()))
+}
+
+func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), h.opts.Timeout)
+	defer cancel()
+	qs, err := h.summaries(ctx, "")
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	h.render(w, "overview.html", struct {
+		page
+		Queues []QueueSummary
+	}{h.page(w, r, "Queues"), qs})
+}
+
+// deadLetterRow is a dead letter as the queue page shows it.
+type deadLetterRow struct {
+	streamq.DeadLetter
+	Text   string // the payload, or its base64 when it is no UTF-8
+	Binary bool
+}
+
+func (h *Handler) queue(w http.ResponseWriter, r *http.Request) {
+	name, after := r.FormValue("q"), r.FormValue("after")
+	if name == "" {
+		h.fail(w, r, fmt.Errorf("%w: which queue? (q=)", errBadRequest))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), h.opts.Timeout)
+	defer cancel()
+	a, err := h.admin(ctx, name)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	s, err := a.Stats(ctx)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	cs, err := a.Consumers(ctx)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	dls, err := a.DeadLetters(ctx, after, int64(h.opts.PageSize)+1)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	next := ""
+	if len(dls) > h.opts.PageSize {
+		dls = dls[:h.opts.PageSize]
+		next = dls[len(dls)-1].DeadLetterID
+	}
+	rows := make([]deadLetterRow, len(dls))
+	for i, d := range dls {
+		rows[i] = deadLetterRow{DeadLetter: d, Text: string(d.Payload)}
+		if !utf8.Valid(d.Payload) {
+			rows[i].Text, rows[i].Binary = base64.StdEncoding.EncodeToString(d.Payload), true
+		}
+	}
+	h.render(w, "queue.html", struct {
+		page
+		Queue       string
+		Summary     QueueSummary
+		Stats       streamq.Stats
+		Consumers   []streamq.ConsumerInfo
+		DeadLetters []deadLetterRow
+		After, Next string
+		PageSize    int
+		Done        string
+	}{h.page(w, r, "Queue "+name), name, summarize(name, s), s, cs, rows, after, next, h.opts.PageSize, doneMessage(r.URL.Query())})
+}
+
+// doneMessage says what the action before a redirect did (fixed texts
+// filled with numbers, never text from the URL).
+func doneMessage(v url.Values) string {
+	n, _ := strconv.ParseInt(v.Get("n"), 10, 64)
+	left, _ := strconv.ParseInt(v.Get("left"), 10, 64)
+	switch v.Get("done") {
+	case "requeue":
+		return "Requeued 1 dead letter."
+	case "purge":
+		return fmt.Sprintf("Deleted %d dead letter(s).", n)
+	case "requeue-all":
+		if left > 0 {
+			return fmt.Sprintf("Requeued %d dead letters; %d remain (time limit reached): press again.", n, left)
+		}
+		return fmt.Sprintf("Requeued %d dead letters.", n)
+	case "purge-all":
+		return fmt.Sprintf("Deleted %d dead letters.", n)
+	case "pause":
+		return "Paused: consumers start no handler until resumed."
+	case "resume":
+		return "Resumed."
+	case "gone":
+		return "That dead letter was gone already."
+	}
+	return ""
+}
+
+func (h *Handler) job(w http.ResponseWriter, r *http.Request) {
+	name, id := r.FormValue("q"), r.FormValue("id")
+	ctx, cancel := context.WithTimeout(r.Context(), h.opts.Timeout)
+	defer cancel()
+	qs, err := h.queues(ctx)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	data := struct {
+		page
+		Queues    []string
+		Queue, ID string
+		Job       *streamq.JobInfo
+		Result    string
+		NotFound  string
+	}{page: h.page(w, r, "Job lookup"), Queues: qs, Queue: name, ID: id}
+	data.Poll = 0
+	status := http.StatusOK
+	if name != "" && id != "" {
+		a, err := h.admin(ctx, name)
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		j, err := a.Job(ctx, id)
+		switch {
+		case errors.Is(err, streamq.ErrNotFound):
+			data.NotFound, status = err.Error(), http.StatusNotFound
+		case err != nil:
+			h.fail(w, r, err)
+			return
+		default:
+			data.Job = &j
+			data.Result = string(j.Result)
+			if !utf8.Valid(j.Result) {
+				data.Result = "(base64) " + base64.StdEncoding.EncodeToString(j.Result)
+			}
+		}
+	}
+	h.renderStatus(w, status, "job.html", data)
+}
+
+// statsResponse is the body of GET api/stats.
+type statsResponse struct {
+	// Time is when the counts were read, Unix milliseconds.
+	Time   int64          `json:"time"`
+	Queues []QueueSummary `json:"queues"`
+}
+
+func (h *Handler) apiStats(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), h.opts.Timeout)
+	defer cancel()
+	qs, err := h.summaries(ctx, r.FormValue("q"))
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, statsResponse{Time: time.Now().UnixMilli(), Queues: qs})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+var crossOrigin = http.NewCrossOriginProtection()
+
+// action performs one change (POST action) and redirects back to the queue.
+func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
+	if h.opts.ReadOnly {
+		http.Error(w, "streamqdash: read-only dashboard", http.StatusForbidden)
+		return
+	}
+	if err := crossOrigin.Check(r); err != nil {
+		http.Error(w, "streamqdash: refused a change from another origin", http.StatusForbidden)
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+	if !h.csrf.check(r) {
+		http.Error(w, "streamqdash: missing or stale form token; reload the page and try again", http.StatusForbidden)
+		return
+	}
+	name, op, id := r.PostFormValue("q"), r.PostFormValue("op"), r.PostFormValue("id")
+	timeout := h.opts.Timeout
+	if op == "requeue-all" {
+		timeout = h.opts.ActionTimeout
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), timeout)
+	defer cancel()
+	a, err := h.admin(ctx, name)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if (op == "requeue" || op == "purge") != (id != "") {
+		h.fail(w, r, fmt.Errorf("%w: requeue and purge take one dead letter id (id=), the other actions none", errBadRequest))
+		return
+	}
+	back := url.Values{"q": {name}, "done": {op}}
+	if after := r.PostFormValue("after"); after != "" {
+		back.Set("after", after)
+	}
+	switch op {
+	case "requeue":
+		if _, err = a.Requeue(ctx, id); errors.Is(err, streamq.ErrNotFound) {
+			back.Set("done", "gone")
+			err = nil
+		}
+	case "purge":
+		var n int64
+		n, err = a.PurgeDeadLetters(ctx, id)
+		back.Set("n", strconv.FormatInt(n, 10))
+	case "requeue-all":
+		var n, left int64
+		n, left, err = requeueAll(ctx, a)
+		back.Set("n", strconv.FormatInt(n, 10))
+		back.Set("left", strconv.FormatInt(left, 10))
+		back.Del("after")
+	case "purge-all":
+		var n int64
+		n, err = a.PurgeDeadLetters(ctx)
+		back.Set("n", strconv.FormatInt(n, 10))
+		back.Del("after")
+	case "pause":
+		err = a.Pause(ctx)
+	case "resume":
+		err = a.Resume(ctx)
+	default:
+		err = fmt.Errorf("%w: unknown action %q", errBadRequest, op)
+	}
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	// Relative, so that it resolves under whatever prefix the client used.
+	w.Header().Set("Location", "queue?"+back.Encode())
+	w.WriteHeader(http.StatusSeeOther)
+}
+
+// requeueAll requeues dead letters until none is left or ctx is about to
+// end; it returns how many it requeued and how many remain.
+func requeueAll(ctx context.Context, a *streamq.Admin) (n, left int64, err error) {
+	deadline, _ := ctx.Deadline()
+	for time.Until(deadline) > time.Second {
+		// Requeue removes each from the dead letters: always read the first page.
+		dls, err := a.DeadLetters(ctx, "", 100)
+		if err != nil {
+			return n, 0, err
+		}
+		if len(dls) == 0 {
+			return n, 0, nil
+		}
+		for _, d := range dls {
+			if _, err := a.Requeue(ctx, d.DeadLetterID); err != nil && !errors.Is(err, streamq.ErrNotFound) {
+				return n, 0, err
+			}
+			n++
+		}
+	}
+	s, err := a.Stats(ctx)
+	if err != nil {
+		return n, 0, err
+	}
+	return n, s.DeadLetters, nil
+}
+
+var funcs = template.FuncMap{
+	"since": func(t time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		return fmtDur(time.Since(t)) + " ago"
+	},
+	"until": func(t time.Time) string { return "in " + fmtDur(time.Until(t)) },
+	"utc":   func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
+	"dur":   fmtDur,
+	"short": func(s string, n int) string {
+		if utf8.RuneCountInString(s) <= n {
+			return s
+		}
+		return string([]rune(s)[:n-1]) + "…"
+	},
+	"lag": func(n int64) string {
+		if n < 0 {
+			return "unknown"
+		}
+		return strconv.FormatInt(n, 10)
+	},
+	"add": func(a, b int) int { return a + b },
+}
+
+func fmtDur(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "0s"
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	default:
+		return d.Round(time.Second).String()
+	}
+}
