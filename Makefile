@@ -16,10 +16,11 @@ APT_GET := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninterac
 FUZZ_TARGETS := $(shell grep -ho '^func Fuzz[A-Za-z0-9_]*' *_test.go | cut -c6-)
 FUZZ_TIME ?= 4s
 
-.PHONY: test fuzz redis-server cc chromium bench quickstart
+.PHONY: test fuzz modcheck pin redis-server cc chromium bench quickstart
 
 ## test: vet and test the root module, then every nested module (a directory
-## below the root with its own go.mod), then run the fuzz targets for a while.
+## below the root with its own go.mod), check that the nested modules can be
+## fetched on their own (modcheck), then run the fuzz targets for a while.
 test: redis-server cc chromium
 	$(GO) mod tidy -diff
 	$(GO) vet ./...
@@ -29,7 +30,20 @@ test: redis-server cc chromium
 		echo "==> $$dir"; \
 		(cd $$dir && $(GO) mod tidy -diff && $(GO) vet ./... && CI=$${CI:-} $(GO) test $(TEST_FLAGS) ./...) || exit 1; \
 	done
+	@$(MAKE) --no-print-directory modcheck
 	@$(MAKE) --no-print-directory fuzz
+
+## modcheck: prove that `go get` of every nested module works from a separate
+## module, offline, against a file:// module proxy built from this repository
+## (scripts/modcheck.sh). Fails when a nested module requires the core module
+## at the placeholder version or at a commit not in HEAD's history.
+modcheck:
+	GO=$(GO) scripts/modcheck.sh check
+
+## pin: make every nested module require the core module at HEAD's
+## pseudo-version (run it on main, then commit the go.mod files).
+pin:
+	GO=$(GO) scripts/modcheck.sh pin
 
 ## fuzz: run each fuzz target for FUZZ_TIME (4s; under a minute in all, startup included).
 ## Go's fuzzer can end a run with "context deadline exceeded" when a worker is

@@ -100,11 +100,13 @@ func (r *run[Req, Resp]) readNew(ctx context.Context, shard, n int, block time.D
 		Block:    block,
 	}).Result()
 	if errors.Is(err, redis.Nil) {
+		r.c.markReady()
 		return 0, nil
 	}
 	if err != nil {
 		return 0, err
 	}
+	r.c.markReady()
 	got := 0
 	for _, st := range res {
 		got += r.admit(shard, st.Messages, func(i int) int { return carriedStarts(st.Messages[i]) })

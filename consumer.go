@@ -64,7 +64,18 @@ type Consumer[Req, Resp any] struct {
 	// still waiting on Redis when Run's bound passed.
 	background sync.WaitGroup
 	outcomes   outcomeCounts // reported by the heartbeat (heartbeat.go)
+	ready      chan struct{} // closed once by markReady (see Ready)
+	readyOnce  sync.Once
 }
+
+// Ready returns a channel that is closed once the consumer is working: a Run
+// created (or found) its consumer groups and its first read of new entries
+// succeeded. It stays closed after Run returns. Use it for a readiness
+// probe, or in tests to produce only once the consumer reads; while Redis is
+// unreachable at start (Run retries, unless FailFast), it stays open.
+func (c *Consumer[Req, Resp]) Ready() <-chan struct{} { return c.ready }
+
+func (c *Consumer[Req, Resp]) markReady() { c.readyOnce.Do(func() { close(c.ready) }) }
 
 // NewConsumer returns a consumer of queue that calls handler for each request.
 // opts may be nil for the defaults. It does not touch Redis; Run does.
@@ -95,6 +106,7 @@ func NewConsumer[Req, Resp any](client redis.UniversalClient, queue string, hand
 		opts:    o,
 		handler: handler,
 		log:     o.Logger.With("queue", queue, "consumer", o.Name),
+		ready:   make(chan struct{}),
 	}, nil
 }
 
@@ -115,11 +127,14 @@ func (c *Consumer[Req, Resp]) Name() string { return c.opts.Name }
 // On start it creates the consumer group if needed (from the start of the
 // stream, so nothing produced earlier is missed), resumes its own pending
 // entries, then reads new ones and claims idle entries of other consumers.
-// Redis errors are logged and retried; they do not end Run. Run returns an
-// error only when the consumer is already running, the queue has another
-// shard count (ErrShardMismatch), another group answers the queue
-// (ErrAnsweringGroup), or the server is older than Redis 7.0
-// (ErrUnsupportedServer).
+// Redis errors are logged and retried; they do not end Run (with FailFast,
+// an error before the consumer is ready ends it). Run returns an error only
+// when the consumer is already running, the queue has another shard count
+// (ErrShardMismatch), another group answers the queue (ErrAnsweringGroup),
+// the server is older than Redis 7.0 (ErrUnsupportedServer), a key of the
+// queue holds another type (ErrWrongType), or the server refuses the client's
+// credentials or permissions at start (ErrAccessDenied). Ready tells when the
+// consumer is working.
 func (c *Consumer[Req, Resp]) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("streamq: Consumer.Run called while it is already running; use one Consumer per Run")
@@ -145,7 +160,7 @@ func (c *Consumer[Req, Resp]) Run(ctx context.Context) error {
 		}
 	}
 	if err != nil {
-		if errors.Is(err, ErrShardMismatch) || errors.Is(err, ErrUnsupportedServer) || errors.Is(err, ErrAnsweringGroup) {
+		if fatalStartError(err) || (c.opts.FailFast && ctx.Err() == nil) {
 			return err
 		}
 		return nil // ctx ended before Redis could be reached
@@ -155,6 +170,13 @@ func (c *Consumer[Req, Resp]) Run(ctx context.Context) error {
 	<-ctx.Done()
 	r.shutdown()
 	return nil
+}
+
+// fatalStartError reports whether Run must return err rather than retry:
+// configuration that waiting does not fix.
+func fatalStartError(err error) bool {
+	return errors.Is(err, ErrShardMismatch) || errors.Is(err, ErrUnsupportedServer) ||
+		errors.Is(err, ErrAnsweringGroup) || errors.Is(err, ErrWrongType) || errors.Is(err, ErrAccessDenied)
 }
 
 // ErrAnsweringGroup is returned by Run when the queue is answered by another
@@ -232,8 +254,12 @@ func (c *Consumer[Req, Resp]) ensureGroupRetry(ctx context.Context) error {
 		if err == nil {
 			return nil
 		}
-		if errors.Is(err, ErrShardMismatch) || errors.Is(err, ErrUnsupportedServer) || errors.Is(err, ErrAnsweringGroup) {
+		err = classifyRedisError(err)
+		if fatalStartError(err) {
 			return err
+		}
+		if c.opts.FailFast {
+			return fmt.Errorf("streamq: consumer start failed (FailFast): %s", unprefixed(err))
 		}
 		c.log.Error("streamq: cannot create the consumer group; retrying", "err", err)
 		if sleepCtx(ctx, b.next()) != nil {
@@ -554,6 +580,9 @@ func (r *run[Req, Resp]) admit(shard int, msgs []redis.XMessage, starts func(i i
 			s.entry.ID, s.entry.Data = id, []byte(data)
 		}
 		s.entry.Headers = s.meta.headers
+		if f, ok := m.Values[fieldFetchFailures].(string); ok {
+			s.fetchFailures, _ = strconv.Atoi(f)
+		}
 		if g, ok := m.Values[fieldGroup].(string); ok && g != o.Group {
 			s.skip, s.dead = true, "" // requeued for another group: acknowledge only
 		}
@@ -581,6 +610,9 @@ const (
 	fieldID      = "id"
 	fieldPayload = "p"
 	fieldGroup   = "g" // set by Requeue: only this group runs the entry
+	// fieldFetchFailures counts the failed fetches in a row of a retried
+	// entry (set by retry.lua); the handler did not start on any of them.
+	fieldFetchFailures = "f"
 )
 
 func fieldNames(v map[string]any) string {
@@ -679,7 +711,13 @@ func (r *run[Req, Resp]) process(s *slot) {
 			ErrDeadlineExceeded.Error(), dl.UTC().Format(time.RFC3339Nano)))
 		return
 	}
-	// The attempt starts here: a fetch failure counts like a handler failure.
+	// A failed fetch is not a delivery: the handler does not start, so no
+	// start is charged (see fetchFailed).
+	if s.fetchErr != nil {
+		r.fetchFailed(s, s.fetchErr)
+		return
+	}
+	// The handler's start is charged here, before it runs.
 	switch r.chargeDelivery(s) {
 	case chargeSkip:
 		r.forget(s)
@@ -688,13 +726,9 @@ func (r *run[Req, Resp]) process(s *slot) {
 		r.drain(s)
 		return
 	}
-	if s.fetchErr != nil {
-		r.fail(s, s.fetchErr)
-		return
-	}
 	req, err := decode[Req](r.c.opts.Codec, s.data)
 	if err != nil {
-		r.deadLetter(s, "undecodable request: "+err.Error())
+		r.deadLetter(s, "undecodable request: "+unprefixed(err))
 		return
 	}
 	ctx, cancel := context.WithCancelCause(r.handlerCtx)
@@ -949,6 +983,33 @@ func (r *run[Req, Resp]) fail(s *slot, err error) {
 	r.handOff(&completion{s: s, code: recordRetry, value: []byte(strconv.FormatInt(ms, 10))})
 }
 
+// fetchFailed handles a message whose payload could not be fetched (after
+// FetchRetries): its handler did not start, so no start is charged and the
+// failure is not a handler failure. The message is retried through the
+// schedule like a failed handler, its fetch failures counted in the entry's
+// field "f" (retry.lua), and dead-lettered when the error is permanent or
+// after MaxDeliveries failed fetches in a row.
+func (r *run[Req, Resp]) fetchFailed(s *slot, err error) {
+	o := &r.c.opts
+	s.entry.Deliveries-- // admit counted the start that did not happen
+	failures := s.fetchFailures + 1
+	if IsPermanent(err) || failures >= o.MaxDeliveries {
+		r.c.outcomes.failed.Add(1)
+		r.deadLetter(s, fmt.Sprintf("payload fetch failed %d times (the handler did not run): %s", failures, unprefixed(err)))
+		return
+	}
+	delay := retryDelay(o.RetryBackoff, failures, o.RetryBackoffMax)
+	r.c.log.WarnContext(s.logContext(r.runCtx), "streamq: fetch failed; will retry (the handler did not run)", "id", s.entry.ID, "entry", s.entry.EntryID,
+		"fetch_failures", failures, "retry_in", delay, "err", err)
+	ms := int64((delay + time.Millisecond - 1) / time.Millisecond)
+	r.handOff(&completion{s: s, code: recordRetry, value: []byte(strconv.FormatInt(ms, 10) + retryFetchFailed)})
+}
+
+// retryFetchFailed ends the value of a recordRetry completion whose payload
+// could not be fetched: retry.lua then counts the failure in field "f"
+// instead of moving a start count that was not charged.
+const retryFetchFailed = ":f"
+
 // recordRetry is the completion of a failed attempt to retry after a delay
 // (value: milliseconds): acknowledged and scheduled (retry.lua).
 const recordRetry = 'T'
@@ -972,6 +1033,8 @@ func jitter(d time.Duration) time.Duration {
 }
 
 func (r *run[Req, Resp]) deadLetter(s *slot, reason string) {
+	// The caller's error reads "streamq: request dead-lettered: <reason>".
+	reason = strings.TrimPrefix(reason, "streamq: ")
 	r.c.log.WarnContext(s.logContext(r.runCtx), "streamq: dead-lettering message", "id", s.entry.ID, "entry", s.entry.EntryID,
 		"deliveries", s.entry.Deliveries, "reason", reason)
 	r.handOff(&completion{s: s, code: recordDead, value: []byte(reason)})

@@ -3,8 +3,11 @@ package streamq
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Sentinel errors. Match them with errors.Is.
@@ -58,6 +61,11 @@ var (
 	// it completed. Only a request produced with At or After, or a retry
 	// waiting for its back-off, can be cancelled.
 	ErrNotScheduled = errors.New("streamq: request is not scheduled: it is already queued, running or completed")
+	// ErrAccessDenied is returned by Consumer.Run when Redis refuses the
+	// client at start: no or wrong credentials (NOAUTH, WRONGPASS) or an ACL
+	// that does not allow a command or key the queue needs (NOPERM). The
+	// error names what was refused; README, Security, lists the ACL rules.
+	ErrAccessDenied = errors.New("streamq: Redis refused access")
 	// ErrLeaseLost is the cause of a handler context cancelled because another
 	// consumer claimed the message.
 	ErrLeaseLost = errors.New("streamq: message claimed by another consumer")
@@ -96,18 +104,40 @@ type RequestError struct {
 	DeadLettered bool
 }
 
-// Error implements error.
+// Error implements error. The text carries the "streamq: " prefix once,
+// also for a Message that starts with it.
 func (e *RequestError) Error() string {
+	msg := strings.TrimPrefix(e.Message, "streamq: ")
 	if e.DeadLettered {
-		return "streamq: request dead-lettered: " + e.Message
+		return "streamq: request dead-lettered: " + msg
 	}
-	return "streamq: request failed: " + e.Message
+	return "streamq: request failed: " + msg
 }
+
+// wrappedError is an error wrapping another with context, its text carrying
+// the "streamq: " prefix once.
+type wrappedError struct {
+	msg string
+	err error
+}
+
+func (e *wrappedError) Error() string { return e.msg }
+func (e *wrappedError) Unwrap() error { return e.err }
+
+// wrapf is fmt.Errorf("streamq: <format>: %w", ..., err) without repeating
+// the prefix when err's own text starts with it.
+func wrapf(err error, format string, args ...any) error {
+	return &wrappedError{msg: "streamq: " + fmt.Sprintf(format, args...) + ": " + unprefixed(err), err: err}
+}
+
+// unprefixed is err's text without a leading "streamq: ".
+func unprefixed(err error) string { return strings.TrimPrefix(err.Error(), "streamq: ") }
 
 // Is makes errors.Is match ErrFailed, and ErrDeadLettered when dead-lettered.
 func (e *RequestError) Is(target error) bool {
 	return target == ErrFailed || (e.DeadLettered && target == ErrDeadLettered) ||
-		(e.DeadLettered && target == ErrDeadlineExceeded && strings.HasPrefix(e.Message, ErrDeadlineExceeded.Error()))
+		(e.DeadLettered && target == ErrDeadlineExceeded &&
+			strings.HasPrefix(strings.TrimPrefix(e.Message, "streamq: "), unprefixed(ErrDeadlineExceeded)))
 }
 
 // permanentError marks an error that must not be retried.
@@ -148,4 +178,27 @@ func RetryAfter(err error, d time.Duration) error {
 		return nil
 	}
 	return retryAfterError{err, d}
+}
+
+// classifyRedisError makes a Redis refusal that waiting does not fix match
+// its sentinel: NOAUTH, WRONGPASS and NOPERM match ErrAccessDenied, WRONGTYPE
+// matches ErrWrongType. Other errors are returned as they are.
+func classifyRedisError(err error) error {
+	if err == nil || errors.Is(err, ErrAccessDenied) || errors.Is(err, ErrWrongType) {
+		return err
+	}
+	var rerr redis.Error
+	msg := err.Error()
+	if errors.As(err, &rerr) {
+		msg = rerr.Error()
+	}
+	for _, code := range []string{"NOAUTH", "WRONGPASS", "NOPERM"} {
+		if strings.HasPrefix(msg, code) || strings.Contains(err.Error(), ": "+code+" ") {
+			return &wrappedError{msg: "streamq: Redis refused access: " + unprefixed(err), err: errors.Join(ErrAccessDenied, err)}
+		}
+	}
+	if strings.HasPrefix(msg, "WRONGTYPE") || strings.Contains(err.Error(), ": WRONGTYPE ") {
+		return &wrappedError{msg: "streamq: a key of the queue holds another type: " + unprefixed(err), err: errors.Join(ErrWrongType, err)}
+	}
+	return err
 }

@@ -242,7 +242,10 @@ type ConsumerOptions struct {
 	Fetcher Fetcher
 
 	// FetchRetries is how many times a failed fetch is retried, with exponential
-	// back-off from FetchBackoff, before the message takes the failure path.
+	// back-off from FetchBackoff, before the message takes the failure path:
+	// it is retried through the schedule (RetryBackoff), without counting a
+	// delivery since its handler did not start, and dead-lettered after
+	// MaxDeliveries failed fetches in a row or at once for a Permanent error.
 	// Defaults to DefaultFetchRetries (3); -1 disables retries.
 	FetchRetries int
 
@@ -306,6 +309,14 @@ type ConsumerOptions struct {
 	// MaxCompleteBatch caps the completions recorded in one round trip; at most
 	// MaxCompleteBatchLimit (10,000). Defaults to DefaultMaxCompleteBatch (256).
 	MaxCompleteBatch int
+
+	// FailFast makes Run return the first error it meets at start
+	// (connecting, checking the server, creating the consumer groups)
+	// instead of logging it and trying again until Redis answers. Use it when
+	// the host should stop, or report itself unhealthy, if Redis is not
+	// reachable when it starts; after the start, errors are retried either
+	// way. Defaults to false: Run retries at start.
+	FailFast bool
 
 	// TrimInterval is how often the stream is trimmed of entries every group is
 	// done with, and idle consumers are pruned. It is jittered by ±20%.

@@ -106,7 +106,7 @@ func (f *CacheFetcher) Fetch(ctx context.Context, e Entry) ([]byte, error) {
 	}
 	b, err = f.Source.Get(ctx, skey)
 	if err != nil {
-		return nil, fmt.Errorf("streamq: read %q from source: %w", skey, err)
+		return nil, wrapf(err, "read %q from source", skey)
 	}
 	return b, nil
 }
@@ -150,6 +150,9 @@ type slot struct {
 	ready    chan struct{}
 	data     []byte
 	fetchErr error
+	// fetchFailures is the entry's count of failed fetches before this one
+	// (field "f", set by retry.lua).
+	fetchFailures int
 
 	outcome <-chan struct{} // set by the worker at hand-off: closed when recorded
 	// handedOff is set at hand-off: the entry leaves the pending list when its
@@ -405,7 +408,7 @@ func (r *run[Req, Resp]) fetch(ctx context.Context, e Entry) ([]byte, error) {
 			return nil, ctx.Err()
 		}
 		if IsPermanent(err) {
-			return nil, fmt.Errorf("streamq: fetch failed: %w", err)
+			return nil, wrapf(err, "fetch failed")
 		}
 		if i+1 < attempts {
 			r.c.log.DebugContext(ctx, "streamq: fetch failed; retrying", "id", e.ID, "entry", e.EntryID, "attempt", i+1, "err", err)
@@ -415,7 +418,7 @@ func (r *run[Req, Resp]) fetch(ctx context.Context, e Entry) ([]byte, error) {
 			delay *= 2
 		}
 	}
-	return nil, fmt.Errorf("streamq: fetch failed after %d attempts: %w", attempts, err)
+	return nil, wrapf(err, "fetch failed after %d attempts", attempts)
 }
 
 // sleepCtx waits for d or until ctx ends.

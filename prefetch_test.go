@@ -1,10 +1,13 @@
 package streamq
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -236,9 +239,10 @@ func TestPrefetchFetchRetriesRecover(t *testing.T) {
 	})
 }
 
-// A source that always fails exhausts FetchRetries on each delivery; the message
-// is retried like a failed handler, then dead-lettered with the fetch error.
-// Real Redis only: retries wait on idle times, which miniredis does not advance.
+// A source that always fails exhausts FetchRetries on each attempt; the
+// message is retried through the schedule, then dead-lettered with the fetch
+// error after MaxDeliveries failed fetches. The handler never started, so the
+// dead letter counts 0 deliveries (issue 17: it counted the failed fetches).
 func TestPrefetchFetchFailureDeadLetters(t *testing.T) {
 	t.Parallel()
 	client := realRedis(t)
@@ -287,7 +291,8 @@ func TestPrefetchFetchFailureDeadLetters(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, fmt.Sprintf("g%d", i), got)
 	}
-	_, err = bad.Wait(wctx)
+	_, badErr := bad.Wait(wctx)
+	err = badErr
 	require.ErrorIs(t, err, ErrDeadLettered)
 	require.ErrorContains(t, err, "object store says 503")
 	require.ErrorContains(t, err, "fetch failed after 2 attempts")
@@ -301,8 +306,10 @@ func TestPrefetchFetchFailureDeadLetters(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, dls, 1)
 	require.Equal(t, "bad", dls[0].ID)
-	require.Equal(t, 2, dls[0].Deliveries)
+	require.Equal(t, 0, dls[0].Deliveries, "a failed fetch is not a handler start")
 	require.Contains(t, dls[0].Error, "object store says 503")
+	require.Contains(t, dls[0].Error, "the handler did not run")
+	require.Equal(t, 1, strings.Count(badErr.Error(), "streamq:"), "the prefix once: %v", badErr)
 	require.Equal(t, `"bad"`, string(dls[0].Payload), "the dead letter keeps the reference, not a fetched payload")
 	eventually(t, 10*time.Second, func() bool { return streamLen(client, q) == 0 }, "stream not emptied")
 }
@@ -541,5 +548,65 @@ func TestPrefetchPermanentFetchErrorNotRetried(t *testing.T) {
 		require.ErrorIs(t, err, ErrDeadLettered)
 		require.ErrorContains(t, err, "no such object")
 		require.EqualValues(t, 1, attempts.Load(), "a permanent fetch error was retried")
+	})
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a test reading it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (w *syncBuffer) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *syncBuffer) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
+
+// TestPrefetchFetchFailureIsNotAHandlerFailure (issue 17): a fetch that fails
+// (FetchRetries exhausted) twice and then succeeds reaches the handler with
+// Deliveries 1 and is logged as a failed fetch, never as a failed handler:
+// only handler starts count. On the old code each failed fetch was charged as
+// a start: the handler saw Deliveries 4, and the log said "handler failed".
+func TestPrefetchFetchFailureIsNotAHandlerFailure(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		p, err := NewProducer[[]byte, string](client, q, &ProducerOptions{Logger: testLogger(t)})
+		require.NoError(t, err)
+		defer p.Close()
+		var attempts atomic.Int64
+		fetcher := FetcherFunc(func(ctx context.Context, e Entry) ([]byte, error) {
+			if attempts.Add(1) <= 3 {
+				return nil, errors.New("object store says 503")
+			}
+			return e.Data, nil
+		})
+		var logs syncBuffer
+		var deliveries atomic.Int64
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+			deliveries.Store(int64(m.Deliveries))
+			return "ok:" + m.Payload, nil
+		}, &ConsumerOptions{
+			Fetcher: fetcher, FetchRetries: -1, MaxDeliveries: 4, RetryBackoff: time.Millisecond,
+			ReadBlock: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		})
+		require.NoError(t, err)
+		runConsumer(t, c)
+		pr, err := p.Produce(ctx, "ref", []byte(`"x"`))
+		require.NoError(t, err)
+		got, err := pr.Wait(waitCtx(t, 30*time.Second))
+		require.NoError(t, err, "logs:\n%s", logs.String())
+		require.Equal(t, "ok:x", got)
+		require.EqualValues(t, 1, deliveries.Load(), "failed fetches counted as deliveries")
+		require.EqualValues(t, 4, attempts.Load())
+		require.Contains(t, logs.String(), "fetch failed; will retry")
+		require.NotContains(t, logs.String(), "handler failed")
 	})
 }

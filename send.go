@@ -20,7 +20,9 @@ import (
 // returned at once) and blocks, respecting ctx, only while MaxPendingBytes of
 // requests wait to be written. It has Enqueue's deduplication. ctx bounds the
 // call, not the write that follows. Close writes what Send accepted, within
-// CloseTimeout. A nil ctx panics.
+// CloseTimeout. ProducerOptions.Interceptors run around the handover (their
+// Outgoing.EntryID stays empty: the entry does not exist yet). A nil ctx
+// panics.
 func (p *Producer[Req, Resp]) Send(ctx context.Context, id string, req Req, opts ...ProduceOption) error {
 	mustContext(ctx, "Producer.Send")
 	return p.intercept(ctx, []string{id}, [][]ProduceOption{opts}, func(ctx context.Context, outs []*Outgoing) error {

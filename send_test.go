@@ -139,3 +139,35 @@ func TestSendBoundedAndCloseWritesWhatItAccepted(t *testing.T) {
 		require.ErrorIs(t, p2.Send(sctx, "blocked", "x"), context.DeadlineExceeded)
 	})
 }
+
+// TestSendRunsInterceptors: a produce interceptor's headers travel with a
+// request handed over by Send, like with Enqueue (miniredis).
+func TestSendRunsInterceptors(t *testing.T) {
+	client, _ := miniRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	got := make(chan map[string]string, 1)
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		got <- m.Headers
+		return "", nil
+	}, &ConsumerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, c)
+	p, err := NewProducer[string, string](client, q, &ProducerOptions{Logger: testLogger(t),
+		Interceptors: []ProduceInterceptor{func(ctx context.Context, msgs []*Outgoing, next func(context.Context) error) error {
+			for _, m := range msgs {
+				m.Headers = map[string]string{"trace": "t-1"}
+			}
+			return next(ctx)
+		}}})
+	require.NoError(t, err)
+	defer p.Close()
+	require.NoError(t, p.Send(ctx, "h", "x"))
+	require.NoError(t, p.Flush(ctx))
+	select {
+	case h := <-got:
+		require.Equal(t, map[string]string{"trace": "t-1"}, h)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request did not run")
+	}
+}

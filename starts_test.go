@@ -509,3 +509,60 @@ func TestChargeWorksOutOfMemory(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []int64{1}, res)
 }
+
+// TestStartsMaxDeliveriesThreeOnEveryBackend (issue 17, item 1): with
+// MaxDeliveries 3 and plain errors (retried with the consumer's back-off
+// through the schedule), a request failing once is seen with Deliveries 1, 2
+// and succeeds, and one failing every time is dead-lettered after exactly 3
+// starts with its handler's error, never as lost by crashed consumers. On
+// miniredis too: streamq counts starts itself, not with Redis's delivery
+// counter, which miniredis advances differently.
+func TestStartsMaxDeliveriesThreeOnEveryBackend(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		q := queueName(t)
+		p := newStringProducer(t, client, q)
+		var mu sync.Mutex
+		seen := map[string][]int{}
+		opts := fastOpts(t, "three", 300*time.Millisecond)
+		opts.MaxDeliveries = 3
+		opts.RetryBackoff = 10 * time.Millisecond
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+			mu.Lock()
+			seen[m.ID] = append(seen[m.ID], m.Deliveries)
+			mu.Unlock()
+			if m.ID == "always" || m.Deliveries < 2 {
+				return "", errors.New("boom")
+			}
+			return "ok", nil
+		}, opts)
+		require.NoError(t, err)
+		runConsumer(t, c)
+
+		once, err := p.Produce(context.Background(), "once", "x")
+		require.NoError(t, err)
+		always, err := p.Produce(context.Background(), "always", "y")
+		require.NoError(t, err)
+		got, err := once.Wait(waitCtx(t, 30*time.Second))
+		require.NoError(t, err)
+		require.Equal(t, "ok", got)
+		_, err = always.Wait(waitCtx(t, 30*time.Second))
+		var rerr *RequestError
+		require.ErrorAs(t, err, &rerr)
+		require.True(t, rerr.DeadLettered, "%v", err)
+		require.Contains(t, err.Error(), "boom")
+		require.NotContains(t, err.Error(), "crashed")
+
+		mu.Lock()
+		require.Equal(t, []int{1, 2}, seen["once"])
+		require.Equal(t, []int{1, 2, 3}, seen["always"])
+		mu.Unlock()
+		a, err := NewAdmin(client, q, nil)
+		require.NoError(t, err)
+		dls, err := a.DeadLetters(context.Background(), "", 10)
+		require.NoError(t, err)
+		require.Len(t, dls, 1)
+		require.Equal(t, "always", dls[0].ID)
+		require.Equal(t, 3, dls[0].Deliveries)
+		require.Contains(t, dls[0].Error, "boom")
+	})
+}

@@ -263,8 +263,9 @@ func (h *Handler) forgetQueues() {
 	h.mu.Unlock()
 }
 
-// admin returns an Admin of queue; the name must be one the dashboard shows.
-func (h *Handler) admin(ctx context.Context, queue string) (*streamq.Admin, error) {
+// admin returns an Admin of queue whose dead-letter operations address group
+// ("" for the answering group); the name must be one the dashboard shows.
+func (h *Handler) admin(ctx context.Context, queue, group string) (*streamq.Admin, error) {
 	qs, err := h.queues(ctx)
 	if err != nil {
 		return nil, err
@@ -280,7 +281,11 @@ func (h *Handler) admin(ctx context.Context, queue string) (*streamq.Admin, erro
 			return nil, fmt.Errorf("%w: queue %q is not shown here", streamq.ErrNotFound, queue)
 		}
 	}
-	return streamq.NewAdmin(h.client, queue, &streamq.AdminOptions{StaleAfter: h.opts.StaleAfter})
+	a, err := streamq.NewAdmin(h.client, queue, &streamq.AdminOptions{Group: group, StaleAfter: h.opts.StaleAfter})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errBadRequest, err)
+	}
+	return a, nil
 }
 
 // fail writes an error page (or JSON for the API) with a status from err.

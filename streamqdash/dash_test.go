@@ -124,6 +124,11 @@ func TestPages(t *testing.T) {
 	client := srv.Client(t)
 	fill(t, client)
 	ctx := context.Background()
+	p, err := streamq.NewProducer[string, string](client, "orders", &streamq.ProducerOptions{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	defer p.Close()
+	_, err = p.Produce(ctx, "later-1", "x", streamq.After(time.Hour))
+	require.NoError(t, err)
 	h, err := New(client, &Options{Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	base := mount(t, h)
@@ -164,6 +169,11 @@ func TestPages(t *testing.T) {
 	code, body, _ = b.get("job?q=orders&id=bad-1")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, `id="job-state">dead-lettered<`)
+	code, body, _ = b.get("job?q=orders&id=later-1")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `id="job-state">scheduled<`)
+	require.Contains(t, body, "<th>Due</th>")
+	require.EqualValues(t, 1, st.Queues[0].Scheduled)
 	code, body, _ = b.get("job?q=orders&id=ok-1")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, "receipt for order ok-1")
@@ -354,5 +364,99 @@ func TestManyDeadLetters(t *testing.T) {
 		total+3, first, second, middle, overview, api)
 	for _, d := range []time.Duration{first, second, middle, overview, api} {
 		require.Less(t, d, 2*time.Second)
+	}
+}
+
+// TestFanoutGroupDeadLetters: the queue page shows, and acts on, the dead
+// letters of a fan-out group when asked for it (group=).
+func TestFanoutGroupDeadLetters(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	ctx := context.Background()
+	log := slog.New(slog.DiscardHandler)
+	run := func(c *streamq.Consumer[string, string]) {
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- c.Run(rctx) }()
+		t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	}
+	answering, err := streamq.NewConsumer(client, "events", func(ctx context.Context, m *streamq.Message[string]) (string, error) {
+		return "ok", nil
+	}, &streamq.ConsumerOptions{Name: "main-1", ReadBlock: 50 * time.Millisecond, Logger: log})
+	require.NoError(t, err)
+	audit, err := streamq.NewConsumer(client, "events", func(ctx context.Context, m *streamq.Message[string]) (string, error) {
+		return "", streamq.Permanent(errors.New("audit store refused it"))
+	}, &streamq.ConsumerOptions{Name: "audit-1", Group: "audit", Fanout: true, ReadBlock: 50 * time.Millisecond, Logger: log})
+	require.NoError(t, err)
+	run(answering)
+	run(audit)
+	p, err := streamq.NewProducer[string, string](client, "events", &streamq.ProducerOptions{Logger: log})
+	require.NoError(t, err)
+	defer p.Close()
+	require.NoError(t, p.Enqueue(ctx, "e-1", "x"))
+	require.NoError(t, p.Enqueue(ctx, "e-2", "y"))
+	auditAdmin, err := streamq.NewAdmin(client, "events", &streamq.AdminOptions{Group: "audit"})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		dls, err := auditAdmin.DeadLetters(ctx, "", 10)
+		return err == nil && len(dls) == 2
+	}, 20*time.Second, 10*time.Millisecond)
+
+	h, err := New(client, &Options{Logger: log})
+	require.NoError(t, err)
+	b := newBrowser(t, mount(t, h))
+	code, body, _ := b.get("queue?q=events")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `id="no-dead"`, "the answering group has none")
+	require.Contains(t, body, `<select name="group" id="group">`, "a group selector")
+	require.Contains(t, body, `<option>audit</option>`)
+	code, body, _ = b.get("queue?q=events&group=audit")
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, 2, strings.Count(body, "audit store refused it"))
+	require.Contains(t, body, `<input type="hidden" name="group" value="audit">`)
+	code, _, _ = b.get("queue?q=events&group=nope")
+	require.Equal(t, http.StatusNotFound, code)
+
+	dls, err := auditAdmin.DeadLetters(ctx, "", 10)
+	require.NoError(t, err)
+	token := csrfField.FindStringSubmatch(body)[1]
+	code, _, hdr := b.post(url.Values{"q": {"events"}, "group": {"audit"}, "op": {"purge"}, "id": {dls[0].DeadLetterID}, "csrf": {token}}, nil)
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Equal(t, "queue?done=purge&group=audit&n=1&q=events", hdr.Get("Location"))
+	left, err := auditAdmin.DeadLetters(ctx, "", 10)
+	require.NoError(t, err)
+	require.Len(t, left, 1)
+	require.Equal(t, dls[1].DeadLetterID, left[0].DeadLetterID)
+}
+
+// TestManyQueues: the overview reads the queues' stats several at once and
+// lists them in order.
+func TestManyQueues(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	ctx := context.Background()
+	var want []string
+	for i := range 20 {
+		q := fmt.Sprintf("q%02d", i)
+		want = append(want, q)
+		p, err := streamq.NewProducer[string, string](client, q, &streamq.ProducerOptions{Logger: slog.New(slog.DiscardHandler)})
+		require.NoError(t, err)
+		for j := range i + 1 { // the first write records the queue
+			require.NoError(t, p.Enqueue(ctx, fmt.Sprint(j), "x"))
+		}
+		require.NoError(t, p.Close())
+	}
+	h, err := New(client, &Options{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	b := newBrowser(t, mount(t, h))
+	code, body, _ := b.get("api/stats")
+	require.Equal(t, http.StatusOK, code, body)
+	var st statsResponse
+	require.NoError(t, json.Unmarshal([]byte(body), &st))
+	require.Len(t, st.Queues, 20)
+	for i, q := range st.Queues {
+		require.Equal(t, want[i], q.Name)
+		require.EqualValues(t, i+1, q.Length)
+		require.Empty(t, q.Error)
 	}
 }

@@ -9,8 +9,10 @@ import (
 	"html/template"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -62,34 +64,59 @@ func summarize(name string, s streamq.Stats) QueueSummary {
 	return q
 }
 
-// summaries reads the stats of the queues (all shown ones when only is "").
+// summaryWorkers bounds how many queues' Stats one overview reads at once.
+const summaryWorkers = 8
+
+// summaries reads the stats of the queues (all shown ones when only is ""),
+// several at once, in the order of the list.
 func (h *Handler) summaries(ctx context.Context, only string) ([]QueueSummary, error) {
 	names, err := h.queues(ctx)
 	if err != nil {
 		return nil, err
 	}
 	if only != "" {
+		if _, err := h.admin(ctx, only, ""); err != nil {
+			return nil, err
+		}
 		names = []string{only}
 	}
-	out := make([]QueueSummary, 0, len(names))
-	for _, name := range names {
-		a, err := h.admin(ctx, name)
-		if err != nil {
-			return nil, err
-		}
-		s, err := a.Stats(ctx)
-		switch {
-		case errors.Is(err, streamq.ErrNotFound) && only == "":
-			continue // deleted since discovered
-		case err != nil && only == "":
-			out = append(out, QueueSummary{Name: name, Error: err.Error()})
-			continue
-		case err != nil:
-			return nil, err
-		}
-		out = append(out, summarize(name, s))
+	out := make([]QueueSummary, len(names))
+	errs := make([]error, len(names))
+	sem := make(chan struct{}, summaryWorkers)
+	var wg sync.WaitGroup
+	for i, name := range names {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			a, err := streamq.NewAdmin(h.client, name, &streamq.AdminOptions{StaleAfter: h.opts.StaleAfter})
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			s, err := a.Stats(ctx)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			out[i] = summarize(name, s)
+		}()
 	}
-	return out, nil
+	wg.Wait()
+	kept := out[:0]
+	for i, q := range out {
+		switch err := errs[i]; {
+		case err == nil:
+			kept = append(kept, q)
+		case only != "":
+			return nil, err
+		case errors.Is(err, streamq.ErrNotFound):
+			// deleted since discovered
+		default:
+			kept = append(kept, QueueSummary{Name: names[i], Error: err.Error()})
+		}
+	}
+	return kept, nil
 }
 
 // page is what every page template gets.
@@ -147,14 +174,14 @@ type deadLetterRow struct {
 }
 
 func (h *Handler) queue(w http.ResponseWriter, r *http.Request) {
-	name, after := r.FormValue("q"), r.FormValue("after")
+	name, after, group := r.FormValue("q"), r.FormValue("after"), r.FormValue("group")
 	if name == "" {
 		h.fail(w, r, fmt.Errorf("%w: which queue? (q=)", errBadRequest))
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), h.opts.Timeout)
 	defer cancel()
-	a, err := h.admin(ctx, name)
+	a, err := h.admin(ctx, name, group)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -162,6 +189,10 @@ func (h *Handler) queue(w http.ResponseWriter, r *http.Request) {
 	s, err := a.Stats(ctx)
 	if err != nil {
 		h.fail(w, r, err)
+		return
+	}
+	if group != "" && !slices.ContainsFunc(s.Groups, func(g streamq.GroupStats) bool { return g.Name == group }) {
+		h.fail(w, r, fmt.Errorf("%w: queue %s has no consumer group %q", streamq.ErrNotFound, name, group))
 		return
 	}
 	cs, err := a.Consumers(ctx)
@@ -196,7 +227,8 @@ func (h *Handler) queue(w http.ResponseWriter, r *http.Request) {
 		After, Next string
 		PageSize    int
 		Done        string
-	}{h.page(w, r, "Queue "+name), name, summarize(name, s), s, cs, rows, after, next, h.opts.PageSize, doneMessage(r.URL.Query())})
+		Group       string // whose dead letters: "" for the answering group
+	}{h.page(w, r, "Queue "+name), name, summarize(name, s), s, cs, rows, after, next, h.opts.PageSize, doneMessage(r.URL.Query()), group})
 }
 
 // doneMessage says what the action before a redirect did (fixed texts
@@ -246,7 +278,7 @@ func (h *Handler) job(w http.ResponseWriter, r *http.Request) {
 	data.Poll = 0
 	status := http.StatusOK
 	if name != "" && id != "" {
-		a, err := h.admin(ctx, name)
+		a, err := h.admin(ctx, name, "")
 		if err != nil {
 			h.fail(w, r, err)
 			return
@@ -318,7 +350,8 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), timeout)
 	defer cancel()
-	a, err := h.admin(ctx, name)
+	group := r.PostFormValue("group")
+	a, err := h.admin(ctx, name, group)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -328,6 +361,9 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	back := url.Values{"q": {name}, "done": {op}}
+	if group != "" {
+		back.Set("group", group)
+	}
 	if after := r.PostFormValue("after"); after != "" {
 		back.Set("after", after)
 	}

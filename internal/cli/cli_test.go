@@ -177,6 +177,7 @@ func TestCLISession(t *testing.T) {
 	s.golden("job-scheduled", 0, "job", "emails", "welcome-later")
 	s.golden("pause", 0, "pause", "emails")
 	s.golden("stats-paused", 0, "stats", "emails")
+	s.golden("queues-paused", 0, "queues")
 	st, err := mustAdmin(t, client, "emails").Stats(ctx)
 	require.NoError(t, err)
 	require.True(t, st.Paused)

@@ -20,7 +20,8 @@ func init() {
 	commands = []command{
 		{name: "queues", summary: "list the queues in this Redis with their counts", read: true,
 			help: `Lists every streamq queue in this Redis (found with SCAN, on every master of
-a cluster), with its backlog, pending entries, dead letters and live consumers.`,
+a cluster), with its backlog, scheduled jobs, pending entries, dead letters,
+live and stale consumers, and whether it is paused.`,
 			flags: staleFlag, run: queues},
 		{name: "stats", args: "<queue>", summary: "statistics of one queue (--watch to refresh)", read: true,
 			help: `Shows a queue's backlog (LENGTH), scheduled jobs (delayed, or retries waiting
@@ -118,10 +119,12 @@ func groupFlag(fs *flag.FlagSet, o *opts) {
 type queueRow struct {
 	Queue       string `json:"queue"`
 	Length      int64  `json:"length"`
+	Scheduled   int64  `json:"scheduled"`
 	Pending     int64  `json:"pending"`
 	DeadLetters int64  `json:"dead_letters"`
 	Consumers   int64  `json:"consumers"`
 	Stale       int64  `json:"stale_consumers"`
+	Paused      bool   `json:"paused"`
 }
 
 func queues(ctx context.Context, r *runner) error {
@@ -147,7 +150,7 @@ func queues(ctx context.Context, r *runner) error {
 		if err != nil {
 			return err
 		}
-		row := queueRow{Queue: q, Length: s.Length, DeadLetters: s.DeadLetters}
+		row := queueRow{Queue: q, Length: s.Length, Scheduled: s.Scheduled, DeadLetters: s.DeadLetters, Paused: s.Paused}
 		for _, g := range s.Groups {
 			row.Pending += g.Pending
 			row.Consumers += g.Consumers
@@ -163,9 +166,13 @@ func queues(ctx context.Context, r *runner) error {
 		return nil
 	}
 	tw := r.table()
-	fmt.Fprintln(tw, "QUEUE\tLENGTH\tPENDING\tDEAD LETTERS\tCONSUMERS\tSTALE")
+	fmt.Fprintln(tw, "QUEUE\tLENGTH\tSCHEDULED\tPENDING\tDEAD LETTERS\tCONSUMERS\tSTALE\tSTATE")
 	for _, x := range rows {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\n", x.Queue, x.Length, x.Pending, x.DeadLetters, x.Consumers, x.Stale)
+		state := "-"
+		if x.Paused {
+			state = "paused"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", x.Queue, x.Length, x.Scheduled, x.Pending, x.DeadLetters, x.Consumers, x.Stale, state)
 	}
 	return tw.Flush()
 }

@@ -37,7 +37,10 @@
 -- ARGV[5]      the wake channel
 -- ARGV[6]      "PUBLISH" or "SPUBLISH"
 -- ARGV[7+4(i-1) .. 10+4(i-1)]  item i: entry id, request id, delay in ms,
---              payload (used only when the stream entry is gone)
+--              payload (used only when the stream entry is gone). A delay
+--              ending in ":f" marks a failed payload fetch: the handler did
+--              not start, so the entry's field "f" (failed fetches in a row)
+--              is incremented; any other retry drops "f".
 --
 -- Returns, per item: 1 scheduled, 0 acknowledged only (the request already
 -- has its outcome), -1 not pending for this consumer (nothing done).
@@ -62,7 +65,12 @@ local items = {}
 local out = {}
 for i = 1, n do
   local b = 7 + 4 * (i - 1)
-  local it = {eid = ARGV[b], rid = ARGV[b + 1], delay = tonumber(ARGV[b + 2]), payload = ARGV[b + 3], key = KEYS[4 + i]}
+  local d = ARGV[b + 2]
+  local fetchFailed = string.sub(d, -2) == ":f"
+  if fetchFailed then
+    d = string.sub(d, 1, -3)
+  end
+  local it = {eid = ARGV[b], rid = ARGV[b + 1], delay = tonumber(d), payload = ARGV[b + 3], key = KEYS[4 + i]}
   local p = redis.call("XPENDING", stream, group, it.eid, it.eid, 1)
   if not p[1] or p[1][2] ~= me then
     out[i] = -1
@@ -71,16 +79,23 @@ for i = 1, n do
     it.count = redis.call("HGET", starts, it.eid) or "0"
     local e = redis.call("XRANGE", stream, it.eid, it.eid)
     local fields = {}
+    local fetches = 0
     if e[1] and e[1][2] then
       local f = e[1][2]
       for j = 1, #f, 2 do
-        if f[j] ~= "g" and f[j] ~= "n" then
+        if f[j] == "f" then
+          fetches = tonumber(f[j + 1]) or 0
+        elseif f[j] ~= "g" and f[j] ~= "n" then
           fields[#fields + 1] = f[j]
           fields[#fields + 1] = f[j + 1]
         end
       end
     else
       fields = {"id", it.rid, "p", it.payload}
+    end
+    if fetchFailed then
+      fields[#fields + 1] = "f"
+      fields[#fields + 1] = tostring(fetches + 1)
     end
     fields[#fields + 1] = "g"
     fields[#fields + 1] = group

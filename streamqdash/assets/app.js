@@ -79,6 +79,19 @@
         set(s, "dead_letters", String(q.dead_letters));
         set(s, "consumers", String(q.consumers));
         set(s, "stale_consumers", String(q.stale_consumers));
+        var state = s.querySelector('[data-f="state"]');
+        if (state) {
+          var badge = q.paused ? "paused" : q.consumers === 0 && (q.length > 0 || q.pending > 0) ? "no consumers" : "";
+          if (state.textContent !== badge) {
+            state.textContent = "";
+            if (badge) {
+              var b = document.createElement("span");
+              b.className = q.paused ? "badge" : "badge bad";
+              b.textContent = badge;
+              state.appendChild(b);
+            }
+          }
+        }
         if (ok !== null) {
           set(s, "rate_ok", fmt(ok));
           set(s, "rate_failed", fmt(failed));
