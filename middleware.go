@@ -92,11 +92,12 @@ type Outgoing struct {
 	EntryID string
 }
 
-// ProduceInterceptor wraps one Produce or Enqueue call (msgs holds its one
-// request) or one ProduceBatch call (msgs holds every job, in order). It runs
-// in the caller's goroutine before the request is validated and sent, may
-// change ctx and the headers, and returns what the call returns; next sends
-// the request(s). An interceptor that does not call next fails the call with
+// ProduceInterceptor wraps one Produce, Enqueue or Send call (msgs holds its
+// one request) or one ProduceBatch call (msgs holds every job, in order). It
+// runs in the caller's goroutine before the request is validated and sent,
+// may change ctx and the headers, and returns what the call returns; next
+// sends the request(s). For Send, next returns once the request is accepted,
+// before it is written, and EntryID stays empty. An interceptor that does not call next fails the call with
 // its error (or with ErrIntercepted when it returns nil).
 //
 // ProducerOptions.Interceptors lists interceptors outermost first.

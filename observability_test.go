@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -307,11 +308,15 @@ func TestProduceInterceptor(t *testing.T) {
 	require.EqualError(t, err, "a refused")
 	_, err = p.ProduceBatch(ctx, []Job[string]{{ID: "drop-a", Request: "x"}})
 	require.ErrorIs(t, err, ErrIntercepted)
+	trail = nil
+	require.NoError(t, p.Send(ctx, "sent", "x"))
+	require.NoError(t, p.Flush(ctx))
+	require.Equal(t, []string{"a>sent", "b>sent", "b<", "a<"}, trail, "Send is intercepted too")
 	a, err := NewAdmin(client, q, nil)
 	require.NoError(t, err)
 	st, err := a.Stats(ctx)
 	require.NoError(t, err)
-	require.EqualValues(t, 1, st.Length, "only x was sent")
+	require.EqualValues(t, 2, st.Length, "only x and sent were sent")
 }
 
 // TestDeadlinePassedNeverRuns: a request whose deadline passed before it
@@ -507,4 +512,31 @@ func TestLogsCarryHandlerContext(t *testing.T) {
 	defer logs.mu.Unlock()
 	require.Contains(t, logs.recs, "streamq: handler failed; will retry ctx=span-j attrs=id,entry,deliveries,retry_in,err")
 	require.Contains(t, logs.recs, "streamq: dead-lettering message ctx=span-j attrs=id,entry,deliveries,reason")
+}
+
+// FuzzHeadersRoundTrip: headers encoded at produce parse back unchanged, and
+// any bytes in the header and deadline fields (written by another program)
+// parse without a panic into headers or none.
+func FuzzHeadersRoundTrip(f *testing.F) {
+	f.Add("traceparent", "00-0102030405060708090a0b0c0d0e0f10-1112131415161718-01", `{"a":"b"}`, "1700000000000")
+	f.Add("k", "", "{not json", "soon")
+	f.Add("\x00", "\xff", `{"a":1}`, "-5")
+	f.Fuzz(func(t *testing.T, k, v, rawHeaders, rawDeadline string) {
+		if k != "" {
+			enc, err := encodeHeaders(map[string]string{k: v})
+			require.NoError(t, err)
+			m := parseMeta(map[string]any{fieldHeaders: enc}, time.Time{})
+			// JSON replaces invalid UTF-8; valid text round-trips exactly.
+			if utf8.ValidString(k) && utf8.ValidString(v) {
+				require.Equal(t, map[string]string{k: v}, m.headers)
+			}
+		}
+		m := parseMeta(map[string]any{fieldHeaders: rawHeaders, fieldDeadline: rawDeadline}, time.Time{})
+		if m.headers != nil {
+			require.NotEmpty(t, m.headers, "no headers is nil, never an empty map")
+		}
+		if !m.deadline.IsZero() {
+			require.Positive(t, m.deadline.UnixMilli())
+		}
+	})
 }

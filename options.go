@@ -150,7 +150,7 @@ type ProducerOptions struct {
 	// Defaults to 1.
 	Shards int
 
-	// Interceptors wrap every Produce, Enqueue and ProduceBatch call, the
+	// Interceptors wrap every Produce, Enqueue, Send and ProduceBatch call, the
 	// first outermost: to set headers from ctx (a trace context), to count
 	// or time calls. See ProduceInterceptor. Defaults to none.
 	Interceptors []ProduceInterceptor

@@ -22,6 +22,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -72,6 +73,38 @@ type Instrumentation struct {
 	duration  metric.Float64Histogram
 	queueWait metric.Float64Histogram
 	fetchTime metric.Float64Histogram
+
+	// sets caches the attribute sets of the process metrics (attrKey ->
+	// attribute.Set): building one per message costs more than the
+	// measurement. Bounded by queues x groups x error types x outcomes.
+	sets sync.Map
+}
+
+// attrKey identifies an attribute set of the process metrics.
+type attrKey struct{ queue, group, errorType, outcome string }
+
+// processAttrs returns the attribute set of the process metrics for a queue
+// and group, with error.type and the outcome when not empty.
+func (i *Instrumentation) processAttrs(queue, group, errType, outcome string) attribute.Set {
+	k := attrKey{queue, group, errType, outcome}
+	if s, ok := i.sets.Load(k); ok {
+		return s.(attribute.Set)
+	}
+	kvs := []attribute.KeyValue{
+		semconv.MessagingSystemKey.String(System),
+		semconv.MessagingOperationName("process"),
+		semconv.MessagingDestinationName(queue),
+		semconv.MessagingConsumerGroupName(group),
+	}
+	if errType != "" {
+		kvs = append(kvs, semconv.ErrorTypeKey.String(errType))
+	}
+	if outcome != "" {
+		kvs = append(kvs, OutcomeKey.String(outcome))
+	}
+	s := attribute.NewSet(kvs...)
+	i.sets.Store(k, s)
+	return s
 }
 
 // New returns an Instrumentation. Options default to OpenTelemetry's
@@ -212,13 +245,7 @@ func (i *Instrumentation) Middleware() streamq.Middleware {
 		err := next(ctx)
 		elapsed := time.Since(start).Seconds()
 
-		attrs := []attribute.KeyValue{
-			semconv.MessagingSystemKey.String(System),
-			semconv.MessagingOperationName("process"),
-			semconv.MessagingDestinationName(d.Queue),
-			semconv.MessagingConsumerGroupName(d.Group),
-		}
-		outcome := OutcomeOK
+		outcome, et := OutcomeOK, ""
 		switch {
 		case err == nil:
 		case d.Final(err):
@@ -228,16 +255,15 @@ func (i *Instrumentation) Middleware() streamq.Middleware {
 		}
 		span.SetAttributes(OutcomeKey.String(outcome))
 		if err != nil {
-			et := errorType(err)
+			et = errorType(err)
 			span.SetStatus(codes.Error, err.Error())
 			span.SetAttributes(semconv.ErrorTypeKey.String(et))
-			i.duration.Record(ctx, elapsed, metric.WithAttributes(append(attrs, semconv.ErrorTypeKey.String(et))...))
-		} else {
-			i.duration.Record(ctx, elapsed, metric.WithAttributes(attrs...))
 		}
-		i.processed.Add(ctx, 1, metric.WithAttributes(append(attrs, OutcomeKey.String(outcome))...))
+		i.duration.Record(ctx, elapsed, metric.WithAttributeSet(i.processAttrs(d.Queue, d.Group, et, "")))
+		i.processed.Add(ctx, 1, metric.WithAttributeSet(i.processAttrs(d.Queue, d.Group, et, outcome)))
 		if !d.ProducedAt.IsZero() {
-			i.queueWait.Record(ctx, max(d.StartedAt.Sub(d.ProducedAt).Seconds(), 0), metric.WithAttributes(attrs[:4]...))
+			i.queueWait.Record(ctx, max(d.StartedAt.Sub(d.ProducedAt).Seconds(), 0),
+				metric.WithAttributeSet(i.processAttrs(d.Queue, d.Group, "", "")))
 		}
 		return err
 	}

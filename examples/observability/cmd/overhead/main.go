@@ -11,7 +11,8 @@
 //
 // Per round it prints produce and handle throughput (jobs/s), Redis CPU per
 // job (INFO cpu: used_cpu_user + used_cpu_sys) and this process's CPU per
-// job (getrusage), then the medians per mode and the on/off ratios.
+// job (getrusage), then the medians per mode and their differences from the
+// first mode's.
 package main
 
 import (
@@ -22,6 +23,7 @@ import (
 	"log"
 	"log/slog"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -52,7 +54,19 @@ func main() {
 	rounds := flag.Int("rounds", 3, "rounds per mode")
 	workers := flag.Int("workers", 8, "consumer workers")
 	producers := flag.Int("producers", 16, "concurrent producing goroutines")
+	modeList := flag.String("modes", "off,prom,otel,both", "modes to run, in this order each round")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.Parse()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	ctx := context.Background()
 	addr := ""
 	if url := os.Getenv("REDIS_URL"); url != "" {
@@ -83,7 +97,7 @@ func main() {
 	metrics := streamqprom.NewMetrics()
 	prometheus.NewRegistry().MustRegister(metrics)
 
-	modes := []string{"off", "prom", "otel", "both"}
+	modes := strings.Split(*modeList, ",")
 	res := map[string][]result{}
 	fmt.Println("mode  round  produce_jobs_s  handle_jobs_s  redis_cpu_us_per_job  client_cpu_us_per_job")
 	for r := range *rounds {
@@ -106,7 +120,7 @@ func main() {
 			fmt.Printf("%-5s %5d  %14.0f  %13.0f  %20.1f  %21.1f\n", m, r+1, x.produceRate, x.handleRate, x.redisUs, x.clientUs)
 		}
 	}
-	off := medians(res["off"])
+	off := medians(res[modes[0]])
 	for _, m := range modes {
 		x := medians(res[m])
 		fmt.Printf("median %-4s: produce %6.0f/s (%+5.1f%%), handle %6.0f/s (%+5.1f%%), Redis %5.1f µs/job (%+5.1f%%), client %6.1f µs/job (%+5.1f%%)\n",
