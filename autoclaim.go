@@ -70,13 +70,13 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 		r.givePlaces(shard, n-got)
 		if err != nil {
 			if isNoGroup(err) {
-				r.c.log.Warn("streamq: consumer group vanished (Redis restarted without persistence, or the stream was deleted); recreating it", "err", err)
+				r.c.log.WarnContext(r.runCtx, "streamq: consumer group vanished (Redis restarted without persistence, or the stream was deleted); recreating it", "err", err)
 				err = r.c.ensureGroup(read, shard)
 				history, cursor = true, "-"
 			}
 			if err != nil {
 				r.c.slots.onError(err)
-				r.c.log.Error("streamq: reading the stream failed; retrying", "err", err)
+				r.c.log.ErrorContext(r.runCtx, "streamq: reading the stream failed; retrying", "err", err)
 				if sleepCtx(ctx, b.next()) != nil {
 					return
 				}
@@ -137,11 +137,11 @@ func (r *run[Req, Resp]) readHistory(ctx context.Context, shard, n int, cursor s
 	counts, _ := res[2].([]any)
 	gone, _ := res[3].([]any)
 	if len(gone) > 0 {
-		r.c.log.Info("streamq: dropped pending entries whose stream entries were deleted", "count", len(gone))
+		r.c.log.InfoContext(r.runCtx, "streamq: dropped pending entries whose stream entries were deleted", "count", len(gone))
 	}
 	if len(msgs) > 0 {
 		got = r.admitClaimed(shard, msgs, counts)
-		r.c.log.Info("streamq: resumed own pending entries", "count", got)
+		r.c.log.InfoContext(r.runCtx, "streamq: resumed own pending entries", "count", got)
 	}
 	return len(msgs) + len(gone), got, last, nil
 }
@@ -165,12 +165,12 @@ func (r *run[Req, Resp]) claim(ctx context.Context, shard, n int, cursor string)
 	msgs := parseEntries(res[1])
 	counts, _ := res[2].([]any)
 	if gone, _ := res[3].([]any); len(gone) > 0 {
-		r.c.log.Info("streamq: dropped claimed entries whose stream entries were deleted", "count", len(gone))
+		r.c.log.InfoContext(r.runCtx, "streamq: dropped claimed entries whose stream entries were deleted", "count", len(gone))
 	}
 	got := 0
 	if len(msgs) > 0 {
 		got = r.admitClaimed(shard, msgs, counts)
-		r.c.log.Info("streamq: claimed idle entries", "count", got)
+		r.c.log.InfoContext(r.runCtx, "streamq: claimed idle entries", "count", got)
 	}
 	if next == "" {
 		next = "0-0"
@@ -244,11 +244,11 @@ func (r *run[Req, Resp]) adopt(ctx context.Context, shard, n int) (int, error) {
 	msgs := parseEntries(res[0])
 	counts, _ := res[1].([]any)
 	if gone, _ := res[2].([]any); len(gone) > 0 {
-		r.c.log.Info("streamq: dropped own pending entries whose stream entries were deleted", "count", len(gone))
+		r.c.log.InfoContext(r.runCtx, "streamq: dropped own pending entries whose stream entries were deleted", "count", len(gone))
 	}
 	got := r.admitClaimed(shard, msgs, counts)
 	if got > 0 {
-		r.c.log.Info("streamq: took back own pending entries whose read or claim reply was lost", "count", got)
+		r.c.log.InfoContext(r.runCtx, "streamq: took back own pending entries whose read or claim reply was lost", "count", got)
 	}
 	return got, nil
 }
@@ -313,7 +313,7 @@ func (r *run[Req, Resp]) leaseLoop() {
 			lost, err := r.leaseShard(r.bg, shard, slots, 0, r.recordFloor())
 			if err != nil {
 				r.c.slots.onError(err)
-				r.c.log.Warn("streamq: renewing leases failed; will retry", "entries", len(slots), "err", err)
+				r.c.log.WarnContext(r.runCtx, "streamq: renewing leases failed; will retry", "entries", len(slots), "err", err)
 			}
 			for _, id := range lost {
 				r.mu.Lock()
@@ -323,7 +323,7 @@ func (r *run[Req, Resp]) leaseLoop() {
 				// is recorded; a renewal that raced with that is no loss (and
 				// if another consumer ran it too, the first outcome wins).
 				if s != nil && !s.handedOff.Load() {
-					r.c.log.Warn("streamq: lost a message to another consumer", "id", s.entry.ID, "entry", id)
+					r.c.log.WarnContext(r.runCtx, "streamq: lost a message to another consumer", "id", s.entry.ID, "entry", id)
 					s.markLost()
 				}
 			}
@@ -382,10 +382,10 @@ func (r *run[Req, Resp]) releaseUnstarted() {
 			continue
 		}
 		if _, err := r.leaseShard(ctx, shard, ids, releaseIdle, 0); err != nil {
-			r.c.log.Warn("streamq: releasing prefetched entries failed; they will be claimed after MinIdle",
+			r.c.log.WarnContext(r.runCtx, "streamq: releasing prefetched entries failed; they will be claimed after MinIdle",
 				"entries", len(ids), "err", err)
 		} else {
-			r.c.log.Info("streamq: released prefetched entries that had not started", "entries", len(ids))
+			r.c.log.InfoContext(r.runCtx, "streamq: released prefetched entries that had not started", "entries", len(ids))
 		}
 	}
 	r.forget(slots...)

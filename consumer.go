@@ -261,7 +261,7 @@ func (c *Consumer[Req, Resp]) ensureGroupRetry(ctx context.Context) error {
 		if c.opts.FailFast {
 			return wrapf(err, "consumer start failed (FailFast)")
 		}
-		c.log.Error("streamq: cannot create the consumer group; retrying", "err", err)
+		c.log.ErrorContext(ctx, "streamq: cannot create the consumer group; retrying", "err", err)
 		if sleepCtx(ctx, b.next()) != nil {
 			return ctx.Err()
 		}
@@ -403,7 +403,7 @@ func (r *run[Req, Resp]) shutdown() {
 	case <-done:
 		hard.Stop()
 	case <-gaveUp:
-		r.c.log.Warn("streamq: shutdown stopped waiting for Redis after 2×ShutdownTimeout; "+
+		r.c.log.WarnContext(r.runCtx, "streamq: shutdown stopped waiting for Redis after 2×ShutdownTimeout; "+
 			"calls still in flight end on the client's timeouts, and unrecorded entries stay pending until claimed",
 			"shutdown_timeout", o.ShutdownTimeout)
 	}
@@ -1128,12 +1128,12 @@ func (r *run[Req, Resp]) completeShard(shard int, batch []*completion) {
 			break
 		}
 		if r.bg.Err() != nil {
-			r.c.log.Error("streamq: gave up recording outcomes at shutdown; the entries stay pending and will be reclaimed",
+			r.c.log.ErrorContext(r.runCtx, "streamq: gave up recording outcomes at shutdown; the entries stay pending and will be reclaimed",
 				"entries", len(batch), "err", err)
 			r.forgetCompletions(all)
 			return
 		}
-		r.c.log.Warn("streamq: recording outcomes failed; retrying", "entries", len(batch), "stream", k.Stream, "err", err)
+		r.c.log.WarnContext(r.runCtx, "streamq: recording outcomes failed; retrying", "entries", len(batch), "stream", k.Stream, "err", err)
 		r.c.slots.onError(err)
 		_ = sleepCtx(r.bg, b.next())
 	}
@@ -1147,7 +1147,7 @@ func (r *run[Req, Resp]) completeShard(shard int, batch []*completion) {
 		}
 		if len(done) > 0 {
 			if err := fc.Completed(r.bg, done); err != nil {
-				r.c.log.Warn("streamq: fetcher completion hook failed", "err", err)
+				r.c.log.WarnContext(r.runCtx, "streamq: fetcher completion hook failed", "err", err)
 			}
 		}
 	}

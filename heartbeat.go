@@ -76,7 +76,7 @@ func (r *run[Req, Resp]) heartbeatLoop() {
 		pipe.HSet(r.bg, key, r.c.opts.Name, heartbeatValue(time.Now(), &r.c.outcomes))
 		pipe.PExpire(r.bg, key, seenTTL)
 		if _, err := pipe.Exec(r.bg); err != nil && r.bg.Err() == nil {
-			r.c.log.Debug("streamq: heartbeat failed; will retry", "err", err)
+			r.c.log.DebugContext(r.runCtx, "streamq: heartbeat failed; will retry", "err", err)
 		}
 	}
 	beat()

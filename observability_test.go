@@ -540,3 +540,43 @@ func FuzzHeadersRoundTrip(f *testing.F) {
 		}
 	})
 }
+
+// TestBackgroundLogsCarryRunContext: the consumer's background loops log
+// with the context Run was given, so a host's values (a trace, a tenant)
+// reach its slog handler; here the feeder finds its group destroyed.
+func TestBackgroundLogsCarryRunContext(t *testing.T) {
+	client, _ := miniRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	logs := &ctxLog{}
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		return "", nil
+	}, &ConsumerOptions{Logger: slog.New(logs), ClaimInterval: 20 * time.Millisecond})
+	require.NoError(t, err)
+	rctx, cancel := context.WithCancel(context.WithValue(ctx, ctxKey{}, "run-1"))
+	done := make(chan error, 1)
+	go func() { done <- c.Run(rctx) }()
+	defer func() {
+		cancel()
+		require.NoError(t, <-done)
+	}()
+	select {
+	case <-c.Ready():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the consumer did not become ready")
+	}
+	a, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	stream, _, _, _ := firstShardKeys(t, a)
+	require.NoError(t, client.XGroupDestroy(ctx, stream, DefaultGroup).Err())
+	eventually(t, 10*time.Second, func() bool {
+		logs.mu.Lock()
+		defer logs.mu.Unlock()
+		for _, r := range logs.recs {
+			if strings.HasPrefix(r, "streamq: consumer group vanished") {
+				return strings.Contains(r, " ctx=run-1 ")
+			}
+		}
+		return false
+	}, "no log line about the vanished group with Run's context")
+}

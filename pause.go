@@ -136,10 +136,10 @@ func (r *run[Req, Resp]) watchPause() {
 		switch {
 		case err != nil:
 			if r.bg.Err() == nil {
-				r.c.log.Warn("streamq: reading whether the queue is paused failed; keeping the last state", "err", err)
+				r.c.log.WarnContext(r.runCtx, "streamq: reading whether the queue is paused failed; keeping the last state", "err", err)
 			}
 		case r.pause.set(paused) && paused:
-			r.c.log.Info("streamq: queue paused; running handlers finish, no new ones start")
+			r.c.log.InfoContext(r.runCtx, "streamq: queue paused; running handlers finish, no new ones start")
 		}
 		t.Reset(PauseCheckInterval)
 	}

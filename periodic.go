@@ -316,12 +316,12 @@ func (pd *Periodic[Req, Resp]) produce(ctx context.Context, job PeriodicJob[Req]
 	}
 	req, err := job.Request(slot)
 	if err != nil {
-		pd.log.Error("streamq: a periodic job's Request failed; the slot is skipped", "id", id, "err", err)
+		pd.log.ErrorContext(ctx, "streamq: a periodic job's Request failed; the slot is skipped", "id", id, "err", err)
 		return nil
 	}
 	if err := pd.p.Enqueue(ctx, id, req); err != nil {
 		if errors.Is(err, ErrInvalidID) || errors.Is(err, ErrPayloadTooLarge) || errors.Is(err, ErrWrongType) || errors.Is(err, ErrClosed) {
-			pd.log.Error("streamq: a periodic slot's request is refused; the slot is skipped", "id", id, "err", err)
+			pd.log.ErrorContext(ctx, "streamq: a periodic slot's request is refused; the slot is skipped", "id", id, "err", err)
 			return nil
 		}
 		return err

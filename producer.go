@@ -237,7 +237,7 @@ func (p *Producer[Req, Resp]) Close() error {
 		select {
 		case <-flushed:
 		case <-bound.Done():
-			p.log.Warn("streamq: Close gave up waiting for requests still being sent; their callers get ErrClosed",
+			p.log.WarnContext(bound, "streamq: Close gave up waiting for requests still being sent; their callers get ErrClosed",
 				"close_timeout", p.opts.CloseTimeout)
 		}
 		p.cancel()
@@ -262,7 +262,7 @@ func (p *Producer[Req, Resp]) Close() error {
 		select {
 		case <-p.stopped:
 		case <-bound.Done():
-			p.log.Warn("streamq: Close returns while a Redis call is still blocked; its goroutine ends when the call returns",
+			p.log.WarnContext(bound, "streamq: Close returns while a Redis call is still blocked; its goroutine ends when the call returns",
 				"close_timeout", p.opts.CloseTimeout)
 		}
 		p.waiters.failAll(ErrClosed)
@@ -534,7 +534,7 @@ func (p *Producer[Req, Resp]) listen(ps *redis.PubSub, ch <-chan any) {
 		switch m := m.(type) {
 		case *redis.Message:
 			if err := parseNotice(m.Payload, p.waiters.resolveID); err != nil {
-				p.log.Warn("streamq: ignoring a malformed completion notice", "err", err)
+				p.log.WarnContext(p.lifetime, "streamq: ignoring a malformed completion notice", "err", err)
 			}
 		case *redis.Subscription:
 			if m.Kind == "sunsubscribe" && p.lifetime.Err() == nil {
@@ -542,7 +542,7 @@ func (p *Producer[Req, Resp]) listen(ps *redis.PubSub, ch <-chan any) {
 				// cluster failover. It still relays the shard's notices as a
 				// replica, so subscribe again (go-redis does not).
 				if err := ps.SSubscribe(p.lifetime, m.Channel); err != nil && p.lifetime.Err() == nil {
-					p.log.Warn("streamq: resubscribing to completion notices failed", "channel", m.Channel, "err", err)
+					p.log.WarnContext(p.lifetime, "streamq: resubscribing to completion notices failed", "channel", m.Channel, "err", err)
 				}
 			}
 			if m.Kind != "subscribe" && m.Kind != "ssubscribe" {
@@ -580,7 +580,7 @@ func (p *Producer[Req, Resp]) backstop() {
 			p.slots.onError(err)
 			retry = min(max(2*retry, backstopRetry), p.opts.BackstopInterval)
 			next = retry
-			p.log.Warn("streamq: backstop check failed; will retry", "err", err, "retry_in", retry)
+			p.log.WarnContext(p.lifetime, "streamq: backstop check failed; will retry", "err", err, "retry_in", retry)
 		} else {
 			retry = 0
 		}

@@ -172,7 +172,7 @@ func (l *limiter) loop() {
 		}
 		if err != nil {
 			if l.bg.Err() == nil {
-				l.log.Warn("streamq: taking rate-limit tokens failed; retrying", "key", l.key, "err", err)
+				l.log.WarnContext(l.bg, "streamq: taking rate-limit tokens failed; retrying", "key", l.key, "err", err)
 			}
 			if l.sleep(b.next()) {
 				return

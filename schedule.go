@@ -129,7 +129,7 @@ func (r *run[Req, Resp]) promoteLoop(shard int) {
 				return
 			}
 			r.c.slots.onError(err)
-			r.c.log.Warn("streamq: promoting scheduled jobs failed; retrying", "stream", k.Stream, "err", err)
+			r.c.log.WarnContext(r.runCtx, "streamq: promoting scheduled jobs failed; retrying", "stream", k.Stream, "err", err)
 			reset(b.next())
 			continue
 		}
@@ -180,18 +180,18 @@ func (r *run[Req, Resp]) retryShard(shard int, batch []*completion) bool {
 		if err == nil {
 			for i, v := range res {
 				if v < 0 {
-					r.c.log.Info("streamq: a failed entry was taken by another consumer before its retry was scheduled",
+					r.c.log.InfoContext(r.runCtx, "streamq: a failed entry was taken by another consumer before its retry was scheduled",
 						"id", batch[i].s.entry.ID, "entry", batch[i].s.entry.EntryID)
 				}
 			}
 			return true
 		}
 		if r.bg.Err() != nil {
-			r.c.log.Error("streamq: gave up scheduling retries at shutdown; the entries stay pending and will be reclaimed",
+			r.c.log.ErrorContext(r.runCtx, "streamq: gave up scheduling retries at shutdown; the entries stay pending and will be reclaimed",
 				"entries", len(batch), "err", err)
 			return false
 		}
-		r.c.log.Warn("streamq: scheduling retries failed; retrying", "entries", len(batch), "stream", k.Stream, "err", err)
+		r.c.log.WarnContext(r.runCtx, "streamq: scheduling retries failed; retrying", "entries", len(batch), "stream", k.Stream, "err", err)
 		r.c.slots.onError(err)
 		_ = sleepCtx(r.bg, b.next())
 	}

@@ -46,7 +46,7 @@ func (p *Producer[Req, Resp]) send(ctx context.Context, id string, req Req, opts
 	}
 	// The write outlives the call: keep ctx's values, not its end.
 	it.ctx = context.WithoutCancel(ctx)
-	it.done = func(out produceOutcome) { p.sent(id, out) }
+	it.done = func(out produceOutcome) { p.sent(it.ctx, id, out) }
 	p.sends.start()
 	if err := p.hand(ctx, it); err != nil {
 		p.budget.release(it.size())
@@ -66,7 +66,7 @@ func (p *Producer[Req, Resp]) Flush(ctx context.Context) error {
 }
 
 // sent takes the outcome of one Send.
-func (p *Producer[Req, Resp]) sent(id string, out produceOutcome) {
+func (p *Producer[Req, Resp]) sent(ctx context.Context, id string, out produceOutcome) {
 	err := out.err
 	if err == nil && out.code == outcomeRejected {
 		err = fmt.Errorf("%w: request %q: %s", ErrWrongType, id, out.data)
@@ -76,7 +76,7 @@ func (p *Producer[Req, Resp]) sent(id string, out produceOutcome) {
 		if p.opts.OnSendError != nil {
 			p.opts.OnSendError(id, err)
 		} else {
-			p.log.Error("streamq: a request accepted by Send was not written", "id", id, "err", err)
+			p.log.ErrorContext(ctx, "streamq: a request accepted by Send was not written", "id", id, "err", err)
 		}
 	}
 	p.sends.finish(err)

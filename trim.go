@@ -27,13 +27,13 @@ func (r *run[Req, Resp]) trimLoop() {
 		case <-t.C:
 		}
 		if _, err := trimStream(r.runCtx, r.c); err != nil && r.runCtx.Err() == nil {
-			r.c.log.Warn("streamq: trimming the stream failed; will retry", "err", err)
+			r.c.log.WarnContext(r.runCtx, "streamq: trimming the stream failed; will retry", "err", err)
 		}
 		deleted, err := pruneConsumers(r.runCtx, r.c)
 		if err != nil && r.runCtx.Err() == nil {
-			r.c.log.Warn("streamq: pruning idle consumers failed; will retry", "err", err)
+			r.c.log.WarnContext(r.runCtx, "streamq: pruning idle consumers failed; will retry", "err", err)
 		} else if len(deleted) > 0 {
-			r.c.log.Info("streamq: pruned idle consumers with no pending entries", "consumers", deleted)
+			r.c.log.InfoContext(r.runCtx, "streamq: pruned idle consumers with no pending entries", "consumers", deleted)
 		}
 	}
 }
