@@ -844,6 +844,11 @@ func TestClusterManualFailover(t *testing.T) {
 			cancel()
 			if err != nil {
 				rec, rerr := client.Get(ctx, shards[keys.ShardOf(id, clusterShards)].Record(id)).Result()
+				st := shards[keys.ShardOf(id, clusterShards)].Stream
+				gi, gerr := client.XInfoGroups(ctx, st).Result()
+				xl := client.XLen(ctx, st).Val()
+				xr, _ := client.XRange(ctx, st, "-", "+").Result()
+				t.Logf("DEBUG shard %d stream %s len %d groups %+v (%v) entries %+v", keys.ShardOf(id, clusterShards), st, xl, gi, gerr, xr)
 				t.Fatalf("%s: %v; its record holds %q (%v): a result there means its notice was lost", id, err, rec, rerr)
 			}
 			require.Equal(t, i+1, got)

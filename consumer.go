@@ -317,7 +317,7 @@ type run[Req, Resp any] struct {
 func newRun[Req, Resp any](c *Consumer[Req, Resp]) *run[Req, Resp] {
 	return &run[Req, Resp]{
 		c:         c,
-		ring:      newRing(c.opts.Prefetch),
+		ring:      newRing(c.opts.Prefetch, len(c.shards)),
 		ahead:     newReadAhead(c.opts.Workers, c.opts.Prefetch, c.opts.holdPrefetch),
 		places:    newShardPlaces(c.opts.Prefetch, len(c.shards)),
 		owned:     make(map[ownedKey]*slot),

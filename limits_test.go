@@ -110,7 +110,7 @@ func TestConsumerOptionUpperBounds(t *testing.T) {
 // The ring keeps push order, grows with what it holds and gives memory back
 // once drained; closing it ends the workers' range after the queued slots.
 func TestRingGrowsAndShrinksInOrder(t *testing.T) {
-	r := newRing(MaxPrefetch)
+	r := newRing(MaxPrefetch, 1)
 	require.Empty(t, r.buf, "no storage before the first push")
 	ctx := context.Background()
 	const n = 5000

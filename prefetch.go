@@ -222,6 +222,8 @@ type ring struct {
 	depth  int // Prefetch: the places in all
 	free   int
 	target int           // how many places may be out at once (readAhead), <= depth
+	shards int           // feeders sharing the ring, one per shard
+	capped bool          // the last reservation was cut to its fair share of the target
 	freed  chan struct{} // capacity 1: "free or target went up"
 
 	qmu    sync.Mutex
@@ -240,8 +242,8 @@ const (
 	ringKeepCap = 1024
 )
 
-func newRing(depth int) *ring {
-	r := &ring{depth: depth, free: depth, target: depth, freed: make(chan struct{}, 1)}
+func newRing(depth, shards int) *ring {
+	r := &ring{depth: depth, free: depth, target: depth, shards: max(shards, 1), freed: make(chan struct{}, 1)}
 	r.queued.L = &r.qmu
 	return r
 }
@@ -249,12 +251,21 @@ func newRing(depth int) *ring {
 // reserve blocks until at least one place is free, and fewer places than the
 // target are out, and takes up to limit places within both. The caller
 // pushes at most that many slots and gives back the rest. Several feeders
-// (one per shard) share the ring; each takes a bounded share, so a feeder
-// blocked on an empty shard does not starve the others.
+// (one per shard) share the ring; one reservation takes at most a fair share
+// of the target, target/shards (at least 1), so a feeder blocked on an empty
+// shard holding its places, or one that gives them back and takes them again
+// at once, never starves the other shards. A reservation cut to its share
+// counts as the target binding (see binding): the target grows when workers
+// wait for it.
 func (r *ring) reserve(ctx context.Context, limit int) (int, error) {
 	for {
 		r.mu.Lock()
-		n := max(0, min(r.free, limit, r.target-(r.depth-r.free)))
+		avail := max(0, min(r.free, limit, r.target-(r.depth-r.free)))
+		fair := max(1, r.target/r.shards)
+		n := min(avail, fair)
+		if n > 0 {
+			r.capped = avail > fair
+		}
 		r.free -= n
 		left := min(r.free, r.target-(r.depth-r.free))
 		r.mu.Unlock()
@@ -361,11 +372,12 @@ func (r *ring) setTarget(n int) {
 }
 
 // binding reports whether the target is what stops the feeders: as many
-// places are out as it allows, while some are free.
+// places are out as it allows while some are free, or the last reservation
+// was cut to its fair share of the target.
 func (r *ring) binding() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.free > 0 && r.depth-r.free >= r.target
+	return r.free > 0 && (r.depth-r.free >= r.target || r.capped)
 }
 
 func (r *ring) signal() {

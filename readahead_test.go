@@ -41,7 +41,7 @@ func TestReadAheadStartsLowGrowsWhenStarvedAndDecays(t *testing.T) {
 
 func TestRingTargetBoundsReservations(t *testing.T) {
 	ctx := context.Background()
-	r := newRing(10)
+	r := newRing(10, 1)
 	r.setTarget(3)
 	n, err := r.reserve(ctx, 10)
 	require.NoError(t, err)
@@ -123,7 +123,7 @@ func TestFairnessSlowJobsAreSharedByALateConsumer(t *testing.T) {
 // TestRingReserveWaitsWithoutSpinning: a feeder held back by the target
 // waits for a signal; it must not wake itself (it did, spinning a core).
 func TestRingReserveWaitsWithoutSpinning(t *testing.T) {
-	r := newRing(10)
+	r := newRing(10, 1)
 	r.setTarget(2)
 	n, err := r.reserve(context.Background(), 10)
 	require.NoError(t, err)
@@ -137,4 +137,29 @@ func TestRingReserveWaitsWithoutSpinning(t *testing.T) {
 		t.Fatal("a waiting feeder signalled itself")
 	default:
 	}
+}
+
+// TestRingSharesTheTargetBetweenShards: with a target smaller than the
+// shards' reads, one reservation takes at most target/shards, so every
+// shard's feeder gets a place while the others hold theirs (as a feeder
+// blocked reading an empty shard does), and the cut counts as binding.
+func TestRingSharesTheTargetBetweenShards(t *testing.T) {
+	const shards = 6
+	r := newRing(128, shards)
+	r.setTarget(10)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for i := range shards {
+		n, err := r.reserve(ctx, 21)
+		require.NoError(t, err, "feeder %d got no place while the others hold theirs", i)
+		require.Equal(t, 1, n, "feeder %d took more than its share", i)
+	}
+	require.True(t, r.binding(), "a reservation cut to its share binds")
+
+	// One shard alone may not exceed the target either.
+	one := newRing(128, 1)
+	one.setTarget(10)
+	n, err := one.reserve(ctx, 21)
+	require.NoError(t, err)
+	require.Equal(t, 10, n)
 }

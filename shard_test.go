@@ -9,6 +9,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+
+	"github.com/streamq/streamq/internal/keys"
 )
 
 func TestShardedQueue(t *testing.T) {
@@ -151,4 +153,45 @@ func TestShardedDeadLettersAndRequeue(t *testing.T) {
 	n, err = admin.PurgeDeadLetters(ctx)
 	require.NoError(t, err)
 	require.EqualValues(t, 10, n)
+}
+
+// TestShardedConsumerReadsEveryShard: a consumer of six shards whose
+// read-ahead target is smaller than its shards' reads together still reads
+// every shard. Before the ring shared its target between shards, the feeder
+// of an empty shard took the whole target and held it through its blocking
+// read, then took it again, and a job on another shard waited forever (seen
+// as a 20 s timeout on a Redis Cluster). Both backends.
+func TestShardedConsumerReadsEveryShard(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		const shards = 6
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[int]) (int, error) {
+			return m.Payload + 1, nil
+		}, &ConsumerOptions{Shards: shards, Workers: 4, ReadBlock: 100 * time.Millisecond, Logger: testLogger(t)})
+		require.NoError(t, err)
+		runConsumer(t, c)
+		p, err := NewProducer[int, int](client, q, &ProducerOptions{Shards: shards, Logger: testLogger(t)})
+		require.NoError(t, err)
+		defer p.Close()
+		// Jobs one at a time, so that at each moment five shards are empty
+		// and their feeders block in reads; two rounds over every shard.
+		for round := range 2 {
+			for shard := range shards {
+				id := ""
+				for i := 0; id == ""; i++ {
+					if cand := fmt.Sprintf("r%d-%d", round, i); keys.ShardOf(cand, shards) == shard {
+						id = cand
+					}
+				}
+				pr, err := p.Produce(ctx, id, shard)
+				require.NoError(t, err)
+				wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+				got, err := pr.Wait(wctx)
+				cancel()
+				require.NoError(t, err, "job %s on shard %d", id, shard)
+				require.Equal(t, shard+1, got)
+			}
+		}
+	})
 }
