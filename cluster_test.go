@@ -848,7 +848,7 @@ func TestClusterManualFailover(t *testing.T) {
 				gi, gerr := client.XInfoGroups(ctx, st).Result()
 				xl := client.XLen(ctx, st).Val()
 				xr, _ := client.XRange(ctx, st, "-", "+").Result()
-				t.Logf("DEBUG shard %d stream %s len %d groups %+v (%v) entries %+v", keys.ShardOf(id, clusterShards), st, xl, gi, gerr, xr)
+				t.Logf("shard %d (%s): length %d, groups %+v (%v), entries %+v", keys.ShardOf(id, clusterShards), st, xl, gi, gerr, xr)
 				t.Fatalf("%s: %v; its record holds %q (%v): a result there means its notice was lost", id, err, rec, rerr)
 			}
 			require.Equal(t, i+1, got)
