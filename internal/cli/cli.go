@@ -321,6 +321,20 @@ func (r *runner) admin(queue string) (*streamq.Admin, error) {
 	return a, nil
 }
 
+// onQueue checks the positional arguments (the queue first), makes the
+// queue's Admin and bounds ctx by --timeout. cancel is never nil.
+func (r *runner) onQueue(ctx context.Context, n int, what string) (*streamq.Admin, context.Context, context.CancelFunc, error) {
+	if err := r.need(n, what); err != nil {
+		return nil, ctx, func() {}, err
+	}
+	a, err := r.admin(r.args[0])
+	if err != nil {
+		return nil, ctx, func() {}, err
+	}
+	ctx, cancel := r.withTimeout(ctx)
+	return a, ctx, cancel, nil
+}
+
 // confirm refuses a destructive command without --yes.
 func (r *runner) confirm(what string) error {
 	if !r.o.yes {

@@ -312,14 +312,10 @@ func fmtDuration(d time.Duration) string {
 }
 
 func consumers(ctx context.Context, r *runner) error {
-	if err := r.need(1, "<queue>"); err != nil {
-		return err
-	}
-	a, err := r.admin(r.args[0])
+	a, ctx, cancel, err := r.onQueue(ctx, 1, "<queue>")
 	if err != nil {
 		return err
 	}
-	ctx, cancel := r.withTimeout(ctx)
 	defer cancel()
 	cs, err := a.Consumers(ctx)
 	if err != nil {
@@ -436,14 +432,10 @@ func oneLine(s string, n int) string {
 }
 
 func dlqShow(ctx context.Context, r *runner) error {
-	if err := r.need(2, "<queue> <dead-letter-id>"); err != nil {
-		return err
-	}
-	a, err := r.admin(r.args[0])
+	a, ctx, cancel, err := r.onQueue(ctx, 2, "<queue> <dead-letter-id>")
 	if err != nil {
 		return err
 	}
-	ctx, cancel := r.withTimeout(ctx)
 	defer cancel()
 	d, err := a.DeadLetter(ctx, r.args[1])
 	if err != nil {
@@ -568,14 +560,10 @@ type jobView struct {
 }
 
 func job(ctx context.Context, r *runner) error {
-	if err := r.need(2, "<queue> <request-id>"); err != nil {
-		return err
-	}
-	a, err := r.admin(r.args[0])
+	a, ctx, cancel, err := r.onQueue(ctx, 2, "<queue> <request-id>")
 	if err != nil {
 		return err
 	}
-	ctx, cancel := r.withTimeout(ctx)
 	defer cancel()
 	j, err := a.Job(ctx, r.args[1])
 	if err != nil {
@@ -650,14 +638,10 @@ func forget(ctx context.Context, r *runner) error {
 }
 
 func trim(ctx context.Context, r *runner) error {
-	if err := r.need(1, "<queue>"); err != nil {
-		return err
-	}
-	a, err := r.admin(r.args[0])
+	a, ctx, cancel, err := r.onQueue(ctx, 1, "<queue>")
 	if err != nil {
 		return err
 	}
-	ctx, cancel := r.withTimeout(ctx)
 	defer cancel()
 	n, err := a.Trim(ctx)
 	if err != nil {
@@ -675,14 +659,10 @@ func resume(ctx context.Context, r *runner) error { return setPaused(ctx, r, fal
 
 // setPaused pauses or resumes the queue named by the argument, which must exist.
 func setPaused(ctx context.Context, r *runner, paused bool) error {
-	if err := r.need(1, "<queue>"); err != nil {
-		return err
-	}
-	a, err := r.admin(r.args[0])
+	a, ctx, cancel, err := r.onQueue(ctx, 1, "<queue>")
 	if err != nil {
 		return err
 	}
-	ctx, cancel := r.withTimeout(ctx)
 	defer cancel()
 	if _, err := a.Stats(ctx); err != nil { // ErrNotFound for a misspelled queue
 		return err
