@@ -633,18 +633,41 @@ func (r *run[Req, Resp]) work() {
 	// recorded. Per shard: a shard that cannot complete must not hold up the
 	// others' redelivered entries.
 	last := make([]<-chan struct{}, len(r.c.shards))
+	// held is this worker's last result, not handed off yet: it goes to
+	// Redis with the next start charge when that slot is ready at once (one
+	// round trip for both), and is handed off before anything that waits.
+	var held *completion
+	flush := func() {
+		if held != nil {
+			r.handOff(held)
+			held = nil
+		}
+	}
+	defer flush()
 	for {
-		s, waited, ok := r.ring.take()
+		var (
+			s      *slot
+			waited bool
+			ok     bool
+		)
+		if held != nil {
+			s, ok = r.ring.tryTake()
+		}
 		if !ok {
-			return
+			flush()
+			if s, waited, ok = r.ring.take(); !ok {
+				return
+			}
 		}
 		if r.runCtx.Err() != nil {
+			flush()
 			r.drain(s)
 			continue
 		}
 		select {
 		case <-s.ready:
 		default:
+			flush()
 			waited = true
 			select {
 			case <-s.ready:
@@ -655,6 +678,7 @@ func (r *run[Req, Resp]) work() {
 			r.ring.setTarget(t)
 		}
 		if r.runCtx.Err() != nil { // also when the fetch ended with the shutdown
+			flush()
 			r.drain(s)
 			continue
 		}
@@ -662,6 +686,7 @@ func (r *run[Req, Resp]) work() {
 			// A redelivered message may be the one that crashed an earlier
 			// process: record this worker's last outcome before starting it, so
 			// a crash cannot undo work that already succeeded.
+			flush()
 			select {
 			case <-last[s.shard]:
 			case <-r.runCtx.Done():
@@ -669,7 +694,7 @@ func (r *run[Req, Resp]) work() {
 				continue
 			}
 		}
-		r.process(s)
+		held = r.process(s, held)
 		if s.outcome != nil {
 			last[s.shard] = s.outcome
 		}
@@ -683,59 +708,84 @@ func (r *run[Req, Resp]) drain(s *slot) {
 	r.releaseMu.Unlock()
 }
 
-// process handles one ready slot and hands its outcome on.
-func (r *run[Req, Resp]) process(s *slot) {
+// process handles one ready slot and hands its outcome on. held is the
+// worker's previous result not yet handed off, or nil: it travels with this
+// slot's start charge when both are of one shard, and is handed off first
+// otherwise. process returns the slot's result when the handler succeeded,
+// for the worker to hold the same way (nil when it was handed off).
+func (r *run[Req, Resp]) process(s *slot, held *completion) *completion {
+	// Every path that does not charge this slot's start hands held off
+	// first, so outcomes reach the completer in the order they came.
+	release := func() {
+		if held != nil {
+			r.handOff(held)
+			held = nil
+		}
+	}
+	if held != nil && held.s.shard != s.shard {
+		release()
+	}
 	if s.isLost() {
+		release()
 		r.forget(s)
-		return
+		return nil
 	}
 	if s.skip {
+		release()
 		r.handOff(&completion{s: s, code: recordSkip})
-		return
+		return nil
 	}
 	if s.dead != "" {
+		release()
 		r.deadLetter(s, s.dead)
-		return
+		return nil
 	}
 	// Wait while the queue is paused, then for a rate-limit token: neither
-	// counts as a delivery, and the entry stays leased meanwhile.
-	if !r.mayStart() {
+	// counts as a delivery, and the entry stays leased meanwhile. Nothing is
+	// held while waiting.
+	if !r.mayStart(release) {
+		release()
 		r.drain(s)
-		return
+		return nil
 	}
 	if dl := s.meta.deadline; !dl.IsZero() && !time.Now().Before(dl) {
 		// Not started, so not a delivery: the count stays what it was.
+		release()
 		s.entry.Deliveries--
 		r.c.outcomes.failed.Add(1)
 		r.deadLetter(s, fmt.Sprintf("%s: the deadline %s passed before a handler started it",
 			ErrDeadlineExceeded.Error(), dl.UTC().Format(time.RFC3339Nano)))
-		return
+		return nil
 	}
 	// A failed fetch is not a delivery: the handler does not start, so no
 	// start is charged (see fetchFailed).
 	if s.fetchErr != nil {
+		release()
 		r.fetchFailed(s, s.fetchErr)
-		return
+		return nil
 	}
-	// The handler's start is charged here, before it runs.
-	switch r.chargeDelivery(s) {
+	// The handler's start is charged here, before it runs (with the held
+	// result, which is recorded first).
+	charged := r.chargeDelivery(s, held)
+	held = nil
+	switch charged {
 	case chargeSkip:
 		r.forget(s)
-		return
+		return nil
 	case chargeStopped:
 		r.drain(s)
-		return
+		return nil
 	}
 	req, err := decode[Req](r.c.opts.Codec, s.data)
 	if err != nil {
 		r.deadLetter(s, "undecodable request: "+unprefixed(err))
-		return
+		return nil
 	}
 	ctx, cancel := context.WithCancelCause(r.handlerCtx)
 	if !s.setCancel(cancel) {
 		cancel(nil)
 		r.forget(s)
-		return
+		return nil
 	}
 	hctx, stop := r.bound(ctx, s.meta.deadline)
 	msg := &Message[Req]{ID: s.entry.ID, EntryID: s.entry.EntryID, Payload: req, Deliveries: s.entry.Deliveries,
@@ -748,18 +798,20 @@ func (r *run[Req, Resp]) process(s *slot) {
 		r.c.log.WarnContext(s.logContext(r.runCtx), "streamq: message was claimed by another consumer while its handler ran; its outcome is dropped",
 			"id", s.entry.ID, "entry", s.entry.EntryID, "deliveries", s.entry.Deliveries)
 		r.forget(s)
-		return
+		return nil
 	}
 	if err != nil {
 		r.fail(s, err)
-		return
+		return nil
 	}
 	payload, err := encode(r.c.opts.Codec, resp)
 	if err != nil {
 		r.fail(s, Permanent(err))
-		return
+		return nil
 	}
-	r.handOff(&completion{s: s, code: recordResult, value: payload})
+	cp := &completion{s: s, code: recordResult, value: payload}
+	r.settle(cp)
+	return cp
 }
 
 // handOff passes an outcome to its shard's completer. The slot keeps its
@@ -768,12 +820,8 @@ func (r *run[Req, Resp]) process(s *slot) {
 // at once. The completer's channel has room for the shard's whole share, so
 // handOff does not block on a shard whose completions fail.
 func (r *run[Req, Resp]) handOff(cp *completion) {
-	cp.done = make(chan struct{})
-	cp.s.outcome = cp.done
-	cp.s.handedOff.Store(true)
-	cp.s.data = nil // the fetched payload
-	if _, inline := r.c.opts.Fetcher.(InlineFetcher); inline && cp.code != recordDead && cp.code != recordRetry {
-		cp.s.entry.Data = nil // the payload itself; dead letters and retries keep it
+	if cp.done == nil {
+		r.settle(cp)
 	}
 	in := r.completers[cp.s.shard].in
 	select {
@@ -794,9 +842,27 @@ func (r *run[Req, Resp]) handOff(cp *completion) {
 			// delivered again later.
 			r.forget(cp.s)
 			close(cp.done)
+			cp.answerCharge(nil, errGaveUp)
 		}
 	}()
 }
+
+// settle marks the slot of an outcome as handed off (the lease loop no longer
+// takes its leaving the pending list for a loss) and drops the payload. The
+// outcome may still wait in its worker to travel with the next start.
+func (r *run[Req, Resp]) settle(cp *completion) {
+	cp.done = make(chan struct{})
+	cp.s.outcome = cp.done
+	cp.s.handedOff.Store(true)
+	cp.s.data = nil // the fetched payload
+	if _, inline := r.c.opts.Fetcher.(InlineFetcher); inline && cp.code != recordDead && cp.code != recordRetry {
+		cp.s.entry.Data = nil // the payload itself; dead letters and retries keep it
+	}
+}
+
+// errGaveUp answers a start charge that travelled with an outcome the
+// completer gave up on at shutdown.
+var errGaveUp = errors.New("streamq: shutdown gave up recording outcomes")
 
 // maxCompleteInflight bounds the completion round trips of one shard in
 // flight at once.
@@ -825,13 +891,21 @@ const (
 // one. Every start is counted, however the entry arrived; a start that is not
 // recorded first would never be counted if the handler crashed the process.
 // Concurrent workers' charges share round trips (the charger is a group
-// commit). A failed charge is retried (charge.lua is idempotent) until it
-// succeeds or the consumer shuts down; the entry is then released unstarted.
-func (r *run[Req, Resp]) chargeDelivery(s *slot) int {
+// commit). With held, the worker's previous result of the same shard, the
+// charge goes with that outcome in one complete.lua call. A failed charge is
+// retried (charge.lua is idempotent) until it succeeds or the consumer shuts
+// down; the entry is then released unstarted.
+func (r *run[Req, Resp]) chargeDelivery(s *slot, held *completion) int {
 	var b backoff
 	for {
 		req := &chargeReq{s: s, out: make(chan struct{})}
-		r.charger.in <- req
+		if held != nil {
+			held.charge = req
+			r.handOff(held)
+			held = nil
+		} else {
+			r.charger.in <- req
+		}
 		<-req.out
 		switch {
 		case req.err == nil && req.n == -1:
@@ -1055,6 +1129,25 @@ type completion struct {
 	code  byte
 	value []byte
 	done  chan struct{} // closed once the outcome is recorded, or given up on
+	// charge is the start of the worker's next slot (same shard), counted in
+	// the same complete.lua call, or nil.
+	charge *chargeReq
+}
+
+// answerCharge wakes the worker waiting for the start charge that travelled
+// with cp, if any, with the count or the error.
+func (cp *completion) answerCharge(n *int64, err error) {
+	req := cp.charge
+	if req == nil {
+		return
+	}
+	cp.charge = nil
+	if err != nil {
+		req.err = err
+	} else {
+		req.n = int(*n)
+	}
+	close(req.out)
 }
 
 // completeShard records the outcomes of one shard in one round trip: XACK,
@@ -1083,49 +1176,34 @@ func (r *run[Req, Resp]) completeShard(shard int, batch []*completion) {
 		return
 	}
 	batch = rest
-	o := &r.c.opts
-	k := r.c.shards[shard]
-	keyList := make([]string, 2, 3+len(batch))
-	dead := k.DeadLetter
-	fanout := "0"
-	if o.Fanout {
-		dead, fanout = k.GroupDeadLetter(o.Group), "1"
-	}
-	keyList[0], keyList[1] = k.Stream, dead
-	store := "1"
-	if o.DiscardResults {
-		store = "0"
-	}
-	publish := "PUBLISH"
-	if r.c.sharded {
-		publish = "SPUBLISH"
-	}
-	args := make([]any, 9, 9+6*len(batch))
-	args[0], args[1], args[2], args[3] = o.Group, k.Channel, o.ResultTTL.Milliseconds(), store
-	args[4], args[5], args[6], args[7] = o.DeadLetterMaxLen, o.Name, time.Now().UnixMilli(), publish
-	args[8] = fanout
+	var charged []*completion // outcomes with a start charge travelling along
 	for _, cp := range batch {
-		e := cp.s.entry
-		if e.ID != "" && !o.Fanout {
-			keyList = append(keyList, k.Record(e.ID))
-		} else {
-			keyList = append(keyList, dead)
+		if cp.charge != nil {
+			charged = append(charged, cp)
 		}
-		var payload []byte
-		value := cp.value
-		if cp.code == recordDead {
-			payload = e.Data
-		} else if o.Fanout {
-			value = nil // a fan-out group records no result
-		}
-		args = append(args, e.EntryID, e.ID, string(cp.code), value, payload, e.Deliveries)
 	}
-	keyList = append(keyList, k.Starts(o.Group)) // last: complete.lua drops the start counts
+	keyList, args := r.completeArgs(shard, batch, charged)
 	var b backoff
 	for {
-		err := scripts.Complete.Run(r.bg, r.c.client, keyList, args...).Err()
+		res, err := scripts.Complete.Run(r.bg, r.c.client, keyList, args...).Int64Slice()
+		if err == nil && len(res) != len(charged) {
+			err = fmt.Errorf("streamq: complete: %d start counts for %d starts", len(res), len(charged))
+		}
 		if err == nil {
+			// The workers start before anything slow (the fetcher's hook).
+			for i, cp := range charged {
+				cp.answerCharge(&res[i], nil)
+			}
 			break
+		}
+		if len(charged) > 0 {
+			// The workers charge on their own (the charge is idempotent);
+			// the outcomes are retried without the starts.
+			for _, cp := range charged {
+				cp.answerCharge(nil, err)
+			}
+			charged = nil
+			keyList, args = r.completeArgs(shard, batch, nil)
 		}
 		if r.bg.Err() != nil {
 			r.c.log.ErrorContext(r.runCtx, "streamq: gave up recording outcomes at shutdown; the entries stay pending and will be reclaimed",
@@ -1133,10 +1211,11 @@ func (r *run[Req, Resp]) completeShard(shard int, batch []*completion) {
 			r.forgetCompletions(all)
 			return
 		}
-		r.c.log.WarnContext(r.runCtx, "streamq: recording outcomes failed; retrying", "entries", len(batch), "stream", k.Stream, "err", err)
+		r.c.log.WarnContext(r.runCtx, "streamq: recording outcomes failed; retrying", "entries", len(batch), "stream", r.c.shards[shard].Stream, "err", err)
 		r.c.slots.onError(err)
 		_ = sleepCtx(r.bg, b.next())
 	}
+	o := &r.c.opts
 	r.c.outcomes.countRecorded(batch)
 	if fc, ok := o.Fetcher.(FetchCompleter); ok {
 		var done []Entry
@@ -1154,6 +1233,55 @@ func (r *run[Req, Resp]) completeShard(shard int, batch []*completion) {
 	r.forgetCompletions(all)
 }
 
+// completeArgs builds the keys and arguments of a complete.lua call for a
+// shard's outcomes and the start charges travelling with some of them.
+func (r *run[Req, Resp]) completeArgs(shard int, batch, charged []*completion) ([]string, []any) {
+	o := &r.c.opts
+	k := r.c.shards[shard]
+	keyList := make([]string, 2, 3+len(batch)+len(charged))
+	dead := k.DeadLetter
+	fanout := "0"
+	if o.Fanout {
+		dead, fanout = k.GroupDeadLetter(o.Group), "1"
+	}
+	keyList[0], keyList[1] = k.Stream, dead
+	store := "1"
+	if o.DiscardResults {
+		store = "0"
+	}
+	publish := "PUBLISH"
+	if r.c.sharded {
+		publish = "SPUBLISH"
+	}
+	args := make([]any, 12, 12+6*len(batch)+2*len(charged))
+	args[0], args[1], args[2], args[3] = o.Group, k.Channel, o.ResultTTL.Milliseconds(), store
+	args[4], args[5], args[6], args[7] = o.DeadLetterMaxLen, o.Name, time.Now().UnixMilli(), publish
+	args[8], args[9], args[10], args[11] = fanout, len(charged), r.recordFloor().Milliseconds(), startsTTL.Milliseconds()
+	for _, cp := range batch {
+		e := cp.s.entry
+		if e.ID != "" && !o.Fanout {
+			keyList = append(keyList, k.Record(e.ID))
+		} else {
+			keyList = append(keyList, dead)
+		}
+		var payload []byte
+		value := cp.value
+		if cp.code == recordDead {
+			payload = e.Data
+		} else if o.Fanout {
+			value = nil // a fan-out group records no result
+		}
+		args = append(args, e.EntryID, e.ID, string(cp.code), value, payload, e.Deliveries)
+	}
+	for _, cp := range charged {
+		s := cp.charge.s
+		keyList = append(keyList, r.recordKey(shard, s))
+		args = append(args, s.entry.EntryID, s.entry.Deliveries-1)
+	}
+	keyList = append(keyList, k.Starts(o.Group)) // last: complete.lua drops and counts starts there
+	return keyList, args
+}
+
 // forgetCompletions forgets the slots of recorded (or abandoned) outcomes:
 // their places go back to the ring only now, so that handled entries whose
 // outcome waits for Redis count against Prefetch.
@@ -1162,6 +1290,7 @@ func (r *run[Req, Resp]) forgetCompletions(batch []*completion) {
 	for i, cp := range batch {
 		slots[i] = cp.s
 		close(cp.done)
+		cp.answerCharge(nil, errGaveUp) // a start that did not go (any longer)
 	}
 	r.forget(slots...)
 }

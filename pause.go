@@ -99,8 +99,9 @@ func (g *pauseGate) isOpen() bool {
 	return g.known && !g.paused
 }
 
-// wait blocks until the gate is open or ctx ends, and reports whether it is open.
-func (g *pauseGate) wait(ctx context.Context) bool {
+// wait blocks until the gate is open or ctx ends, and reports whether it is
+// open. beforeWait runs first when the gate is closed.
+func (g *pauseGate) wait(ctx context.Context, beforeWait func()) bool {
 	g.mu.Lock()
 	open := g.open
 	g.mu.Unlock()
@@ -109,6 +110,7 @@ func (g *pauseGate) wait(ctx context.Context) bool {
 		return true
 	default:
 	}
+	beforeWait()
 	select {
 	case <-open:
 		return true

@@ -308,14 +308,29 @@ func (r *ring) take() (s *slot, waited, ok bool) {
 	if r.n == 0 {
 		return nil, waited, false
 	}
-	s = r.buf[r.head]
+	return r.pop(), waited, true
+}
+
+// tryTake removes the oldest slot if one is queued, without waiting.
+func (r *ring) tryTake() (*slot, bool) {
+	r.qmu.Lock()
+	defer r.qmu.Unlock()
+	if r.n == 0 {
+		return nil, false
+	}
+	return r.pop(), true
+}
+
+// pop removes the oldest of r.n > 0 queued slots; qmu is held.
+func (r *ring) pop() *slot {
+	s := r.buf[r.head]
 	r.buf[r.head] = nil
 	r.head = (r.head + 1) % len(r.buf)
 	r.n--
 	if len(r.buf) > ringKeepCap && r.n <= len(r.buf)/4 {
 		r.resize(len(r.buf) / 2) // give memory back after a burst
 	}
-	return s, waited, true
+	return s
 }
 
 // resize moves the queued slots into new storage of size c (>= r.n); qmu is held.

@@ -210,14 +210,15 @@ func (l *limiter) loop() {
 // token; it reports false when Run's ctx ended first. A token taken while the
 // queue was paused meanwhile is dropped and another taken after resume, so a
 // pause holds even for workers waiting on a slow limit.
-func (r *run[Req, Resp]) mayStart() bool {
+func (r *run[Req, Resp]) mayStart(beforeWait func()) bool {
 	for {
-		if !r.pause.wait(r.runCtx) {
+		if !r.pause.wait(r.runCtx, beforeWait) {
 			return false
 		}
 		if r.limiter == nil {
 			return true
 		}
+		beforeWait()
 		if !r.limiter.take(r.runCtx) {
 			return false
 		}

@@ -19,7 +19,7 @@ import (
 func completeArgs(q string, n int) ([]string, []any) {
 	stream, dead := "streamq:{"+q+"}:stream", "streamq:{"+q+"}:dead"
 	keys := []string{stream, dead}
-	args := []any{DefaultGroup, "streamq:{" + q + "}:done", 60000, "1", 100, "me", 1, "PUBLISH", "0"}
+	args := []any{DefaultGroup, "streamq:{" + q + "}:done", 60000, "1", 100, "me", 1, "PUBLISH", "0", 0, 1000, 60000}
 	for i := range n {
 		id := fmt.Sprintf("r%d", i)
 		keys = append(keys, "streamq:{"+q+"}:id:"+id)

@@ -566,3 +566,39 @@ func TestStartsMaxDeliveriesThreeOnEveryBackend(t *testing.T) {
 		require.Contains(t, dls[0].Error, "boom")
 	})
 }
+
+// TestResultTravelsWithTheNextStart: under a backlog, a worker's result and
+// the start charge of its next job go to Redis in one complete.lua call, so
+// recording outcomes and charging starts costs about one script run per job,
+// not two; and each job still runs once, as a first start, with its result
+// recorded.
+func TestResultTravelsWithTheNextStart(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		q := queueName(t)
+		p := newStringProducer(t, client, q)
+		const n = 200
+		ids := seqIDs("job", n)
+		prs := produceAll(t, p, ids)
+
+		cc := redis.NewClient(client.Options())
+		t.Cleanup(func() { _ = cc.Close() })
+		calls := newScriptCalls(cc)
+		h := newStartsHandler()
+		opts := fastOpts(t, "A", 30*time.Second)
+		opts.Workers, opts.Prefetch, opts.holdPrefetch = 1, 64, true
+		c, err := NewConsumer(cc, q, h.handle, opts)
+		require.NoError(t, err)
+		stop := runConsumer(t, c)
+		requireResults(t, client, q, ids, prs, time.Now().Add(30*time.Second))
+		stop()
+
+		h.requireFirstStarts(t, ids)
+		runs := calls.count(scripts.Charge) + calls.count(scripts.Complete)
+		t.Logf("%d jobs: charge.lua %d runs, complete.lua %d runs", n, calls.count(scripts.Charge), calls.count(scripts.Complete))
+		// One worker, a ready backlog: n steps, give or take the first start
+		// and the last outcome, and the moments the ring ran empty between
+		// reads. Apart, charges and completions would take 2n.
+		require.LessOrEqual(t, runs, n*5/4, "charge.lua runs %d, complete.lua runs %d for %d jobs",
+			calls.count(scripts.Charge), calls.count(scripts.Complete), n)
+	})
+}

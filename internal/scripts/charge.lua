@@ -11,6 +11,8 @@
 -- Idempotent under resend (go-redis sends a script again after a lost reply,
 -- even when it ran): the caller passes the starts it saw at admission; a
 -- count already at that + 1 is this same charge, and is returned unchanged.
+-- The counting itself is chargeStart (start.lua, put in front of this file);
+-- complete.lua charges the same way when a start travels with an outcome.
 --
 -- Under maxmemory the first write is PEXPIRE (not refused when out of memory),
 -- after which Redis lets the script finish its writes: charging must keep
@@ -34,33 +36,8 @@ local out = {}
 local floor = tonumber(ARGV[3])
 redis.call("PEXPIRE", KEYS[2], ARGV[4])
 for i = 1, n do
-  local eid = ARGV[3 + 2 * i]
-  local expected = tonumber(ARGV[4 + 2 * i])
-  local p = redis.call("XPENDING", KEYS[1], ARGV[1], eid, eid, 1)
-  if not p[1] then
-    out[i] = -2
-  elseif p[1][2] ~= ARGV[2] then
-    out[i] = -1
-  else
-    -- The common case, a first start, is one command.
-    if expected == 0 and redis.call("HSETNX", KEYS[2], eid, 1) == 1 then
-      out[i] = 1
-    else
-      local cur = tonumber(redis.call("HGET", KEYS[2], eid) or "0")
-      if cur == expected + 1 then
-        out[i] = cur -- this charge, resent
-      else
-        out[i] = redis.call("HINCRBY", KEYS[2], eid, 1)
-      end
-    end
-    local rec = KEYS[2 + i]
-    if rec ~= KEYS[1] then
-      local ttl = redis.call("PTTL", rec)
-      if ttl >= 0 and ttl < floor and redis.pcall("GET", rec) == "P" .. eid then
-        redis.call("PEXPIRE", rec, floor)
-      end
-    end
-  end
+  out[i] = chargeStart(KEYS[1], KEYS[2], ARGV[1], ARGV[2], floor,
+    ARGV[3 + 2 * i], tonumber(ARGV[4 + 2 * i]), KEYS[2 + i])
 end
 -- Again: the hash may have been created above.
 redis.call("PEXPIRE", KEYS[2], ARGV[4])

@@ -28,6 +28,8 @@ var (
 	resumeSrc string
 	//go:embed charge.lua
 	chargeSrc string
+	//go:embed start.lua
+	startSrc string // chargeStart, put in front of charge.lua and complete.lua
 	//go:embed adopt.lua
 	adoptSrc string
 	//go:embed job.lua
@@ -49,14 +51,14 @@ var (
 // The scripts. Run uses EVALSHA and falls back to EVAL when the server lacks the script.
 var (
 	Produce  = redis.NewScript(produceSrc)
-	Complete = redis.NewScript(completeSrc)
+	Complete = redis.NewScript(startSrc + completeSrc)
 	Claim    = redis.NewScript(claimSrc)
 	Lease    = redis.NewScript(leaseSrc)
 	Trim     = redis.NewScript(trimSrc)
 	Prune    = redis.NewScript(pruneSrc)
 	Requeue  = redis.NewScript(requeueSrc)
 	Resume   = redis.NewScript(resumeSrc)
-	Charge   = redis.NewScript(chargeSrc)
+	Charge   = redis.NewScript(startSrc + chargeSrc)
 	Adopt    = redis.NewScript(adoptSrc)
 	Job      = redis.NewScript(jobSrc)
 	Forget   = redis.NewScript(forgetSrc)
