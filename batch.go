@@ -222,7 +222,7 @@ type produceItem struct {
 	// headerBytes is the size of the encoded headers, counted against
 	// MaxPayloadBytes with the payload.
 	headerBytes int
-	out         chan produceOutcome // buffered: the sender never blocks
+	out         chan produceOutcome // buffered: the sender never blocks; set by submit
 	// done, when set (Send), takes the outcome instead of out; it runs on
 	// the coalescer's goroutine.
 	done func(produceOutcome)
@@ -506,9 +506,10 @@ func (c *coalescer[T]) loop() {
 
 // byteBudget bounds the bytes accepted but not yet sent.
 type byteBudget struct {
-	mu    sync.Mutex
-	free  int
-	freed chan struct{} // closed and replaced on every release
+	mu      sync.Mutex
+	free    int
+	freed   chan struct{} // closed and replaced on a release when watched
+	watched bool          // a caller waits on freed
 }
 
 func newByteBudget(n int) *byteBudget {
@@ -526,6 +527,7 @@ func (b *byteBudget) acquire(ctx context.Context, closing <-chan struct{}, n int
 			return nil
 		}
 		ch := b.freed
+		b.watched = true
 		b.mu.Unlock()
 		select {
 		case <-ch:
@@ -540,7 +542,10 @@ func (b *byteBudget) acquire(ctx context.Context, closing <-chan struct{}, n int
 func (b *byteBudget) release(n int) {
 	b.mu.Lock()
 	b.free += n
-	close(b.freed)
-	b.freed = make(chan struct{})
+	if b.watched { // else nobody waits: no channel to replace
+		close(b.freed)
+		b.freed = make(chan struct{})
+		b.watched = false
+	}
 	b.mu.Unlock()
 }

@@ -300,11 +300,12 @@ type run[Req, Resp any] struct {
 	releaseMu sync.Mutex
 	unstarted []*slot // slots drained at shutdown, to release
 
-	completers []*coalescer[*completion] // one per shard: shards fail independently
-	places     *shardPlaces
-	charger    *coalescer[*chargeReq] // counts handler starts, many per round trip
-	pause      *pauseGate             // open while the queue is not paused (watchPause)
-	limiter    *limiter               // nil without RateLimit
+	completers    []*coalescer[*completion] // one per shard: shards fail independently
+	completeFixed []completeFixed           // per shard: complete.lua's fixed keys and arguments
+	places        *shardPlaces
+	charger       *coalescer[*chargeReq] // counts handler starts, many per round trip
+	pause         *pauseGate             // open while the queue is not paused (watchPause)
+	limiter       *limiter               // nil without RateLimit
 
 	fetches   sync.WaitGroup
 	handoffs  sync.WaitGroup // hand-offs waiting for a busy completer
@@ -333,6 +334,10 @@ func (r *run[Req, Resp]) start(ctx context.Context) {
 	r.bg, r.cancelBg = context.WithCancel(context.WithoutCancel(ctx))
 	r.handlerCtx, r.cancelHandlers = context.WithCancelCause(context.WithoutCancel(ctx))
 	r.completers = make([]*coalescer[*completion], len(r.c.shards))
+	r.completeFixed = make([]completeFixed, len(r.c.shards))
+	for shard := range r.c.shards {
+		r.completeFixed[shard] = r.completeFixedArgs(shard)
+	}
 	for shard := range r.completers {
 		// Sends overlap (a batch holds at most half the shard's places); the
 		// channel is small, sized by the batches, not by Prefetch, which can
@@ -988,16 +993,24 @@ func (r *run[Req, Resp]) recordKey(shard int, s *slot) string {
 
 // bound applies HandlerTimeout and the request's deadline to a handler's
 // context; stop releases their timers.
+// Without either it allocates nothing (the common case, once per job).
 func (r *run[Req, Resp]) bound(ctx context.Context, deadline time.Time) (context.Context, func()) {
-	stops := [2]context.CancelFunc{func() {}, func() {}}
-	if t := r.c.opts.HandlerTimeout; t > 0 {
-		ctx, stops[0] = context.WithTimeoutCause(ctx, t, ErrHandlerTimeout)
+	t := r.c.opts.HandlerTimeout
+	switch {
+	case t <= 0 && deadline.IsZero():
+		return ctx, noStop
+	case deadline.IsZero():
+		return context.WithTimeoutCause(ctx, t, ErrHandlerTimeout)
+	case t <= 0:
+		return context.WithDeadlineCause(ctx, deadline, ErrDeadlineExceeded)
 	}
-	if !deadline.IsZero() {
-		ctx, stops[1] = context.WithDeadlineCause(ctx, deadline, ErrDeadlineExceeded)
-	}
-	return ctx, func() { stops[1](); stops[0]() }
+	ctx, stop0 := context.WithTimeoutCause(ctx, t, ErrHandlerTimeout)
+	ctx, stop1 := context.WithDeadlineCause(ctx, deadline, ErrDeadlineExceeded)
+	return ctx, func() { stop1(); stop0() }
 }
+
+// noStop is bound's stop when there is nothing to release.
+func noStop() {}
 
 // call runs the middleware and the handler, turning a panic into an error
 // matching ErrPanic.
@@ -1233,30 +1246,49 @@ func (r *run[Req, Resp]) completeShard(shard int, batch []*completion) {
 	r.forgetCompletions(all)
 }
 
+// completeFixed holds what stays the same in every complete.lua call of a
+// shard in one run, built (and boxed) once: the dead-letter and start-count
+// keys, and the fixed arguments with placeholders for the time (6) and the
+// number of starts (9).
+type completeFixed struct {
+	dead, starts string
+	args         []any
+}
+
+func (r *run[Req, Resp]) completeFixedArgs(shard int) completeFixed {
+	o := &r.c.opts
+	k := r.c.shards[shard]
+	f := completeFixed{dead: k.DeadLetter, starts: k.Starts(o.Group)}
+	if o.Fanout {
+		f.dead = k.GroupDeadLetter(o.Group)
+	}
+	store, fanout, publish := "1", "0", "PUBLISH"
+	if o.DiscardResults {
+		store = "0"
+	}
+	if o.Fanout {
+		fanout = "1"
+	}
+	if r.c.sharded {
+		publish = "SPUBLISH"
+	}
+	f.args = []any{o.Group, k.Channel, o.ResultTTL.Milliseconds(), store,
+		o.DeadLetterMaxLen, o.Name, nil, publish, fanout, nil, r.recordFloor().Milliseconds(), startsTTL.Milliseconds()}
+	return f
+}
+
 // completeArgs builds the keys and arguments of a complete.lua call for a
 // shard's outcomes and the start charges travelling with some of them.
 func (r *run[Req, Resp]) completeArgs(shard int, batch, charged []*completion) ([]string, []any) {
 	o := &r.c.opts
 	k := r.c.shards[shard]
+	fixed := &r.completeFixed[shard]
+	dead := fixed.dead
 	keyList := make([]string, 2, 3+len(batch)+len(charged))
-	dead := k.DeadLetter
-	fanout := "0"
-	if o.Fanout {
-		dead, fanout = k.GroupDeadLetter(o.Group), "1"
-	}
 	keyList[0], keyList[1] = k.Stream, dead
-	store := "1"
-	if o.DiscardResults {
-		store = "0"
-	}
-	publish := "PUBLISH"
-	if r.c.sharded {
-		publish = "SPUBLISH"
-	}
 	args := make([]any, 12, 12+6*len(batch)+2*len(charged))
-	args[0], args[1], args[2], args[3] = o.Group, k.Channel, o.ResultTTL.Milliseconds(), store
-	args[4], args[5], args[6], args[7] = o.DeadLetterMaxLen, o.Name, time.Now().UnixMilli(), publish
-	args[8], args[9], args[10], args[11] = fanout, len(charged), r.recordFloor().Milliseconds(), startsTTL.Milliseconds()
+	copy(args, fixed.args)
+	args[6], args[9] = time.Now().UnixMilli(), len(charged)
 	for _, cp := range batch {
 		e := cp.s.entry
 		if e.ID != "" && !o.Fanout {
@@ -1271,16 +1303,19 @@ func (r *run[Req, Resp]) completeArgs(shard int, batch, charged []*completion) (
 		} else if o.Fanout {
 			value = nil // a fan-out group records no result
 		}
-		args = append(args, e.EntryID, e.ID, string(cp.code), value, payload, e.Deliveries)
+		args = append(args, e.EntryID, e.ID, codeArg[cp.code], value, payload, e.Deliveries)
 	}
 	for _, cp := range charged {
 		s := cp.charge.s
 		keyList = append(keyList, r.recordKey(shard, s))
 		args = append(args, s.entry.EntryID, s.entry.Deliveries-1)
 	}
-	keyList = append(keyList, k.Starts(o.Group)) // last: complete.lua drops and counts starts there
+	keyList = append(keyList, fixed.starts) // last: complete.lua drops and counts starts there
 	return keyList, args
 }
+
+// codeArg holds the outcome codes of complete.lua boxed once.
+var codeArg = [256]any{recordResult: "R", recordFailed: "E", recordDead: "L", recordSkip: "S", recordRetry: "T"}
 
 // forgetCompletions forgets the slots of recorded (or abandoned) outcomes:
 // their places go back to the ring only now, so that handled entries whose

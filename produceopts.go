@@ -114,6 +114,9 @@ const maxDelay = 10 * 365 * 24 * time.Hour
 
 // applyProduceOptions folds opts into one produceSettings.
 func applyProduceOptions(opts []ProduceOption) produceSettings {
+	if len(opts) == 0 {
+		return produceSettings{} // nothing escapes
+	}
 	var s produceSettings
 	for _, o := range opts {
 		if o != nil {

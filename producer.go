@@ -131,6 +131,9 @@ func NewProducer[Req, Resp any](client redis.UniversalClient, queue string, opts
 // no longer wanted, and use Enqueue for fire-and-forget. A nil ctx panics.
 func (p *Producer[Req, Resp]) Produce(ctx context.Context, id string, req Req, opts ...ProduceOption) (*Promise[Resp], error) {
 	mustContext(ctx, "Producer.Produce")
+	if len(p.opts.Interceptors) == 0 {
+		return p.produce(ctx, id, req, opts, nil, false)
+	}
 	var pr *Promise[Resp]
 	err := p.intercept(ctx, []string{id}, [][]ProduceOption{opts}, func(ctx context.Context, outs []*Outgoing) error {
 		h, set := headersOf(outs, 0)
@@ -175,6 +178,10 @@ func (p *Producer[Req, Resp]) produce(ctx context.Context, id string, req Req, o
 // returns. A nil ctx panics.
 func (p *Producer[Req, Resp]) Enqueue(ctx context.Context, id string, req Req, opts ...ProduceOption) error {
 	mustContext(ctx, "Producer.Enqueue")
+	if len(p.opts.Interceptors) == 0 {
+		_, err := p.enqueue(ctx, id, req, opts, nil, false)
+		return err
+	}
 	return p.intercept(ctx, []string{id}, [][]ProduceOption{opts}, func(ctx context.Context, outs []*Outgoing) error {
 		h, set := headersOf(outs, 0)
 		entryID, err := p.enqueue(ctx, id, req, opts, h, set)
@@ -286,8 +293,7 @@ func (p *Producer[Req, Resp]) newItem(ctx context.Context, id string, req Req, o
 		return nil, fmt.Errorf("%w: request %q encodes to %d bytes, the limit is MaxPayloadBytes=%d",
 			ErrPayloadTooLarge, id, len(payload), p.opts.MaxPayloadBytes)
 	}
-	it := &produceItem{ctx: ctx, id: id, shard: keys.ShardOf(id, len(p.shards)), payload: payload,
-		out: make(chan produceOutcome, 1)}
+	it := &produceItem{ctx: ctx, id: id, shard: keys.ShardOf(id, len(p.shards)), payload: payload}
 	settings := applyProduceOptions(opts)
 	if headersSet {
 		settings.headers = headers
@@ -330,6 +336,7 @@ func (p *Producer[Req, Resp]) submit(ctx context.Context, it *produceItem) (prod
 			p.budget.release(it.size())
 		}
 	}()
+	it.out = make(chan produceOutcome, 1) // only items handed to the coalescer need it
 	if err := p.hand(ctx, it); err != nil {
 		return produceOutcome{}, err
 	}
@@ -455,6 +462,9 @@ func (p *Producer[Req, Resp]) await(ctx context.Context, slot **attempt, ready f
 
 // ensureMeta records or checks the queue's shard count once.
 func (p *Producer[Req, Resp]) ensureMeta(ctx context.Context) error {
+	if p.metaOK.Load() {
+		return nil // checked already; no closure to allocate
+	}
 	return p.await(ctx, &p.metaTry, p.metaOK.Load, func(actx context.Context) error {
 		return checkShards(actx, p.client, p.queue, len(p.shards), &p.metaOK, p.log)
 	})
@@ -466,6 +476,9 @@ func (p *Producer[Req, Resp]) ensureMeta(ctx context.Context) error {
 func (p *Producer[Req, Resp]) ensureSubscribed(ctx context.Context) error {
 	if err := p.ensureMeta(ctx); err != nil {
 		return err
+	}
+	if p.subscribed.Load() {
+		return nil // no method values to allocate
 	}
 	return p.await(ctx, &p.subTry, p.subscribed.Load, p.subscribe)
 }

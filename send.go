@@ -25,6 +25,9 @@ import (
 // panics.
 func (p *Producer[Req, Resp]) Send(ctx context.Context, id string, req Req, opts ...ProduceOption) error {
 	mustContext(ctx, "Producer.Send")
+	if len(p.opts.Interceptors) == 0 {
+		return p.send(ctx, id, req, opts, nil, false)
+	}
 	return p.intercept(ctx, []string{id}, [][]ProduceOption{opts}, func(ctx context.Context, outs []*Outgoing) error {
 		h, set := headersOf(outs, 0)
 		return p.send(ctx, id, req, opts, h, set)
