@@ -221,10 +221,14 @@ type ring struct {
 	mu     sync.Mutex
 	depth  int // Prefetch: the places in all
 	free   int
-	target int           // how many places may be out at once (readAhead), <= depth
-	shards int           // feeders sharing the ring, one per shard
-	capped bool          // the last reservation was cut to its fair share of the target
-	freed  chan struct{} // capacity 1: "free or target went up"
+	target int  // how many places may be out at once (readAhead), <= depth
+	shards int  // feeders sharing the ring, one per shard
+	capped bool // the last reservation was cut to its fair share of the target
+	// groupReads makes a feeder wait, while entries are out, until half the
+	// target is free (see minRead). Set for one shard only: with several, the
+	// other feeders' blocked reads hold places that are not entries.
+	groupReads bool
+	freed      chan struct{} // capacity 1: "free or target went up"
 
 	qmu    sync.Mutex
 	queued sync.Cond // signalled on push and close; L is &qmu
@@ -243,7 +247,8 @@ const (
 )
 
 func newRing(depth, shards int) *ring {
-	r := &ring{depth: depth, free: depth, target: depth, shards: max(shards, 1), freed: make(chan struct{}, 1)}
+	r := &ring{depth: depth, free: depth, target: depth, shards: max(shards, 1), freed: make(chan struct{}, 1),
+		groupReads: shards <= 1}
 	r.queued.L = &r.qmu
 	return r
 }
@@ -260,7 +265,11 @@ func newRing(depth, shards int) *ring {
 func (r *ring) reserve(ctx context.Context, limit int) (int, error) {
 	for {
 		r.mu.Lock()
-		avail := max(0, min(r.free, limit, r.target-(r.depth-r.free)))
+		room := max(0, min(r.free, r.target-(r.depth-r.free)))
+		avail := min(room, limit)
+		if r.depth-r.free > 0 && room < r.minRead() {
+			avail = 0 // entries are out: wait to read more at once
+		}
 		fair := max(1, r.target/r.shards)
 		n := min(avail, fair)
 		if n > 0 {
@@ -392,7 +401,18 @@ func (r *ring) setTarget(n int) {
 func (r *ring) binding() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.free > 0 && (r.depth-r.free >= r.target || r.capped)
+	return r.free > 0 && (r.target-(r.depth-r.free) < r.minRead() || r.capped)
+}
+
+// minRead is the room a feeder waits for while entries are out: half the
+// target with groupReads, else 1. Under load, reads then take several entries
+// each instead of the one or two each completion frees; with nothing out a
+// feeder reads at once, so an idle consumer waits for nothing. mu is held.
+func (r *ring) minRead() int {
+	if !r.groupReads {
+		return 1
+	}
+	return max(1, r.target/2)
 }
 
 func (r *ring) signal() {

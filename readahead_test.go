@@ -61,6 +61,36 @@ func TestRingTargetBoundsReservations(t *testing.T) {
 	require.False(t, r.binding())
 }
 
+// TestRingReadsSeveralAtOnceUnderLoad: while entries are out, a feeder waits
+// until half the target is free and then reads that much in one call, instead
+// of one read per completion that frees a place or two; with nothing out it
+// reads at once. Before, each freed place was read on its own.
+func TestRingReadsSeveralAtOnceUnderLoad(t *testing.T) {
+	r := newRing(100, 1)
+	r.setTarget(10)
+	n, err := r.reserve(context.Background(), 100)
+	require.NoError(t, err)
+	require.Equal(t, 10, n)
+
+	r.give(2) // two completions recorded: 8 out, 2 free within the target
+	short, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	n, err = r.reserve(short, 100)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "reserved %d places with 8 of 10 out", n)
+	require.True(t, r.binding(), "waiting for a fuller read binds the target, so workers that wait grow it")
+
+	r.give(3) // 5 out, 5 free: half the target
+	n, err = r.reserve(context.Background(), 100)
+	require.NoError(t, err)
+	require.Equal(t, 5, n)
+
+	r.give(10) // nothing out: any room is read at once
+	r.setTarget(1)
+	n, err = r.reserve(context.Background(), 100)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+}
+
 // TestFairnessSlowJobsAreSharedByALateConsumer: with the defaults (Workers
 // 1, Prefetch 128), a consumer started while another works through a backlog
 // of slow jobs gets a fair part of it. Before the read-ahead adapted, the first
