@@ -117,12 +117,26 @@ func TestProduceBatch(t *testing.T) {
 			require.ErrorIs(t, err, ErrInvalidID)
 			require.Zero(t, client.XLen(ctx, stream).Val())
 		})
-		t.Run("a wrong key type fails the whole batch before any write", func(t *testing.T) {
-			require.NoError(t, client.LPush(ctx, "streamq:{"+q+"}:id:bad", "x").Err())
-			_, err := p.ProduceBatch(ctx, []Job[string]{{ID: "w1", Request: "x"}, {ID: "bad", Request: "y"}})
+		t.Run("a wrong key type fails the whole batch and leaves nothing", func(t *testing.T) {
+			rec := func(id string) string { return "streamq:{" + q + "}:id:" + id }
+			require.NoError(t, client.LPush(ctx, rec("bad"), "x").Err())
+			// A stored failure that the batch would replace (RetryFailed).
+			require.NoError(t, client.Set(ctx, rec("failed"), "Eboom", time.Hour).Err())
+			_, err := p.ProduceBatch(ctx, []Job[string]{
+				{ID: "w1", Request: "x"},
+				{ID: "later", Request: "z", Options: []ProduceOption{After(time.Hour)}},
+				{ID: "failed", Request: "f", Options: []ProduceOption{RetryFailed()}},
+				{ID: "bad", Request: "y"},
+			})
 			require.ErrorIs(t, err, ErrWrongType)
-			require.Zero(t, client.XLen(ctx, stream).Val())
-			require.Zero(t, client.Exists(ctx, "streamq:{"+q+"}:id:w1").Val())
+			require.Contains(t, err.Error(), "item 4")
+			require.Zero(t, client.Exists(ctx, stream).Val(), "the stream the batch created")
+			require.Zero(t, client.Exists(ctx, rec("w1"), rec("later")).Val(), "records the batch created")
+			require.Zero(t, client.Exists(ctx, "streamq:{"+q+"}:schedule", "streamq:{"+q+"}:schedule:data").Val())
+			require.Equal(t, "Eboom", client.Get(ctx, rec("failed")).Val(), "the replaced failure is put back")
+			ttl := client.PTTL(ctx, rec("failed")).Val()
+			require.Greater(t, ttl, 59*time.Minute, "with its TTL")
+			require.NoError(t, client.Del(ctx, rec("failed")).Err())
 		})
 		t.Run("duplicates share one entry, retries give the same entries", func(t *testing.T) {
 			jobs := []Job[string]{{ID: "d1", Request: "a"}, {ID: "d2", Request: "b"}, {ID: "d1", Request: "c"}, {ID: "d3", Request: "d"}}

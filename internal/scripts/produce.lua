@@ -31,7 +31,10 @@
 --                 is scheduled)
 --   2, record     already completed: the record holds the outcome
 --  -1, reason     rejected (only when ARGV[2] is "0")
--- With ARGV[2] = "1", an invalid item fails the whole call before any write.
+-- With ARGV[2] = "1", an invalid item (a record key of another type) fails
+-- the whole call, and the call's own writes before it are undone in the same
+-- step, so nothing of the batch remains. (Undoing the rare failure is cheaper
+-- than checking every key's type first: one command less per item.)
 --
 -- The common case, a new id, costs two commands: XADD, then SET NX GET of the
 -- record. When the id turns out to be known, the fresh entry is deleted again
@@ -86,15 +89,41 @@ local head
 local headRead = false
 local wakeAt
 
+-- Atomic batches log how to take back each write (Lua does not roll back):
+-- an invalid item undoes them all, newest first, and fails the call.
+local undo
+local hadStream = true
 if atomic then
-  -- Validate every item before the first write: Lua does not roll back.
-  for i = 1, n do
-    local v = redis.pcall("TYPE", KEYS[1 + i])
-    local t = type(v) == "table" and v.ok or v
-    if t ~= "none" and t ~= "string" then
-      return redis.error_reply("WRONGTYPE item " .. i .. ": key " .. KEYS[1 + i] .. " is not a streamq record")
+  undo = {}
+  hadStream = redis.call("EXISTS", KEYS[1]) == 1
+end
+local function logUndo(...)
+  if undo then
+    undo[#undo + 1] = {...}
+  end
+end
+-- rejectAll undoes this call's writes and returns the error for item i.
+local function rejectAll(i, key)
+  for j = #undo, 1, -1 do
+    redis.call(unpack(undo[j]))
+  end
+  if not hadStream then
+    redis.call("DEL", KEYS[1]) -- created by this call's XADD
+  end
+  return redis.error_reply("WRONGTYPE item " .. i .. ": key " .. key .. " is not a streamq record")
+end
+-- replaceRecord overwrites a stored failure (RetryFailed), logging its value
+-- and TTL to put back.
+local function replaceRecord(key, prev, value, px)
+  if undo then
+    local old = redis.call("PTTL", key)
+    if old > 0 then
+      logUndo("SET", key, prev, "PX", old)
+    else
+      logUndo("SET", key, prev)
     end
   end
+  redis.call("SET", key, value, "PX", px)
 end
 
 local out = {}
@@ -114,11 +143,16 @@ for i = 1, n do
     if due > 0 and due > serverNow() then
       local prev = redis.pcall("SET", key, "P@" .. due, "NX", "GET", "PX", ttl + due - serverNow())
       if type(prev) == "table" and prev.err then
+        if atomic then
+          return rejectAll(i, key)
+        end
         out[#out + 1] = -1
         out[#out + 1] = "key " .. key .. " holds a value that is not a streamq record"
       elseif not prev or rerun(it, prev) then
         if prev then
-          redis.call("SET", key, "P@" .. due, "PX", ttl + due - serverNow())
+          replaceRecord(key, prev, "P@" .. due, ttl + due - serverNow())
+        else
+          logUndo("DEL", key)
         end
         if not headRead then
           local h = redis.call("ZRANGE", schedule, 0, 0, "WITHSCORES")
@@ -134,6 +168,8 @@ for i = 1, n do
         end
         redis.call("ZADD", schedule, due, member)
         redis.call("HSET", scheduleData, member, enc({key, "", "0", enc(fields)}))
+        logUndo("ZREM", schedule, member)
+        logUndo("HDEL", scheduleData, member)
         if (not head or due < head) and (not wakeAt or due < wakeAt) then
           wakeAt = due
         end
@@ -152,12 +188,18 @@ for i = 1, n do
       local prev = redis.pcall("SET", key, "P" .. eid, "NX", "GET", "PX", ttl)
       if type(prev) == "table" and prev.err then
         redis.call("XDEL", KEYS[1], eid)
+        if atomic then
+          return rejectAll(i, key)
+        end
         out[#out + 1] = -1
         out[#out + 1] = "key " .. key .. " holds a value that is not a streamq record"
       elseif not prev or rerun(it, prev) then
         if prev then
-          redis.call("SET", key, "P" .. eid, "PX", ttl)
+          replaceRecord(key, prev, "P" .. eid, ttl)
+        else
+          logUndo("DEL", key)
         end
+        logUndo("XDEL", KEYS[1], eid)
         written[key] = eid
         out[#out + 1] = 0
         out[#out + 1] = eid
