@@ -28,7 +28,7 @@ func latencyStreamq(ctx context.Context, e *env, n int, pad string) (Result, err
 	var herr handlerErrors
 	handler := func(_ context.Context, m *streamq.Message[job]) (int, error) {
 		if m.Payload.Seq >= 0 { // warm-up jobs have negative indexes
-			if err := t.mark(m.Payload.Seq, 0); err != nil {
+			if err := t.mark(m.Payload.Seq, sinceNs(m.Payload.T)); err != nil { // pickup: Produce to start
 				herr.add(err)
 			}
 		}
@@ -94,5 +94,7 @@ func latencyStreamq(ctx context.Context, e *env, n int, pad string) (Result, err
 	if err := firstErr(herr.err(), t.verify("streamq latency")); err != nil {
 		return Result{}, err
 	}
-	return m.result("latency", "streamq", n, "round trip", rtt), nil
+	r := m.result("latency", "streamq", n, "round trip", rtt)
+	r.PickupP50Ms, r.PickupP99Ms, _ = percentiles(t.latencies())
+	return r, nil
 }

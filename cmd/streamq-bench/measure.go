@@ -38,6 +38,10 @@ type Result struct {
 	// job, producers and consumers together, Redis excluded.
 	ClientCPUUsPerJob float64 `json:"client_cpu_us_per_job"`
 
+	// Latency scenario, streamq only: from Produce to the handler's start.
+	PickupP50Ms float64 `json:"pickup_p50_ms,omitempty"`
+	PickupP99Ms float64 `json:"pickup_p99_ms,omitempty"`
+
 	// Prefetch scenario only.
 	Depth         int     `json:"depth,omitempty"`
 	IdealSeconds  float64 `json:"ideal_seconds,omitempty"`
@@ -325,6 +329,10 @@ func (p *printer) result(r Result) {
 	fmt.Fprintf(p.w, "%-10s %-16s %8d %8.3f %11.0f %-14s %9.3f %9.3f %9.3f %10.2f %9.2f %10.2f\n",
 		r.Scenario, r.System, r.N, r.Seconds, r.JobsPerSec, latency, r.P50Ms, r.P99Ms, r.MaxMs,
 		r.RedisCPUUsPerJob, r.RedisCmdsPerJob, r.ClientCPUUsPerJob)
+	if r.PickupP50Ms > 0 {
+		fmt.Fprintf(p.w, "%-10s %-16s pickup (Produce to handler start) p50 %.3f ms, p99 %.3f ms\n",
+			r.Scenario, r.System, r.PickupP50Ms, r.PickupP99Ms)
+	}
 }
 
 func (p *printer) ratio(r Ratio) {

@@ -17,15 +17,25 @@ import (
 func runThroughput(ctx context.Context, e *env, n int) error {
 	pad := padFor(e.cfg.payload)
 	return compare(e, "throughput",
-		func() (Result, error) { return throughputStreamq(ctx, e, n, pad) },
-		func() (Result, error) { return throughputBaseline(ctx, e, n, pad) })
+		func() (Result, error) { return throughputStreamq(ctx, e, n, pad, "throughput", e.cfg.callers) },
+		func() (Result, error) { return throughputBaseline(ctx, e, n, pad, "throughput", 16) })
+}
+
+// runFew is the throughput scenario with few callers: each producer has one
+// calling goroutine that enqueues one job at a time (-callers is ignored),
+// beside a baseline whose producers XADD one entry per round trip.
+func runFew(ctx context.Context, e *env, n int) error {
+	pad := padFor(e.cfg.payload)
+	return compare(e, "few",
+		func() (Result, error) { return throughputStreamq(ctx, e, n, pad, "few", 1) },
+		func() (Result, error) { return throughputBaseline(ctx, e, n, pad, "few", 1) })
 }
 
 // throughputStreamq: P producers, each Enqueue-ing (or, with -send, Send-ing)
 // from -callers goroutines so that concurrent calls coalesce; C consumers
 // with W workers in all, DiscardResults.
-func throughputStreamq(ctx context.Context, e *env, n int, pad string) (Result, error) {
-	q := e.queue("throughput", "streamq")
+func throughputStreamq(ctx context.Context, e *env, n int, pad, scenario string, callers int) (Result, error) {
+	q := e.queue(scenario, "streamq")
 	t := newTracker(n)
 	var herr handlerErrors
 	handler := func(_ context.Context, m *streamq.Message[job]) (struct{}, error) {
@@ -59,7 +69,7 @@ func throughputStreamq(ctx context.Context, e *env, n int, pad string) (Result, 
 	var next atomic.Int64
 	var g errGroup
 	for _, p := range producers {
-		for range e.cfg.callers {
+		for range callers {
 			g.Go(func() error {
 				for {
 					i := int(next.Add(1) - 1)
@@ -100,13 +110,14 @@ func throughputStreamq(ctx context.Context, e *env, n int, pad string) (Result, 
 	if err := firstErr(herr.err(), t.verify("streamq throughput")); err != nil {
 		return Result{}, err
 	}
-	return m.result("throughput", "streamq", n, "enqueue-start", t.latencies()), nil
+	return m.result(scenario, "streamq", n, "enqueue-start", t.latencies()), nil
 }
 
-// throughputBaseline: P producer goroutines XADD pipelined in batches of 16;
-// W consumer goroutines XREADGROUP COUNT 100, then XACK+XDEL pipelined.
-func throughputBaseline(ctx context.Context, e *env, n int, pad string) (Result, error) {
-	b, err := newBaseline(ctx, e, "throughput")
+// throughputBaseline: P producer goroutines XADD pipelined in batches of
+// pipeline; W consumer goroutines XREADGROUP COUNT 100, then XACK+XDEL
+// pipelined.
+func throughputBaseline(ctx context.Context, e *env, n int, pad, scenario string, pipeline int) (Result, error) {
+	b, err := newBaseline(ctx, e, scenario)
 	if err != nil {
 		return Result{}, err
 	}
@@ -125,7 +136,6 @@ func throughputBaseline(ctx context.Context, e *env, n int, pad string) (Result,
 	})
 	defer stop()
 
-	const pipeline = 16
 	m := e.meter()
 	if err := m.start(ctx); err != nil {
 		return Result{}, err
@@ -137,7 +147,7 @@ func throughputBaseline(ctx context.Context, e *env, n int, pad string) (Result,
 		defer c.Close()
 		g.Go(func() error {
 			for {
-				i0 := int(next.Add(pipeline) - pipeline)
+				i0 := int(next.Add(int64(pipeline))) - pipeline
 				if i0 >= n {
 					return nil
 				}
@@ -170,7 +180,7 @@ func throughputBaseline(ctx context.Context, e *env, n int, pad string) (Result,
 	if err := firstErr(herr.err(), t.verify("baseline throughput")); err != nil {
 		return Result{}, err
 	}
-	return m.result("throughput", "baseline", n, "enqueue-start", t.latencies()), nil
+	return m.result(scenario, "baseline", n, "enqueue-start", t.latencies()), nil
 }
 
 func firstErr(errs ...error) error {
