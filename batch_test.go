@@ -138,6 +138,23 @@ func TestProduceBatch(t *testing.T) {
 			require.Greater(t, ttl, 59*time.Minute, "with its TTL")
 			require.NoError(t, client.Del(ctx, rec("failed")).Err())
 		})
+		t.Run("an undone batch puts back a schedule member it overwrote", func(t *testing.T) {
+			// A job whose record expired before it was promoted left its
+			// member; a batch that schedules the id again, then fails, must
+			// not delete that job.
+			sched, data := "streamq:{"+q+"}:schedule", "streamq:{"+q+"}:schedule:data"
+			require.NoError(t, client.ZAdd(ctx, sched, redis.Z{Score: 12345, Member: "rold"}).Err())
+			require.NoError(t, client.HSet(ctx, data, "rold", "the old job").Err())
+			_, err := p.ProduceBatch(ctx, []Job[string]{
+				{ID: "old", Request: "new", Options: []ProduceOption{After(time.Hour)}},
+				{ID: "bad", Request: "y"},
+			})
+			require.ErrorIs(t, err, ErrWrongType)
+			require.Equal(t, float64(12345), client.ZScore(ctx, sched, "rold").Val())
+			require.Equal(t, "the old job", client.HGet(ctx, data, "rold").Val())
+			require.Zero(t, client.Exists(ctx, "streamq:{"+q+"}:id:old").Val())
+			require.NoError(t, client.Del(ctx, sched, data).Err())
+		})
 		t.Run("duplicates share one entry, retries give the same entries", func(t *testing.T) {
 			jobs := []Job[string]{{ID: "d1", Request: "a"}, {ID: "d2", Request: "b"}, {ID: "d1", Request: "c"}, {ID: "d3", Request: "d"}}
 			prs, err := p.ProduceBatch(ctx, jobs)

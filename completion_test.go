@@ -83,8 +83,17 @@ func isScript(args []any, s *redis.Script) bool {
 }
 
 // TestFailingShardStallsOnlyItself: shard 1's completions fail; shard 0 keeps
-// completing, and the entries the consumer holds never exceed Prefetch.
+// completing, and the entries the consumer holds never exceed Prefetch. With
+// batches that do not fill, a worker whose next start travelled with a shard
+// 1 result waited behind the failing send until shutdown, and so, one by one,
+// did every worker.
 func TestFailingShardStallsOnlyItself(t *testing.T) {
+	for _, batch := range []int{4, 2, 0} {
+		t.Run(fmt.Sprintf("MaxCompleteBatch=%d", batch), func(t *testing.T) { testFailingShardStallsOnlyItself(t, batch) })
+	}
+}
+
+func testFailingShardStallsOnlyItself(t *testing.T, completeBatch int) {
 	ctx := context.Background()
 	base := realRedis(t)
 	client := sameServer(base)
@@ -98,7 +107,7 @@ func TestFailingShardStallsOnlyItself(t *testing.T) {
 	const prefetch = 32
 	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[int]) (int, error) {
 		return m.Payload, nil
-	}, &ConsumerOptions{Shards: 2, Workers: 8, Prefetch: prefetch, MaxCompleteBatch: 4,
+	}, &ConsumerOptions{Shards: 2, Workers: 8, Prefetch: prefetch, MaxCompleteBatch: completeBatch,
 		ReadBlock: 50 * time.Millisecond, ShutdownTimeout: time.Second, Logger: testLogger(t)})
 	require.NoError(t, err)
 	stop := runConsumer(t, c)
@@ -178,6 +187,46 @@ func TestFailingShardStallsOnlyItself(t *testing.T) {
 	eventually(t, 30*time.Second, func() bool { return held() == 0 }, "shard 1 drains once it recovers")
 }
 
+// TestFailingCompletionsDoNotHoldWorkers: while a shard's outcomes fail to
+// record, a worker still starts what it holds (each start charged on its
+// own), up to the places the consumer has. Before, a start that travelled
+// with a result waited behind the failing send: one worker stopped after
+// three jobs and stayed stopped until shutdown.
+func TestFailingCompletionsDoNotHoldWorkers(t *testing.T) {
+	ctx := context.Background()
+	base := realRedis(t)
+	client := sameServer(base)
+	t.Cleanup(func() { _ = client.Close() })
+	q := queueName(t)
+	fault := &completeFault{}
+	fault.set(streamKey(q))
+	client.AddHook(fault)
+
+	const prefetch = 8
+	p, err := NewProducer[int, int](base, q, &ProducerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	jobs := make([]Job[int], 20)
+	for i := range jobs {
+		jobs[i] = Job[int]{ID: "j" + strconv.Itoa(i), Request: i}
+	}
+	_, err = p.ProduceBatch(ctx, jobs)
+	require.NoError(t, err)
+
+	var ran atomic.Int64
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[int]) (int, error) {
+		ran.Add(1)
+		return m.Payload, nil
+	}, &ConsumerOptions{Workers: 1, Prefetch: prefetch, ReadBlock: 50 * time.Millisecond,
+		ShutdownTimeout: time.Second, Logger: testLogger(t),
+		holdPrefetch: true}) // the places are Prefetch, not what the read-ahead reached
+	require.NoError(t, err)
+	runConsumer(t, c)
+	eventually(t, 10*time.Second, func() bool { return ran.Load() == prefetch },
+		"the worker did not run the %d entries it could hold while outcomes failed", prefetch)
+	require.Positive(t, fault.failed.Load())
+}
+
 // TestQueueDrainsUnderOOM: with maxmemory reached (noeviction), a consumer
 // still starts (its group and shard count exist) and completes the queue.
 func TestQueueDrainsUnderOOM(t *testing.T) {
@@ -230,6 +279,17 @@ func TestQueueDrainsUnderOOM(t *testing.T) {
 	err = client.Set(ctx, "probe", "x", 0).Err()
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "OOM", "the server refuses writes")
+
+	// A delayed request's first write is its record: refused for memory, not
+	// taken for another program's key (it was ErrWrongType).
+	_, err = p.Produce(ctx, "later", 1, After(time.Hour))
+	require.Error(t, err)
+	require.NotErrorIs(t, err, ErrWrongType)
+	require.Contains(t, err.Error(), "OOM")
+	_, err = p.ProduceBatch(ctx, []Job[int]{{ID: "later2", Request: 2, Options: []ProduceOption{After(time.Hour)}}})
+	require.Error(t, err)
+	require.NotErrorIs(t, err, ErrWrongType)
+	require.Contains(t, err.Error(), "OOM")
 
 	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[int]) (int, error) {
 		return m.Payload + 1, nil

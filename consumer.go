@@ -258,6 +258,9 @@ func (c *Consumer[Req, Resp]) ensureGroupRetry(ctx context.Context) error {
 		if fatalStartError(err) {
 			return err
 		}
+		if ctx.Err() != nil {
+			return ctx.Err() // Run's ctx ended while it started: no error to report
+		}
 		if c.opts.FailFast {
 			return wrapf(err, "consumer start failed (FailFast)")
 		}
@@ -302,10 +305,14 @@ type run[Req, Resp any] struct {
 
 	completers    []*coalescer[*completion] // one per shard: shards fail independently
 	completeFixed []completeFixed           // per shard: complete.lua's fixed keys and arguments
-	places        *shardPlaces
-	charger       *coalescer[*chargeReq] // counts handler starts, many per round trip
-	pause         *pauseGate             // open while the queue is not paused (watchPause)
-	limiter       *limiter               // nil without RateLimit
+	trouble       []*trouble                // per shard: set while its outcomes fail to record
+	// holdResults: a worker's result may wait for its next start (not with
+	// a FetchCompleter, whose hook would then delay that start).
+	holdResults bool
+	places      *shardPlaces
+	charger     *coalescer[*chargeReq] // counts handler starts, many per round trip
+	pause       *pauseGate             // open while the queue is not paused (watchPause)
+	limiter     *limiter               // nil without RateLimit
 
 	fetches   sync.WaitGroup
 	handoffs  sync.WaitGroup // hand-offs waiting for a busy completer
@@ -339,9 +346,13 @@ func (r *run[Req, Resp]) start(ctx context.Context) {
 	r.handlerCtx, r.cancelHandlers = context.WithCancelCause(context.WithoutCancel(ctx))
 	r.completers = make([]*coalescer[*completion], len(r.c.shards))
 	r.completeFixed = make([]completeFixed, len(r.c.shards))
+	r.trouble = make([]*trouble, len(r.c.shards))
 	for shard := range r.c.shards {
 		r.completeFixed[shard] = r.completeFixedArgs(shard)
+		r.trouble[shard] = newTrouble()
 	}
+	_, hooked := o.Fetcher.(FetchCompleter)
+	r.holdResults = !hooked
 	for shard := range r.completers {
 		// Sends overlap (a batch holds at most half the shard's places); the
 		// channel is small, sized by the batches, not by Prefetch, which can
@@ -731,8 +742,8 @@ func (r *run[Req, Resp]) process(s *slot, held *completion) *completion {
 			held = nil
 		}
 	}
-	if held != nil && held.s.shard != s.shard {
-		release()
+	if held != nil && (held.s.shard != s.shard || r.trouble[s.shard].isSet()) {
+		release() // a shard whose outcomes fail takes no starts along
 	}
 	if s.isLost() {
 		release()
@@ -819,6 +830,10 @@ func (r *run[Req, Resp]) process(s *slot, held *completion) *completion {
 		return nil
 	}
 	cp := &completion{s: s, code: recordResult, value: payload}
+	if !r.holdResults {
+		r.handOff(cp)
+		return nil
+	}
 	r.settle(cp)
 	return cp
 }
@@ -882,10 +897,21 @@ const maxChargeBatch = 512
 
 // chargeReq asks the charger to record the start of s's handler.
 type chargeReq struct {
-	s   *slot
-	n   int   // the starts including this one, or -1 / -2 (see charge.lua)
-	err error // the script's error
-	out chan struct{}
+	shard int
+	rec   string // the entry's record key (see recordKey)
+	eid   string // the entry id
+	seen  int    // the starts seen at admission
+	n     int    // the starts including this one, or -1 / -2 (see charge.lua)
+	err   error  // the script's error
+	out   chan struct{}
+}
+
+// newChargeReq asks for the start of s's handler. It copies what the script
+// needs: a worker that stops waiting for a charge (its shard's outcomes
+// fail) goes on with the slot while the request may still be sent.
+func (r *run[Req, Resp]) newChargeReq(s *slot) *chargeReq {
+	return &chargeReq{shard: s.shard, rec: r.recordKey(s.shard, s), eid: s.entry.EntryID,
+		seen: s.entry.Deliveries - 1, out: make(chan struct{})}
 }
 
 // Results of chargeDelivery.
@@ -907,15 +933,25 @@ const (
 func (r *run[Req, Resp]) chargeDelivery(s *slot, held *completion) int {
 	var b backoff
 	for {
-		req := &chargeReq{s: s, out: make(chan struct{})}
+		req := r.newChargeReq(s)
 		if held != nil {
 			held.charge = req
 			r.handOff(held)
 			held = nil
+			// The completer answers, unless its shard's outcomes start
+			// failing: then the charge goes on its own (it is idempotent,
+			// so a late answer of this one counts nothing twice).
+			select {
+			case <-req.out:
+			case <-r.trouble[s.shard].set():
+				req = r.newChargeReq(s)
+				r.charger.in <- req
+				<-req.out
+			}
 		} else {
 			r.charger.in <- req
+			<-req.out
 		}
-		<-req.out
 		switch {
 		case req.err == nil && req.n == -1:
 			r.c.log.InfoContext(r.runCtx, "streamq: an entry was taken by another consumer before it started",
@@ -946,7 +982,7 @@ const startsTTL = 7 * 24 * time.Hour
 func (r *run[Req, Resp]) sendCharges(batch []*chargeReq) {
 	byShard := make(map[int][]*chargeReq)
 	for _, req := range batch {
-		byShard[req.s.shard] = append(byShard[req.s.shard], req)
+		byShard[req.shard] = append(byShard[req.shard], req)
 	}
 	var wg sync.WaitGroup
 	for shard, reqs := range byShard {
@@ -963,8 +999,8 @@ func (r *run[Req, Resp]) chargeShard(shard int, reqs []*chargeReq) {
 	args := make([]any, 4, 4+2*len(reqs))
 	args[0], args[1], args[2], args[3] = o.Group, o.Name, r.recordFloor().Milliseconds(), startsTTL.Milliseconds()
 	for _, req := range reqs {
-		keyList = append(keyList, r.recordKey(shard, req.s))
-		args = append(args, req.s.entry.EntryID, req.s.entry.Deliveries-1)
+		keyList = append(keyList, req.rec)
+		args = append(args, req.eid, req.seen)
 	}
 	res, err := scripts.Charge.Run(r.bg, r.c.client, keyList, args...).Int64Slice()
 	if err == nil && len(res) != len(reqs) {
@@ -1207,12 +1243,14 @@ func (r *run[Req, Resp]) completeShard(shard int, batch []*completion) {
 			err = fmt.Errorf("streamq: complete: %d start counts for %d starts", len(res), len(charged))
 		}
 		if err == nil {
+			r.trouble[shard].clear()
 			// The workers start before anything slow (the fetcher's hook).
 			for i, cp := range charged {
 				cp.answerCharge(&res[i], nil)
 			}
 			break
 		}
+		r.trouble[shard].raise()
 		if len(charged) > 0 {
 			// The workers charge on their own (the charge is idempotent);
 			// the outcomes are retried without the starts.
@@ -1310,9 +1348,8 @@ func (r *run[Req, Resp]) completeArgs(shard int, batch, charged []*completion) (
 		args = append(args, e.EntryID, e.ID, codeArg[cp.code], value, payload, e.Deliveries)
 	}
 	for _, cp := range charged {
-		s := cp.charge.s
-		keyList = append(keyList, r.recordKey(shard, s))
-		args = append(args, s.entry.EntryID, s.entry.Deliveries-1)
+		keyList = append(keyList, cp.charge.rec)
+		args = append(args, cp.charge.eid, cp.charge.seen)
 	}
 	keyList = append(keyList, fixed.starts) // last: complete.lua drops and counts starts there
 	return keyList, args
@@ -1345,4 +1382,52 @@ func (b *backoff) next() time.Duration {
 		b.d *= 2
 	}
 	return jitter(b.d)
+}
+
+// trouble signals that a shard's outcomes fail to record: set() is closed
+// while they do. A worker waiting for a start charge that travels with an
+// outcome of that shard stops waiting and charges on its own, so a shard
+// that cannot record outcomes stalls only its outcomes, not the workers.
+type trouble struct {
+	mu sync.Mutex
+	ch chan struct{} // closed while the shard's last send failed
+}
+
+func newTrouble() *trouble { return &trouble{ch: make(chan struct{})} }
+
+func (t *trouble) set() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.ch
+}
+
+func (t *trouble) isSet() bool {
+	select {
+	case <-t.set():
+		return true
+	default:
+		return false
+	}
+}
+
+// raise marks the shard failing and wakes those waiting on set.
+func (t *trouble) raise() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	select {
+	case <-t.ch:
+	default:
+		close(t.ch)
+	}
+}
+
+// clear marks the shard recording again.
+func (t *trouble) clear() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	select {
+	case <-t.ch:
+		t.ch = make(chan struct{})
+	default:
+	}
 }

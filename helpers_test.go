@@ -113,6 +113,15 @@ func runConsumer[Req, Resp any](t testing.TB, c *Consumer[Req, Resp]) (stop func
 			case <-time.After(30 * time.Second):
 				t.Errorf("consumer did not stop within 30s")
 			}
+			// Run may return while its start-up calls still run (it does not
+			// wait for a stalled call); they log to t, so wait for them.
+			bg := make(chan struct{})
+			go func() { c.waitBackground(); close(bg) }()
+			select {
+			case <-bg:
+			case <-time.After(30 * time.Second):
+				t.Errorf("the consumer's background calls did not end within 30s")
+			}
 		})
 	}
 	t.Cleanup(stop)

@@ -267,8 +267,8 @@ func (r *ring) reserve(ctx context.Context, limit int) (int, error) {
 		r.mu.Lock()
 		room := max(0, min(r.free, r.target-(r.depth-r.free)))
 		avail := min(room, limit)
-		if r.depth-r.free > 0 && room < r.minRead() {
-			avail = 0 // entries are out: wait to read more at once
+		if r.depth-r.free > 0 && room < r.minRead() && r.queuedSlots() > 0 {
+			avail = 0 // the workers have entries waiting: read more at once later
 		}
 		fair := max(1, r.target/r.shards)
 		n := min(avail, fair)
@@ -320,6 +320,13 @@ func (r *ring) take() (s *slot, waited, ok bool) {
 	return r.pop(), waited, true
 }
 
+// queuedSlots returns how many slots wait to be taken.
+func (r *ring) queuedSlots() int {
+	r.qmu.Lock()
+	defer r.qmu.Unlock()
+	return r.n
+}
+
 // tryTake removes the oldest slot if one is queued, without waiting.
 func (r *ring) tryTake() (*slot, bool) {
 	r.qmu.Lock()
@@ -338,6 +345,9 @@ func (r *ring) pop() *slot {
 	r.n--
 	if len(r.buf) > ringKeepCap && r.n <= len(r.buf)/4 {
 		r.resize(len(r.buf) / 2) // give memory back after a burst
+	}
+	if r.n == 0 && r.groupReads {
+		r.signal() // a feeder waiting for a fuller read reads what room there is
 	}
 	return s
 }
@@ -401,13 +411,14 @@ func (r *ring) setTarget(n int) {
 func (r *ring) binding() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.free > 0 && (r.target-(r.depth-r.free) < r.minRead() || r.capped)
+	return r.free > 0 && (r.depth-r.free >= r.target || r.capped)
 }
 
-// minRead is the room a feeder waits for while entries are out: half the
-// target with groupReads, else 1. Under load, reads then take several entries
-// each instead of the one or two each completion frees; with nothing out a
-// feeder reads at once, so an idle consumer waits for nothing. mu is held.
+// minRead is the room a feeder waits for while slots wait in the ring: half
+// the target with groupReads, else 1. Under load, reads then take several
+// entries each instead of the one or two each completion frees; once no slot
+// waits (a worker may be idle) any room is read, so neither an idle consumer
+// nor one whose places are held by long handlers waits for more. mu is held.
 func (r *ring) minRead() int {
 	if !r.groupReads {
 		return 1

@@ -61,34 +61,54 @@ func TestRingTargetBoundsReservations(t *testing.T) {
 	require.False(t, r.binding())
 }
 
-// TestRingReadsSeveralAtOnceUnderLoad: while entries are out, a feeder waits
-// until half the target is free and then reads that much in one call, instead
-// of one read per completion that frees a place or two; with nothing out it
-// reads at once. Before, each freed place was read on its own.
+// TestRingReadsSeveralAtOnceUnderLoad: while slots wait in the ring, a
+// feeder waits until half the target is free and then reads that much in one
+// call, instead of one read per completion that frees a place or two. Once no
+// slot waits (a worker may be idle) it reads whatever room there is, so long
+// handlers holding most places never keep an idle worker from the backlog.
+// Before, each freed place was read on its own.
 func TestRingReadsSeveralAtOnceUnderLoad(t *testing.T) {
 	r := newRing(100, 1)
 	r.setTarget(10)
 	n, err := r.reserve(context.Background(), 100)
 	require.NoError(t, err)
 	require.Equal(t, 10, n)
+	for range n {
+		r.push(&slot{})
+	}
+	for range 4 { // four workers take a slot each; six wait
+		_, _, ok := r.take()
+		require.True(t, ok)
+	}
 
-	r.give(2) // two completions recorded: 8 out, 2 free within the target
+	r.give(2) // two outcomes recorded: 8 out, 2 free within the target
 	short, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
 	defer cancel()
 	n, err = r.reserve(short, 100)
-	require.ErrorIs(t, err, context.DeadlineExceeded, "reserved %d places with 8 of 10 out", n)
-	require.True(t, r.binding(), "waiting for a fuller read binds the target, so workers that wait grow it")
+	require.ErrorIs(t, err, context.DeadlineExceeded, "reserved %d places with 8 of 10 out and 6 slots waiting", n)
 
 	r.give(3) // 5 out, 5 free: half the target
 	n, err = r.reserve(context.Background(), 100)
 	require.NoError(t, err)
 	require.Equal(t, 5, n)
+	r.give(5) // nothing read after all
 
-	r.give(10) // nothing out: any room is read at once
-	r.setTarget(1)
-	n, err = r.reserve(context.Background(), 100)
+	// Long handlers hold 5 places and 3 more go out: 2 are free, too few
+	// while slots wait; the workers take the last of them: the feeder reads
+	// at once.
+	n, err = r.reserve(context.Background(), 3)
 	require.NoError(t, err)
-	require.Equal(t, 1, n)
+	require.Equal(t, 3, n)
+	got := make(chan int, 1)
+	go func() {
+		n, _ := r.reserve(context.Background(), 100)
+		got <- n
+	}()
+	for r.queuedSlots() > 0 {
+		_, ok := r.tryTake()
+		require.True(t, ok)
+	}
+	require.Equal(t, 2, <-got, "the room left once no slot waits")
 }
 
 // TestFairnessSlowJobsAreSharedByALateConsumer: with the defaults (Workers

@@ -52,6 +52,25 @@ func TestCompletionWhenTheStreamIsGone(t *testing.T) {
 	require.Equal(t, "Rx", c.Get(ctx, "streamq:{"+q+"}:id:r0").Val())
 }
 
+// A start charged together with an outcome, after the group is gone (a Redis
+// restarted without persistence): the outcome is recorded and the call does
+// not fail after its writes (which would record and announce it again); the
+// start reads as gone.
+func TestCompletionWithAStartWhenTheGroupIsGone(t *testing.T) {
+	c := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	keys, args := completeArgs(q, 1)
+	// One start travels along: its record key before the start-count hash.
+	keys = append(keys[:len(keys)-1], "streamq:{"+q+"}:id:next", keys[len(keys)-1])
+	args[9] = 1
+	args = append(args, "1-9", 0)
+	res, err := scripts.Complete.Run(ctx, c, keys, args...).Int64Slice()
+	require.NoError(t, err)
+	require.Equal(t, []int64{-2}, res)
+	require.Equal(t, "Rx", c.Get(ctx, "streamq:{"+q+"}:id:r0").Val())
+}
+
 // A request as large as every limit allows must be sendable, or rejected at
 // once, never left waiting for a budget it can never get.
 func TestItemLargerThanTheBudgetIsRejected(t *testing.T) {

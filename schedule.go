@@ -184,6 +184,7 @@ func (r *run[Req, Resp]) retryShard(shard int, batch []*completion) bool {
 						"id", batch[i].s.entry.ID, "entry", batch[i].s.entry.EntryID)
 				}
 			}
+			r.trouble[shard].clear()
 			return true
 		}
 		if r.bg.Err() != nil {
@@ -191,6 +192,7 @@ func (r *run[Req, Resp]) retryShard(shard int, batch []*completion) bool {
 				"entries", len(batch), "err", err)
 			return false
 		}
+		r.trouble[shard].raise()
 		r.c.log.WarnContext(r.runCtx, "streamq: scheduling retries failed; retrying", "entries", len(batch), "stream", k.Stream, "err", err)
 		r.c.slots.onError(err)
 		_ = sleepCtx(r.bg, b.next())

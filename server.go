@@ -119,6 +119,9 @@ func atLeast7(version string) bool {
 func warnEvictionPolicy(ctx context.Context, client redis.UniversalClient, log *slog.Logger) {
 	res, err := client.ConfigGet(ctx, "maxmemory-policy").Result()
 	if err != nil {
+		if ctx.Err() != nil {
+			return // the caller gave up; nothing to say
+		}
 		log.Debug("streamq: cannot read maxmemory-policy; make sure it is noeviction", "err", err)
 		return
 	}

@@ -102,6 +102,13 @@ local function logUndo(...)
     undo[#undo + 1] = {...}
   end
 end
+-- notWrongType raises a pcall error that is not WRONGTYPE (out of memory at
+-- the first write, say): only another program's key is an item's fault.
+local function notWrongType(reply)
+  if string.sub(reply.err, 1, 9) ~= "WRONGTYPE" then
+    error(reply)
+  end
+end
 -- rejectAll undoes this call's writes and returns the error for item i.
 local function rejectAll(i, key)
   for j = #undo, 1, -1 do
@@ -143,6 +150,7 @@ for i = 1, n do
     if due > 0 and due > serverNow() then
       local prev = redis.pcall("SET", key, "P@" .. due, "NX", "GET", "PX", ttl + due - serverNow())
       if type(prev) == "table" and prev.err then
+        notWrongType(prev)
         if atomic then
           return rejectAll(i, key)
         end
@@ -166,10 +174,24 @@ for i = 1, n do
         for j = 1, #it.fields do
           fields[#fields + 1] = it.fields[j]
         end
+        if undo then
+          -- A member left by a job whose record expired unpromoted is
+          -- overwritten here: an undo puts it back.
+          local oldScore = redis.call("ZSCORE", schedule, member)
+          local oldData = redis.call("HGET", scheduleData, member)
+          if oldScore then
+            logUndo("ZADD", schedule, oldScore, member)
+          else
+            logUndo("ZREM", schedule, member)
+          end
+          if oldData then
+            logUndo("HSET", scheduleData, member, oldData)
+          else
+            logUndo("HDEL", scheduleData, member)
+          end
+        end
         redis.call("ZADD", schedule, due, member)
         redis.call("HSET", scheduleData, member, enc({key, "", "0", enc(fields)}))
-        logUndo("ZREM", schedule, member)
-        logUndo("HDEL", scheduleData, member)
         if (not head or due < head) and (not wakeAt or due < wakeAt) then
           wakeAt = due
         end
@@ -188,6 +210,7 @@ for i = 1, n do
       local prev = redis.pcall("SET", key, "P" .. eid, "NX", "GET", "PX", ttl)
       if type(prev) == "table" and prev.err then
         redis.call("XDEL", KEYS[1], eid)
+        notWrongType(prev)
         if atomic then
           return rejectAll(i, key)
         end

@@ -10,10 +10,18 @@
 --   eid, expected   the entry and the starts seen at admission (before this one)
 --   rec             the entry's record key, or the stream's key when it has none
 -- It returns the starts including this one; -1 when another consumer owns the
--- entry now (not counted); -2 when the entry left the pending list.
+-- entry now (not counted); -2 when the entry left the pending list, or the
+-- group is gone (a Redis restarted without persistence: complete.lua charges
+-- after its writes, and must not fail there).
 -- Idempotent under resend: a count already at expected + 1 is this same charge.
 local function chargeStart(stream, starts, group, me, floor, eid, expected, rec)
-  local p = redis.call("XPENDING", stream, group, eid, eid, 1)
+  local p = redis.pcall("XPENDING", stream, group, eid, eid, 1)
+  if type(p) == "table" and p.err then
+    if string.sub(p.err, 1, 7) == "NOGROUP" then
+      return -2
+    end
+    error(p)
+  end
   if not p[1] then
     return -2
   elseif p[1][2] ~= me then
