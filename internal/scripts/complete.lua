@@ -208,8 +208,9 @@ end
 -- 5. Starts.
 local out = {}
 if m > 0 then
+  -- (charge.lua expires the hash first, to make its first write one that
+  -- maxmemory does not refuse; here XACK was the first write.)
   local floor = tonumber(ARGV[11])
-  redis.call("PEXPIRE", starts, ARGV[12])
   local b = 13 + 6 * n
   for j = 1, m do
     out[j] = chargeStart(KEYS[1], starts, group, ARGV[6], floor,
