@@ -34,11 +34,13 @@
 local n = #KEYS - 2
 local out = {}
 local floor = tonumber(ARGV[3])
-redis.call("PEXPIRE", KEYS[2], ARGV[4])
+local existed = redis.call("PEXPIRE", KEYS[2], ARGV[4]) == 1
 for i = 1, n do
   out[i] = chargeStart(KEYS[1], KEYS[2], ARGV[1], ARGV[2], floor,
     ARGV[3 + 2 * i], tonumber(ARGV[4 + 2 * i]), KEYS[2 + i])
 end
--- Again: the hash may have been created above.
-redis.call("PEXPIRE", KEYS[2], ARGV[4])
+if not existed then
+  -- The hash was created above: give it its TTL.
+  redis.call("PEXPIRE", KEYS[2], ARGV[4])
+end
 return out
