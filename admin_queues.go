@@ -218,7 +218,7 @@ func (a *Admin) Trim(ctx context.Context) (int64, error) {
 	}
 	var total int64
 	for _, k := range shards {
-		res, err := scripts.Trim.Run(ctx, a.client, []string{k.Stream}).Slice()
+		res, err := scripts.Trim.Run(ctx, a.client, []string{k.Stream, k.Fanout}).Slice()
 		if err != nil {
 			return total, fmt.Errorf("streamq: trim %s: %w", a.queue, err)
 		}

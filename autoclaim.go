@@ -92,6 +92,7 @@ func isNoGroup(err error) bool { return err != nil && strings.Contains(err.Error
 // readNew reads up to n new entries of a shard, blocking up to block, and
 // returns how many it admitted.
 func (r *run[Req, Resp]) readNew(ctx context.Context, shard, n int, block time.Duration) (int, error) {
+	at := mono()
 	res, err := r.c.client.XReadGroup(ctx, &redis.XReadGroupArgs{
 		Group:    r.c.opts.Group,
 		Consumer: r.c.opts.Name,
@@ -109,7 +110,7 @@ func (r *run[Req, Resp]) readNew(ctx context.Context, shard, n int, block time.D
 	r.c.markReady()
 	got := 0
 	for _, st := range res {
-		got += r.admit(shard, st.Messages, func(i int) int { return carriedStarts(st.Messages[i]) })
+		got += r.admit(shard, st.Messages, at, func(i int) int { return carriedStarts(st.Messages[i]) })
 	}
 	return got, nil
 }
@@ -121,6 +122,7 @@ func (r *run[Req, Resp]) readNew(ctx context.Context, shard, n int, block time.D
 func (r *run[Req, Resp]) readHistory(ctx context.Context, shard, n int, cursor string) (seen, got int, next string, err error) {
 	o := &r.c.opts
 	k := r.c.shards[shard]
+	at := mono()
 	res, err := scripts.Resume.Run(ctx, r.c.client, []string{k.Stream, k.Starts(o.Group)},
 		o.Group, o.Name, cursor, n).Slice()
 	if err != nil {
@@ -140,7 +142,7 @@ func (r *run[Req, Resp]) readHistory(ctx context.Context, shard, n int, cursor s
 		r.c.log.InfoContext(r.runCtx, "streamq: dropped pending entries whose stream entries were deleted", "count", len(gone))
 	}
 	if len(msgs) > 0 {
-		got = r.admitClaimed(shard, msgs, counts)
+		got = r.admitClaimed(shard, msgs, at, counts)
 		r.c.log.InfoContext(r.runCtx, "streamq: resumed own pending entries", "count", got)
 	}
 	return len(msgs) + len(gone), got, last, nil
@@ -153,6 +155,7 @@ func (r *run[Req, Resp]) readHistory(ctx context.Context, shard, n int, cursor s
 func (r *run[Req, Resp]) claim(ctx context.Context, shard, n int, cursor string) (int, string, error) {
 	o := &r.c.opts
 	k := r.c.shards[shard]
+	at := mono()
 	res, err := scripts.Claim.Run(ctx, r.c.client, []string{k.Stream, k.Starts(o.Group)},
 		o.Group, o.Name, o.MinIdle.Milliseconds(), cursor, n).Slice()
 	if err != nil {
@@ -169,7 +172,7 @@ func (r *run[Req, Resp]) claim(ctx context.Context, shard, n int, cursor string)
 	}
 	got := 0
 	if len(msgs) > 0 {
-		got = r.admitClaimed(shard, msgs, counts)
+		got = r.admitClaimed(shard, msgs, at, counts)
 		r.c.log.InfoContext(r.runCtx, "streamq: claimed idle entries", "count", got)
 	}
 	if next == "" {
@@ -180,8 +183,8 @@ func (r *run[Req, Resp]) claim(ctx context.Context, shard, n int, cursor string)
 
 // admitClaimed admits claimed, resumed or adopted entries: their counts are
 // the handler starts so far, and each start is charged when it happens.
-func (r *run[Req, Resp]) admitClaimed(shard int, msgs []redis.XMessage, counts []any) int {
-	return r.admit(shard, msgs, func(i int) int {
+func (r *run[Req, Resp]) admitClaimed(shard int, msgs []redis.XMessage, at int64, counts []any) int {
+	return r.admit(shard, msgs, at, func(i int) int {
 		if i < len(counts) {
 			if c, ok := counts[i].(int64); ok {
 				return int(c)
@@ -234,6 +237,7 @@ func (r *run[Req, Resp]) adopt(ctx context.Context, shard, n int) (int, error) {
 	if len(args) == 2 {
 		return 0, nil
 	}
+	at := mono()
 	res, err := scripts.Adopt.Run(ctx, r.c.client, []string{k.Stream, k.Starts(o.Group)}, args...).Slice()
 	if err != nil {
 		return 0, err
@@ -246,7 +250,7 @@ func (r *run[Req, Resp]) adopt(ctx context.Context, shard, n int) (int, error) {
 	if gone, _ := res[2].([]any); len(gone) > 0 {
 		r.c.log.InfoContext(r.runCtx, "streamq: dropped own pending entries whose stream entries were deleted", "count", len(gone))
 	}
-	got := r.admitClaimed(shard, msgs, counts)
+	got := r.admitClaimed(shard, msgs, at, counts)
 	if got > 0 {
 		r.c.log.InfoContext(r.runCtx, "streamq: took back own pending entries whose read or claim reply was lost", "count", got)
 	}
@@ -310,10 +314,13 @@ func (r *run[Req, Resp]) leaseLoop() {
 		}
 		r.mu.Unlock()
 		for shard, slots := range byShard {
+			at := mono()
 			lost, err := r.leaseShard(r.bg, shard, slots, 0, r.recordFloor())
 			if err != nil {
 				r.c.slots.onError(err)
 				r.c.log.WarnContext(r.runCtx, "streamq: renewing leases failed; will retry", "entries", len(slots), "err", err)
+			} else {
+				r.renewed(slots, lost, at)
 			}
 			for _, id := range lost {
 				r.mu.Lock()
@@ -327,6 +334,27 @@ func (r *run[Req, Resp]) leaseLoop() {
 					s.markLost()
 				}
 			}
+		}
+	}
+}
+
+// renewed moves the ownership time of renewed slots to at (taken before the
+// renewal was sent), when their ownership was continuous: the renewal came
+// back less than MinIdle after the last confirmation, so no claim could
+// have taken the entry in between. Otherwise the slot's starts go through
+// charge.lua's owner check from now on (see committer.tick).
+func (r *run[Req, Resp]) renewed(slots []*slot, lost []string, at int64) {
+	now := mono()
+	gone := make(map[string]bool, len(lost))
+	for _, id := range lost {
+		gone[id] = true
+	}
+	for _, s := range slots {
+		prev := s.ownedAt.Load()
+		if prev != 0 && !gone[s.entry.EntryID] && time.Duration(now-prev) < r.c.opts.MinIdle {
+			s.ownedAt.CompareAndSwap(prev, at)
+		} else {
+			s.ownedAt.Store(0)
 		}
 	}
 }
@@ -381,7 +409,7 @@ func (r *run[Req, Resp]) releaseUnstarted() {
 		if len(ids) == 0 {
 			continue
 		}
-		if _, err := r.leaseShard(ctx, shard, ids, releaseIdle, 0); err != nil {
+		if err := r.releaseShard(ctx, shard, ids); err != nil {
 			r.c.log.WarnContext(r.runCtx, "streamq: releasing prefetched entries failed; they will be claimed after MinIdle",
 				"entries", len(ids), "err", err)
 		} else {
@@ -389,4 +417,30 @@ func (r *run[Req, Resp]) releaseUnstarted() {
 		}
 	}
 	r.forget(slots...)
+}
+
+// releaseShard releases unstarted entries of a shard (release.lua): their
+// idle time is set past any MinIdle, and a start charge sent for one of them
+// without an answer is taken back, since its handler never ran.
+func (r *run[Req, Resp]) releaseShard(ctx context.Context, shard int, slots []*slot) error {
+	o := &r.c.opts
+	k := r.c.shards[shard]
+	const chunk = 500
+	for len(slots) > 0 {
+		n := min(chunk, len(slots))
+		args := make([]any, 3, 3+2*n)
+		args[0], args[1], args[2] = o.Group, o.Name, releaseIdle.Milliseconds()
+		for _, s := range slots[:n] {
+			seen := -1
+			if s.charging {
+				seen = s.entry.Deliveries - 1
+			}
+			args = append(args, s.entry.EntryID, seen)
+		}
+		slots = slots[n:]
+		if err := scripts.Release.Run(ctx, r.c.client, []string{k.Stream, k.Starts(o.Group)}, args...).Err(); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -40,28 +40,58 @@ func (h *completeFault) set(streams ...string) {
 
 func (h *completeFault) DialHook(next redis.DialHook) redis.DialHook { return next }
 
+// ProcessPipelineHook fails the complete.lua calls of a pipeline (the
+// committer's ticks) as ProcessHook does, and sends the rest.
 func (h *completeFault) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		rest := cmds[:0:0]
+		var complete []redis.Cmder
+		for _, cmd := range cmds {
+			if h.injected(cmd) {
+				continue
+			}
+			if isScript(cmd.Args(), scripts.Complete) {
+				complete = append(complete, cmd)
+			}
+			rest = append(rest, cmd)
+		}
+		if len(rest) == 0 {
+			return cmds[0].Err()
+		}
+		err := next(ctx, rest)
+		for _, cmd := range complete {
+			if cmd.Err() != nil {
+				h.failed.Add(1)
+			}
+		}
+		return err
+	}
+}
+
+// injected fails cmd when it is a complete.lua call on a failing stream.
+func (h *completeFault) injected(cmd redis.Cmder) bool {
+	args := cmd.Args()
+	if len(args) < 4 || !isScript(args, scripts.Complete) {
+		return false
+	}
+	stream, _ := args[3].(string)
+	h.mu.Lock()
+	fail := h.streams[stream]
+	h.mu.Unlock()
+	if fail {
+		h.failed.Add(1)
+		cmd.SetErr(errors.New("injected fault: shard unreachable"))
+	}
+	return fail
 }
 
 func (h *completeFault) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		args := cmd.Args()
-		if len(args) < 4 || !isScript(args, scripts.Complete) {
-			return next(ctx, cmd)
-		}
-		stream, _ := args[3].(string)
-		h.mu.Lock()
-		fail := h.streams[stream]
-		h.mu.Unlock()
-		if fail {
-			h.failed.Add(1)
-			err := errors.New("injected fault: shard unreachable")
-			cmd.SetErr(err)
-			return err
+		if h.injected(cmd) {
+			return cmd.Err()
 		}
 		err := next(ctx, cmd)
-		if err != nil {
+		if err != nil && len(cmd.Args()) >= 4 && isScript(cmd.Args(), scripts.Complete) {
 			h.failed.Add(1)
 		}
 		return err

@@ -361,6 +361,9 @@ type ConsumerOptions struct {
 	// Logger receives the consumer's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 
+	// checkOwner (tests only) sends every start charge through charge.lua,
+	// as for entries held longer than MinIdle/2.
+	checkOwner bool
 	// holdPrefetch (tests only) holds Prefetch entries from the start, as if
 	// the read-ahead had grown to its limit: tests of a full ring need one.
 	holdPrefetch bool

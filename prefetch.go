@@ -159,9 +159,39 @@ type slot struct {
 	// outcome is recorded, which the lease loop must not take for a loss.
 	handedOff atomic.Bool
 
+	// ownedAt is when this consumer last confirmed it owns the entry (mono
+	// time taken before the read, claim or lease renewal that did), or 0
+	// when its lease may have lapsed since: the committer counts a start
+	// without an owner check only within MinIdle/2 of it. Written by the
+	// feeder, then by the leaser.
+	ownedAt atomic.Int64
+	// charging is set while a start charge is sent and not answered: a slot
+	// released then has its possible count taken back (release.lua). Owned
+	// by the worker.
+	charging bool
+	// scriptCharge sends the slot's next charge through charge.lua (an HSET
+	// was refused). Set by a committer tick before it answers the worker.
+	scriptCharge bool
+
 	mu     sync.Mutex
 	lost   bool
 	cancel context.CancelCauseFunc // the running handler's, or nil
+}
+
+// monoBase anchors mono.
+var monoBase = time.Now()
+
+// mono returns the time on the monotonic clock, in nanoseconds above 0.
+func mono() int64 { return int64(time.Since(monoBase)) + 1 }
+
+// ownedSince returns how long ago (now: mono time) this consumer last
+// confirmed it owns the entry, or a very long time when it may have lapsed.
+func (s *slot) ownedSince(now int64) time.Duration {
+	at := s.ownedAt.Load()
+	if at == 0 {
+		return 1<<63 - 1
+	}
+	return time.Duration(now - at)
 }
 
 // ownedKey identifies an entry: entry ids are unique within one shard's

@@ -27,8 +27,9 @@ import (
 // scriptCalls counts the successful runs of each Lua script through a client,
 // and keeps their arguments.
 type scriptCalls struct {
-	mu   sync.Mutex
-	runs map[string][][]any // script sha -> args of each successful run
+	mu        sync.Mutex
+	runs      map[string][][]any // script sha -> args of each successful run
+	pipelines int                // pipelined round trips
 }
 
 func newScriptCalls(c *redis.Client) *scriptCalls {
@@ -39,34 +40,50 @@ func newScriptCalls(c *redis.Client) *scriptCalls {
 
 func (h *scriptCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
 
+// ProcessPipelineHook counts the pipelines (round trips) and the script
+// runs inside them (the committer's ticks).
 func (h *scriptCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		h.mu.Lock()
+		h.pipelines++
+		h.mu.Unlock()
+		for _, cmd := range cmds {
+			h.record(cmd, cmd.Err())
+		}
+		return err
+	}
 }
 
 func (h *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		args := cmd.Args()
-		if err != nil || len(args) < 2 {
-			return err
-		}
-		name, _ := args[0].(string)
-		body, _ := args[1].(string)
-		var sha string
-		switch strings.ToLower(name) {
-		case "evalsha":
-			sha = body
-		case "eval":
-			sum := sha1.Sum([]byte(body))
-			sha = hex.EncodeToString(sum[:])
-		default:
-			return err
-		}
-		h.mu.Lock()
-		h.runs[sha] = append(h.runs[sha], args)
-		h.mu.Unlock()
+		h.record(cmd, err)
 		return err
 	}
+}
+
+// record keeps the arguments of a successful script run.
+func (h *scriptCalls) record(cmd redis.Cmder, err error) {
+	args := cmd.Args()
+	if err != nil || len(args) < 2 {
+		return
+	}
+	name, _ := args[0].(string)
+	body, _ := args[1].(string)
+	var sha string
+	switch strings.ToLower(name) {
+	case "evalsha":
+		sha = body
+	case "eval":
+		sum := sha1.Sum([]byte(body))
+		sha = hex.EncodeToString(sum[:])
+	default:
+		return
+	}
+	h.mu.Lock()
+	h.runs[sha] = append(h.runs[sha], args)
+	h.mu.Unlock()
 }
 
 func (h *scriptCalls) count(s *redis.Script) int {

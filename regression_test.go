@@ -18,8 +18,8 @@ import (
 // completeArgs builds a complete.lua call for n successful items of queue q.
 func completeArgs(q string, n int) ([]string, []any) {
 	stream, dead := "streamq:{"+q+"}:stream", "streamq:{"+q+"}:dead"
-	keys := []string{stream, dead}
-	args := []any{DefaultGroup, "streamq:{" + q + "}:done", 60000, "1", 100, "me", 1, "PUBLISH", "0", 0, 1000, 60000}
+	keys := []string{stream, dead, "streamq:{" + q + "}:fanout"}
+	args := []any{DefaultGroup, "streamq:{" + q + "}:done", 60000, "1", 100, "me", 1, "PUBLISH", "0"}
 	for i := range n {
 		id := fmt.Sprintf("r%d", i)
 		keys = append(keys, "streamq:{"+q+"}:id:"+id)
@@ -52,23 +52,16 @@ func TestCompletionWhenTheStreamIsGone(t *testing.T) {
 	require.Equal(t, "Rx", c.Get(ctx, "streamq:{"+q+"}:id:r0").Val())
 }
 
-// A start charged together with an outcome, after the group is gone (a Redis
-// restarted without persistence): the outcome is recorded and the call does
-// not fail after its writes (which would record and announce it again); the
-// start reads as gone.
-func TestCompletionWithAStartWhenTheGroupIsGone(t *testing.T) {
+// A start charged after the group is gone (a Redis restarted without
+// persistence) reads as gone instead of failing the committer's tick.
+func TestChargeWhenTheGroupIsGone(t *testing.T) {
 	c := realRedis(t)
 	ctx := context.Background()
 	q := queueName(t)
-	keys, args := completeArgs(q, 1)
-	// One start travels along: its record key before the start-count hash.
-	keys = append(keys[:len(keys)-1], "streamq:{"+q+"}:id:next", keys[len(keys)-1])
-	args[9] = 1
-	args = append(args, "1-9", 0)
-	res, err := scripts.Complete.Run(ctx, c, keys, args...).Int64Slice()
+	res, err := scripts.Charge.Run(ctx, c, []string{"streamq:{" + q + "}:stream", "streamq:{" + q + "}:starts:g"},
+		"g", "me", 60000, "1-9", 0).Int64Slice()
 	require.NoError(t, err)
 	require.Equal(t, []int64{-2}, res)
-	require.Equal(t, "Rx", c.Get(ctx, "streamq:{"+q+"}:id:r0").Val())
 }
 
 // A request as large as every limit allows must be sendable, or rejected at

@@ -146,11 +146,10 @@ func (r *run[Req, Resp]) promoteLoop(shard int) {
 	}
 }
 
-// retryShard acknowledges failed entries of one shard and schedules their
-// retries (retry.lua), retrying the call until Redis takes it or shutdown
-// gives up; it reports whether it succeeded. Entries it gives up on stay
-// pending, their start counts in place, and are claimed after MinIdle.
-func (r *run[Req, Resp]) retryShard(shard int, batch []*completion) bool {
+// retryArgs builds the keys and arguments of a retry.lua call for failed
+// attempts of a shard (code recordRetry, value: the delay in milliseconds):
+// each is acknowledged and scheduled with its start count in one step.
+func (r *run[Req, Resp]) retryArgs(shard int, batch []*completion) ([]string, []any) {
 	o := &r.c.opts
 	k := r.c.shards[shard]
 	keyList := make([]string, 4, 4+len(batch))
@@ -171,32 +170,7 @@ func (r *run[Req, Resp]) retryShard(shard int, batch []*completion) bool {
 		}
 		args = append(args, e.EntryID, e.ID, string(cp.value), e.Data)
 	}
-	var b backoff
-	for {
-		res, err := scripts.Retry.Run(r.bg, r.c.client, keyList, args...).Int64Slice()
-		if err == nil && len(res) != len(batch) {
-			err = fmt.Errorf("streamq: retry: %d results for %d entries", len(res), len(batch))
-		}
-		if err == nil {
-			for i, v := range res {
-				if v < 0 {
-					r.c.log.InfoContext(r.runCtx, "streamq: a failed entry was taken by another consumer before its retry was scheduled",
-						"id", batch[i].s.entry.ID, "entry", batch[i].s.entry.EntryID)
-				}
-			}
-			r.trouble[shard].clear()
-			return true
-		}
-		if r.bg.Err() != nil {
-			r.c.log.ErrorContext(r.runCtx, "streamq: gave up scheduling retries at shutdown; the entries stay pending and will be reclaimed",
-				"entries", len(batch), "err", err)
-			return false
-		}
-		r.trouble[shard].raise()
-		r.c.log.WarnContext(r.runCtx, "streamq: scheduling retries failed; retrying", "entries", len(batch), "stream", k.Stream, "err", err)
-		r.c.slots.onError(err)
-		_ = sleepCtx(r.bg, b.next())
-	}
+	return keyList, args
 }
 
 // Cancel cancels a request that waits in the schedule: one produced with At

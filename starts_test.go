@@ -462,26 +462,41 @@ func TestResendClaimReplyLost(t *testing.T) {
 	requireDrained(t, raw, q)
 }
 
-// TestResendChargeReplyLost: the reply to the charge of a handler start is
-// lost and go-redis sends the charge again: the start is counted once.
+// TestResendChargeReplyLost: the reply to the tick that charged handler
+// starts is lost and go-redis sends it again: each start is counted once.
+// Fresh entries are counted by an HSET in the tick; entries held longer (here
+// forced with checkOwner) by charge.lua, which checks the owner.
 func TestResendChargeReplyLost(t *testing.T) {
-	t.Parallel()
-	raw, proxied, proxy := resendSetup(t)
-	q := queueName(t)
-	ids := seqIDs("job", 5)
-	prs := releasedEntries(t, raw, q, ids)
-	require.NoError(t, scripts.Charge.Load(context.Background(), raw).Err())
-	proxy.DropReplyTo([]byte(scripts.Charge.Hash()))
+	for _, tc := range []struct {
+		name       string
+		checkOwner bool
+		match      []byte
+	}{
+		{"hset", false, []byte("$4\r\nhset\r\n")},
+		{"charge.lua", true, []byte(scripts.Charge.Hash())},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			raw, proxied, proxy := resendSetup(t)
+			q := queueName(t)
+			ids := seqIDs("job", 5)
+			prs := releasedEntries(t, raw, q, ids)
+			require.NoError(t, scripts.Charge.Load(context.Background(), raw).Err())
+			proxy.DropReplyTo(tc.match)
 
-	h := newStartsHandler()
-	c, err := NewConsumer(proxied, q, h.handle, fastOpts(t, "charger", resendMinIdle))
-	require.NoError(t, err)
-	start := time.Now()
-	runConsumer(t, c)
-	requireDropped(t, proxy)
-	requireResults(t, raw, q, ids, prs, start.Add(resendBound))
-	h.requireFirstStarts(t, ids)
-	requireDrained(t, raw, q)
+			h := newStartsHandler()
+			opts := fastOpts(t, "charger", resendMinIdle)
+			opts.checkOwner = tc.checkOwner
+			c, err := NewConsumer(proxied, q, h.handle, opts)
+			require.NoError(t, err)
+			start := time.Now()
+			runConsumer(t, c)
+			requireDropped(t, proxy)
+			requireResults(t, raw, q, ids, prs, start.Add(resendBound))
+			h.requireFirstStarts(t, ids)
+			requireDrained(t, raw, q)
+		})
+	}
 }
 
 // TestChargeWorksOutOfMemory: with maxmemory reached (noeviction), a handler
@@ -500,12 +515,14 @@ func TestChargeWorksOutOfMemory(t *testing.T) {
 	require.NoError(t, scripts.Charge.Load(ctx, c).Err())
 	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "1").Err())
 	require.ErrorContains(t, c.Set(ctx, "streamq:{oom}:x", "y", 0).Err(), "OOM", "the server is not out of memory")
-	res, err := scripts.Charge.Run(ctx, c, []string{stream, starts, stream}, "g", "me", 1000, 60000, eid, 0).Int64Slice()
+	// The committer's HSET is refused here; charge.lua is what it falls back to.
+	require.ErrorContains(t, c.HSet(ctx, starts, eid, 1).Err(), "OOM")
+	res, err := scripts.Charge.Run(ctx, c, []string{stream, starts}, "g", "me", 60000, eid, 0).Int64Slice()
 	require.NoError(t, err)
 	require.Equal(t, []int64{1}, res)
 	require.Equal(t, "1", c.HGet(ctx, starts, eid).Val())
 	// Resent (its reply lost): the same start, not a second one.
-	res, err = scripts.Charge.Run(ctx, c, []string{stream, starts, stream}, "g", "me", 1000, 60000, eid, 0).Int64Slice()
+	res, err = scripts.Charge.Run(ctx, c, []string{stream, starts}, "g", "me", 60000, eid, 0).Int64Slice()
 	require.NoError(t, err)
 	require.Equal(t, []int64{1}, res)
 }
@@ -567,12 +584,12 @@ func TestStartsMaxDeliveriesThreeOnEveryBackend(t *testing.T) {
 	})
 }
 
-// TestResultTravelsWithTheNextStart: under a backlog, a worker's result and
-// the start charge of its next job go to Redis in one complete.lua call, so
-// recording outcomes and charging starts costs about one script run per job,
-// not two; and each job still runs once, as a first start, with its result
-// recorded.
-func TestResultTravelsWithTheNextStart(t *testing.T) {
+// TestOutcomeAndNextStartShareATick: under a backlog, a worker's outcome and
+// the start charge of its next job go to Redis in one committer tick (one
+// pipelined round trip), so recording outcomes and charging starts costs
+// about one round trip per job with one worker, not two; and each job still
+// runs once, as a first start, with its result recorded.
+func TestOutcomeAndNextStartShareATick(t *testing.T) {
 	backends(t, func(t *testing.T, client *redis.Client) {
 		q := queueName(t)
 		p := newStringProducer(t, client, q)
@@ -593,12 +610,68 @@ func TestResultTravelsWithTheNextStart(t *testing.T) {
 		stop()
 
 		h.requireFirstStarts(t, ids)
-		runs := calls.count(scripts.Charge) + calls.count(scripts.Complete)
-		t.Logf("%d jobs: charge.lua %d runs, complete.lua %d runs", n, calls.count(scripts.Charge), calls.count(scripts.Complete))
-		// One worker, a ready backlog: n steps, give or take the first start
+		calls.mu.Lock()
+		ticks := calls.pipelines
+		calls.mu.Unlock()
+		t.Logf("%d jobs: %d ticks, complete.lua %d runs, charge.lua %d runs", n, ticks,
+			calls.count(scripts.Complete), calls.count(scripts.Charge))
+		require.Zero(t, calls.count(scripts.Charge), "fresh entries are charged without charge.lua")
+		// One worker, a ready backlog: n ticks, give or take the first start
 		// and the last outcome, and the moments the ring ran empty between
 		// reads. Apart, charges and completions would take 2n.
-		require.LessOrEqual(t, runs, n*5/4, "charge.lua runs %d, complete.lua runs %d for %d jobs",
-			calls.count(scripts.Charge), calls.count(scripts.Complete), n)
+		require.LessOrEqual(t, ticks, n*5/4, "%d ticks for %d jobs", ticks, n)
 	})
+}
+
+// TestLostChargeReplyThenShutdownCountsNothing: Redis counted a handler start
+// whose reply was lost, and the consumer shut down before it could send the
+// charge again. Its handler never ran there, so the released entry must count
+// nothing: before, the count stayed, and with MaxDeliveries 1 the next
+// consumer dead-lettered the request without ever running it.
+func TestLostChargeReplyThenShutdownCountsNothing(t *testing.T) {
+	t.Parallel()
+	raw, _, proxy := resendSetup(t)
+	// No resend by go-redis: the reply is lost for good.
+	proxied := redis.NewClient(&redis.Options{Addr: proxy.Addr(), PoolSize: 16, MaxRetries: -1})
+	t.Cleanup(func() { _ = proxied.Close() })
+	ctx := context.Background()
+	q := queueName(t)
+	ids := []string{"only"}
+	require.NoError(t, raw.XGroupCreateMkStream(ctx, streamKey(q), DefaultGroup, "0").Err())
+	prs := produceAll(t, newStringProducer(t, raw, q), ids)
+	entries, err := raw.XRange(ctx, streamKey(q), "-", "+").Result()
+	require.NoError(t, err)
+	require.Len(t, entries, 1)
+	// A script runs on its first call (not NOSCRIPT) when it is loaded.
+	require.NoError(t, scripts.Charge.Load(ctx, raw).Err())
+	// The first command the consumer sends that names the entry is its
+	// start charge (reads name it in their replies only; leases come every
+	// MinIdle/3).
+	proxy.DropReplyTo([]byte(entries[0].ID))
+
+	h := newStartsHandler()
+	opts := fastOpts(t, "A", 30*time.Second)
+	opts.MaxDeliveries, opts.ShutdownTimeout = 1, 2*time.Second
+	a, err := NewConsumer(proxied, q, h.handle, opts)
+	require.NoError(t, err)
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- a.Run(runCtx) }()
+	requireDropped(t, proxy)
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after its context ended")
+	}
+
+	optsB := fastOpts(t, "B", 30*time.Second)
+	optsB.MaxDeliveries = 1
+	b, err := NewConsumer(raw, q, h.handle, optsB)
+	require.NoError(t, err)
+	runConsumer(t, b)
+	requireResults(t, raw, q, ids, prs, time.Now().Add(10*time.Second))
+	h.requireFirstStarts(t, ids)
+	requireNoDeadLetters(t, raw, q)
 }

@@ -43,7 +43,7 @@ func (r *run[Req, Resp]) trimLoop() {
 func trimStream[Req, Resp any](ctx context.Context, c *Consumer[Req, Resp]) (int64, error) {
 	var total int64
 	for _, k := range c.shards {
-		res, err := scripts.Trim.Run(ctx, c.client, []string{k.Stream}).Slice()
+		res, err := scripts.Trim.Run(ctx, c.client, []string{k.Stream, k.Fanout}).Slice()
 		if err != nil {
 			return total, err
 		}

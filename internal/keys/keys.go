@@ -35,6 +35,9 @@ type Keys struct {
 	// Wake is the pub/sub channel on which a job scheduled ahead of every
 	// other one wakes the consumers' promoters.
 	Wake string
+	// Fanout is present once a fan-out consumer group may read the stream:
+	// completions then leave entries to the trim instead of deleting them.
+	Fanout string
 
 	base         string // up to and including the hash tag and its ':'
 	recordPrefix string
@@ -63,6 +66,7 @@ func buildTagged(base string) Keys {
 		Schedule:     base + "schedule",
 		ScheduleData: base + "schedule:data",
 		Wake:         base + "wake",
+		Fanout:       base + "fanout",
 		base:         base,
 		recordPrefix: base + "id:",
 		startsPrefix: base + "starts:",

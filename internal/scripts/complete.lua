@@ -1,10 +1,8 @@
--- complete.lua: record outcomes, acknowledge and delete entries, notify waiters,
--- and charge the starts that travel with them.
+-- complete.lua: record outcomes, acknowledge and delete entries, notify waiters.
 --
--- A worker that finished one job and has its next one ready sends both in one
--- call: the outcome of the first and the start charge of the next (see
--- chargeStart in start.lua, put in front of this file). Under load that is
--- one round trip per job instead of two.
+-- The per-shard committer sends one call per tick for every outcome that
+-- finished since the last one, in the same pipelined round trip as the start
+-- charges of the next jobs (committer.go).
 --
 -- Recording is first-writer-wins: when a request id already has an outcome (a
 -- redelivered duplicate finished second), the stored outcome is put back (its
@@ -20,18 +18,17 @@
 --      letters that follow run under memory pressure too;
 --   3. per item: the dead letter (before its record, so that a retry would
 --      write it again rather than never), then the record;
---   4. the notice;
---   5. the start charges (after the outcomes, so a start never precedes the
---      recording of the outcome it travels with).
+--   4. the notice.
 -- A whole rerun (a lost reply) is harmless: the records hold this batch's
 -- outcomes, so every item counts as "already recorded" and nothing is added.
 --
 -- KEYS[1]          the stream
 -- KEYS[2]          the dead-letter stream (of this group when it is a fan-out group)
--- KEYS[2+i]        the record key of item i; the dead-letter key when the item has no id
--- KEYS[2+n+j]      the record key of start j, or the stream's key when it has no id
+-- KEYS[3]          the shard's fan-out marker: present once a fan-out group may
+--                  read the stream, and then entries are left to the trim
+-- KEYS[3+i]        the record key of item i; the dead-letter key when the item has no id
 -- KEYS[#KEYS]      the group's start-count hash (see charge.lua): completed ids are
---                  removed from it, starts are counted in it
+--                  removed from it
 -- ARGV[1]          consumer group
 -- ARGV[2]          notification channel
 -- ARGV[3]          record TTL in milliseconds
@@ -44,29 +41,22 @@
 --                  deletes entries; a final failure is a dead letter of the group
 --                  when this is the group's first completion of the entry); "0": the
 --                  answering group
--- ARGV[10]         m, the number of starts to charge (0: outcomes only)
--- ARGV[11]         in-flight record floor in milliseconds (see charge.lua)
--- ARGV[12]         TTL of the start-count hash in milliseconds (see charge.lua)
--- ARGV[13+6(i-1) .. 18+6(i-1)]  item i: entry id, request id, code, value, payload, deliveries
+-- ARGV[10+6(i-1) .. 15+6(i-1)]  item i: entry id, request id, code, value, payload, deliveries
 --   code "R": value is the encoded response
 --   code "E": value is an error message
 --   code "L": value is an error message; the item is also appended to the dead-letter
 --             stream, unless the request already had an outcome
 --   code "S": acknowledge only (an entry requeued for another group)
 --
---   after the n items, per start j: entry id, starts seen at admission
---
--- Returns, per start, what chargeStart returns (an empty array without
--- starts); an error reply, before any write, when the dead-letter key holds
--- another type.
+-- Returns the number of items; an error reply, before any write, when the
+-- dead-letter key holds another type.
 local group, channel, ttl, store = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == "1"
 local starts = KEYS[#KEYS]
 local fanout = ARGV[9] == "1"
-local m = tonumber(ARGV[10])
-local n = (#ARGV - 12 - 2 * m) / 6
+local n = (#ARGV - 9) / 6
 
 local function item(i)
-  local b = 13 + 6 * (i - 1)
+  local b = 10 + 6 * (i - 1)
   return b, ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
 end
 
@@ -111,21 +101,17 @@ for i = 1, n, 1000 do
   redis.call("HDEL", starts, unpack(chunk))
 end
 -- Delete the entries only when no other group may still need them; with
--- several groups, the periodic trim removes what every group is done with.
--- A fan-out group never deletes: the answering group may not exist yet.
--- (XINFO fails when the stream itself is gone, e.g. after a Redis restart
--- without persistence: then there is nothing to delete.)
-if not fanout and n > 0 then
-  local ok, groups = pcall(redis.call, "XINFO", "GROUPS", KEYS[1])
-  if ok and #groups == 1 then
-    for i = 1, n, 1000 do
-      local chunk = {}
-      for j = i, math.min(i + 999, n) do
-        local _, eid = item(j)
-        chunk[#chunk + 1] = eid
-      end
-      redis.call("XDEL", KEYS[1], unpack(chunk))
+-- fan-out groups (the marker, set by their consumers before they create their
+-- group, and by the trim), the periodic trim removes what every group is done
+-- with. A fan-out group never deletes: the answering group may not exist yet.
+if not fanout and n > 0 and redis.call("EXISTS", KEYS[3]) == 0 then
+  for i = 1, n, 1000 do
+    local chunk = {}
+    for j = i, math.min(i + 999, n) do
+      local _, eid = item(j)
+      chunk[#chunk + 1] = eid
     end
+    redis.call("XDEL", KEYS[1], unpack(chunk))
   end
 end
 
@@ -160,7 +146,7 @@ for i = 1, n do
     local outcome = code .. value
     local first = true
     if rid ~= "" then
-      local key = KEYS[2 + i]
+      local key = KEYS[3 + i]
       local rec = outcome
       if code == "R" and not store then
         rec = "N"
@@ -205,17 +191,4 @@ if #notice > 0 then
   redis.call(ARGV[8], channel, table.concat(notice))
 end
 
--- 5. Starts.
-local out = {}
-if m > 0 then
-  -- (charge.lua expires the hash first, to make its first write one that
-  -- maxmemory does not refuse; here XACK was the first write.)
-  local floor = tonumber(ARGV[11])
-  local b = 13 + 6 * n
-  for j = 1, m do
-    out[j] = chargeStart(KEYS[1], starts, group, ARGV[6], floor,
-      ARGV[b + 2 * (j - 1)], tonumber(ARGV[b + 2 * j - 1]), KEYS[2 + n + j])
-  end
-  redis.call("PEXPIRE", starts, ARGV[12])
-end
-return out
+return n

@@ -28,8 +28,8 @@ var (
 	resumeSrc string
 	//go:embed charge.lua
 	chargeSrc string
-	//go:embed start.lua
-	startSrc string // chargeStart, put in front of charge.lua and complete.lua
+	//go:embed release.lua
+	releaseSrc string
 	//go:embed adopt.lua
 	adoptSrc string
 	//go:embed job.lua
@@ -51,14 +51,15 @@ var (
 // The scripts. Run uses EVALSHA and falls back to EVAL when the server lacks the script.
 var (
 	Produce  = redis.NewScript(produceSrc)
-	Complete = redis.NewScript(startSrc + completeSrc)
+	Complete = redis.NewScript(completeSrc)
 	Claim    = redis.NewScript(claimSrc)
 	Lease    = redis.NewScript(leaseSrc)
 	Trim     = redis.NewScript(trimSrc)
 	Prune    = redis.NewScript(pruneSrc)
 	Requeue  = redis.NewScript(requeueSrc)
 	Resume   = redis.NewScript(resumeSrc)
-	Charge   = redis.NewScript(startSrc + chargeSrc)
+	Charge   = redis.NewScript(chargeSrc)
+	Release  = redis.NewScript(releaseSrc)
 	Adopt    = redis.NewScript(adoptSrc)
 	Job      = redis.NewScript(jobSrc)
 	Forget   = redis.NewScript(forgetSrc)

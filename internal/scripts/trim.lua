@@ -7,6 +7,10 @@
 -- safe even as entries are appended and delivered concurrently.
 --
 -- KEYS[1]   the stream
+-- KEYS[2]   the shard's fan-out marker: set here when the stream has more than
+--           one group (a group made by hand, or by a fan-out consumer of an
+--           older streamq), so that completions stop deleting entries another
+--           group may not have read (complete.lua)
 --
 -- Returns {entries removed, safe point ("" when none)}.
 local function next_id(id)
@@ -51,4 +55,7 @@ if safe == nil then
   return {0, ""}
 end
 local removed = redis.call("XTRIM", KEYS[1], "MINID", "~", safe)
+if #groups > 1 and redis.call("EXISTS", KEYS[2]) == 0 then
+  redis.call("SET", KEYS[2], "1")
+end
 return {removed, safe}

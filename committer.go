@@ -1,0 +1,483 @@
+package streamq
+
+// The per-shard committer.
+//
+// Goroutines: one committer loop per shard (committer.loop) and at most
+// maxTicks tick goroutines per shard at a time (committer.send). They own
+// every write the consumer makes to that shard on the hot path: start
+// charges, outcomes (results, dead letters, skips) and retries. Workers never
+// call Redis themselves; they queue requests here and wait only for the
+// answer to their own start.
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/streamq/streamq/internal/scripts"
+)
+
+// maxTicks bounds the ticks of one shard in flight at once. Each tick is one
+// pipelined round trip on a connection of its own (go-redis's pool); two or
+// three hide the round trip under load, more only split the batches.
+const maxTicks = 3
+
+// startReq asks a shard's committer to count the start of a slot's handler.
+// The worker that sent it waits on done; the committer writes n or err, then
+// closes done, exactly once.
+type startReq struct {
+	s    *slot
+	eid  string
+	seen int // the starts seen at admission (before this one)
+	n    int // the starts including this one, or -1 / -2 (see charge.lua)
+	err  error
+	done chan struct{}
+}
+
+// Results of charge.
+const (
+	chargeRun     = iota // counted: the handler may run
+	chargeSkip           // another consumer owns the entry now, or it is gone
+	chargeStopped        // shutdown began before the start could be counted
+)
+
+// committer owns one shard's writes. Its queue (starts, outcomes) is guarded
+// by mu; everything else belongs to the loop and the ticks.
+type committer[Req, Resp any] struct {
+	r     *run[Req, Resp]
+	shard int
+	fixed completeFixed
+
+	mu       sync.Mutex
+	starts   []*startReq
+	outcomes []*completion
+	closing  bool
+	fails    backoff // the back-off of failing outcomes; reset by a success
+
+	wake   chan struct{} // capacity 1: "the queue grew, or closing"
+	tokens chan struct{} // capacity maxTicks: one per tick in flight
+	ticks  sync.WaitGroup
+	done   chan struct{} // closed when the loop has returned
+}
+
+func newCommitter[Req, Resp any](r *run[Req, Resp], shard int) *committer[Req, Resp] {
+	return &committer[Req, Resp]{r: r, shard: shard, fixed: r.completeFixedArgs(shard),
+		wake: make(chan struct{}, 1), tokens: make(chan struct{}, maxTicks), done: make(chan struct{})}
+}
+
+// poke wakes the loop. Workers queue outcomes without poking and poke before
+// anything that waits, so a finished job's outcome and the worker's next
+// start share a tick.
+func (c *committer[Req, Resp]) poke() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// add queues an outcome. It never blocks: the outcome's slot holds a place
+// of the shard until it is recorded, so the queue is bounded by Prefetch.
+func (c *committer[Req, Resp]) add(cp *completion) {
+	c.mu.Lock()
+	c.outcomes = append(c.outcomes, cp)
+	c.mu.Unlock()
+}
+
+// start queues a start charge and wakes the loop.
+func (c *committer[Req, Resp]) start(q *startReq) {
+	c.mu.Lock()
+	c.starts = append(c.starts, q)
+	c.mu.Unlock()
+	c.poke()
+}
+
+// close makes the loop send what is queued and return once nothing is left
+// and no tick is in flight (or shutdown gave up: see tick).
+func (c *committer[Req, Resp]) close() {
+	c.mu.Lock()
+	c.closing = true
+	c.mu.Unlock()
+	c.poke()
+	<-c.done
+}
+
+// take removes what the next tick carries: every queued start, and up to
+// MaxCompleteBatch outcomes.
+func (c *committer[Req, Resp]) take() ([]*startReq, []*completion, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	starts := c.starts
+	c.starts = nil
+	n := min(len(c.outcomes), c.r.c.opts.MaxCompleteBatch)
+	var outcomes []*completion
+	if n > 0 {
+		outcomes = make([]*completion, n)
+		copy(outcomes, c.outcomes)
+		c.outcomes = append(c.outcomes[:0], c.outcomes[n:]...)
+	}
+	return starts, outcomes, c.closing
+}
+
+func (c *committer[Req, Resp]) idle() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.starts) == 0 && len(c.outcomes) == 0
+}
+
+// loop sends a tick whenever something is queued and fewer than maxTicks
+// are in flight: at once when the shard is idle (no added latency), and
+// gathering what arrives meanwhile when it is busy (a group commit).
+func (c *committer[Req, Resp]) loop() {
+	defer close(c.done)
+	for {
+		<-c.wake
+		for {
+			c.tokens <- struct{}{}
+			starts, outcomes, closing := c.take()
+			if len(starts) == 0 && len(outcomes) == 0 {
+				<-c.tokens
+				if !closing {
+					break
+				}
+				c.ticks.Wait() // a failed tick may queue its outcomes again
+				if c.idle() {
+					return
+				}
+				continue
+			}
+			c.ticks.Add(1)
+			go c.send(starts, outcomes)
+		}
+	}
+}
+
+// send runs one tick and what follows it: the slow parts (the fetcher's
+// completion hook, a back-off) run after the tick's token is given back.
+func (c *committer[Req, Resp]) send(starts []*startReq, outcomes []*completion) {
+	defer c.ticks.Done()
+	after := c.tick(starts, outcomes)
+	<-c.tokens
+	c.poke()
+	after()
+}
+
+// tick writes one pipelined round trip: the outcomes (one complete.lua call
+// for all of them, one retry.lua call for the retries), then the start
+// charges (one HSET of every fresh start, one charge.lua call for the
+// others). Outcomes go first: complete.lua's XACK frees memory under
+// maxmemory before the HSET, which Redis would refuse then. Every part is
+// harmless when go-redis resends the pipeline after a lost reply. It answers
+// every start before it returns, and returns what is left to do.
+func (c *committer[Req, Resp]) tick(starts []*startReq, outcomes []*completion) (after func()) {
+	r := c.r
+	o := &r.c.opts
+	k := r.c.shards[c.shard]
+	var results, retries []*completion
+	for _, cp := range outcomes {
+		if cp.code == recordRetry {
+			retries = append(retries, cp)
+		} else {
+			results = append(results, cp)
+		}
+	}
+	// An entry read, claimed or renewed less than MinIdle/2 ago cannot have
+	// been claimed by anyone since: its owner check is implied, and its start
+	// is the count seen at admission plus one, which an HSET writes
+	// idempotently.
+	now := mono()
+	var fresh, checked []*startReq
+	for _, q := range starts {
+		if q.s.ownedSince(now) < o.MinIdle/2 && !q.s.scriptCharge && !o.checkOwner {
+			fresh = append(fresh, q)
+		} else {
+			checked = append(checked, q)
+		}
+	}
+	starter := k.Starts(o.Group)
+	pipe := r.c.client.Pipeline()
+	var completeCmd, retryCmd, chargeCmd *redis.Cmd
+	var completeKeys, retryKeys, chargeKeys []string
+	var completeArgs, retryArgs, chargeArgs []any
+	if len(results) > 0 {
+		completeKeys, completeArgs = r.completeArgs(c.shard, &c.fixed, results)
+		completeCmd = scripts.Complete.EvalSha(r.bg, pipe, completeKeys, completeArgs...)
+	}
+	if len(retries) > 0 {
+		retryKeys, retryArgs = r.retryArgs(c.shard, retries)
+		retryCmd = scripts.Retry.EvalSha(r.bg, pipe, retryKeys, retryArgs...)
+	}
+	var hsetCmd *redis.IntCmd
+	if len(fresh) > 0 {
+		fields := make([]any, 0, 2*len(fresh))
+		for _, q := range fresh {
+			fields = append(fields, q.eid, q.seen+1)
+		}
+		hsetCmd = pipe.HSet(r.bg, starter, fields...)
+		pipe.PExpire(r.bg, starter, startsTTL)
+	}
+	if len(checked) > 0 {
+		chargeKeys = []string{k.Stream, starter}
+		chargeArgs = make([]any, 3, 3+2*len(checked))
+		chargeArgs[0], chargeArgs[1], chargeArgs[2] = o.Group, o.Name, startsTTL.Milliseconds()
+		for _, q := range checked {
+			chargeArgs = append(chargeArgs, q.eid, q.seen)
+		}
+		chargeCmd = scripts.Charge.EvalSha(r.bg, pipe, chargeKeys, chargeArgs...)
+	}
+	_, _ = pipe.Exec(r.bg) // each command's error is read below
+
+	// A server that lost its scripts (restarted, SCRIPT FLUSH) answers
+	// NOSCRIPT: that part is sent again with its source, which loads it.
+	if isNoScript(completeCmd) {
+		completeCmd = scripts.Complete.Eval(r.bg, r.c.client, completeKeys, completeArgs...)
+	}
+	if isNoScript(retryCmd) {
+		retryCmd = scripts.Retry.Eval(r.bg, r.c.client, retryKeys, retryArgs...)
+	}
+	if isNoScript(chargeCmd) {
+		chargeCmd = scripts.Charge.Eval(r.bg, r.c.client, chargeKeys, chargeArgs...)
+	}
+
+	// Starts first: their workers are waiting.
+	if hsetCmd != nil {
+		err := hsetCmd.Err()
+		if err != nil {
+			// Under maxmemory Redis refuses HSET; charge.lua's first write is
+			// one it takes. The worker sends its charge again.
+			for _, q := range fresh {
+				q.s.scriptCharge = true
+			}
+		}
+		for _, q := range fresh {
+			q.answer(q.seen+1, err)
+		}
+	}
+	if chargeCmd != nil {
+		res, err := chargeCmd.Int64Slice()
+		if err == nil && len(res) != len(checked) {
+			err = fmt.Errorf("streamq: charge: %d results for %d entries", len(res), len(checked))
+		}
+		for i, q := range checked {
+			if err != nil {
+				q.answer(0, err)
+			} else {
+				q.answer(int(res[i]), nil)
+			}
+		}
+	}
+
+	var failed []*completion
+	var failure error
+	if retryCmd != nil {
+		res, err := retryCmd.Int64Slice()
+		if err == nil && len(res) != len(retries) {
+			err = fmt.Errorf("streamq: retry: %d results for %d entries", len(res), len(retries))
+		}
+		if err != nil {
+			failed, failure = append(failed, retries...), err
+		} else {
+			for i, v := range res {
+				if v < 0 {
+					r.c.log.InfoContext(r.runCtx, "streamq: a failed entry was taken by another consumer before its retry was scheduled",
+						"id", retries[i].s.entry.ID, "entry", retries[i].s.entry.EntryID)
+				}
+			}
+			r.forgetCompletions(retries)
+		}
+	}
+	var recorded []*completion
+	if completeCmd != nil {
+		if err := completeCmd.Err(); err != nil {
+			failed, failure = append(failed, results...), err
+		} else {
+			recorded = results
+			r.c.outcomes.countRecorded(results)
+		}
+	}
+	if failure == nil {
+		c.mu.Lock()
+		c.fails = backoff{}
+		c.mu.Unlock()
+	}
+	return func() {
+		if len(recorded) > 0 {
+			r.completed(recorded)
+		}
+		if len(failed) > 0 {
+			c.retry(failed, failure)
+		}
+	}
+}
+
+// retry queues outcomes again after a failed tick, once a back-off has
+// passed; at shutdown's hard bound it gives up on them: their entries stay
+// pending and are claimed by another consumer after MinIdle.
+func (c *committer[Req, Resp]) retry(failed []*completion, err error) {
+	r := c.r
+	if r.bg.Err() != nil {
+		r.c.log.ErrorContext(r.runCtx, "streamq: gave up recording outcomes at shutdown; the entries stay pending and will be reclaimed",
+			"entries", len(failed), "err", err)
+		r.forgetCompletions(failed)
+		return
+	}
+	r.c.log.WarnContext(r.runCtx, "streamq: recording outcomes failed; retrying", "entries", len(failed),
+		"stream", r.c.shards[c.shard].Stream, "err", err)
+	r.c.slots.onError(err)
+	c.mu.Lock()
+	d := c.fails.next()
+	c.mu.Unlock()
+	_ = sleepCtx(r.bg, d)
+	c.mu.Lock()
+	c.outcomes = append(failed, c.outcomes...) // in the order they came
+	c.mu.Unlock()
+	c.poke()
+}
+
+// answer gives the worker its start count or error.
+func (q *startReq) answer(n int, err error) {
+	q.n, q.err = n, err
+	close(q.done)
+}
+
+func isNoScript(cmd *redis.Cmd) bool {
+	return cmd != nil && cmd.Err() != nil && redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT")
+}
+
+// completed runs after outcomes were recorded: the fetcher's completion hook
+// for the successful ones, then the slots are forgotten (their places go back
+// to the ring only now, so handled entries whose outcome waits for Redis
+// count against Prefetch).
+func (r *run[Req, Resp]) completed(batch []*completion) {
+	if fc, ok := r.c.opts.Fetcher.(FetchCompleter); ok {
+		var done []Entry
+		for _, cp := range batch {
+			if cp.code == recordResult {
+				done = append(done, cp.s.entry)
+			}
+		}
+		if len(done) > 0 {
+			if err := fc.Completed(r.bg, done); err != nil {
+				r.c.log.WarnContext(r.runCtx, "streamq: fetcher completion hook failed", "err", err)
+			}
+		}
+	}
+	r.forgetCompletions(batch)
+}
+
+// charge records, durably and before the handler runs, that s's handler
+// starts, and sets s.entry.Deliveries to the starts including this one.
+// Every start is counted, however the entry arrived; a start that is not
+// recorded first would never be counted if the handler crashed the process.
+// The shard's committer carries it in its next tick with whatever else is
+// queued. A failed charge is retried (every charge is idempotent) until it
+// succeeds or the consumer shuts down; the entry is then released unstarted,
+// and the release takes back a charge that Redis may have counted.
+func (r *run[Req, Resp]) charge(s *slot) int {
+	var b backoff
+	for {
+		q := &startReq{s: s, eid: s.entry.EntryID, seen: s.entry.Deliveries - 1, done: make(chan struct{})}
+		s.charging = true
+		r.committers[s.shard].start(q)
+		<-q.done
+		switch {
+		case q.err == nil && q.n == -1:
+			s.charging = false
+			r.c.log.InfoContext(r.runCtx, "streamq: an entry was taken by another consumer before it started",
+				"id", s.entry.ID, "entry", s.entry.EntryID)
+			return chargeSkip
+		case q.err == nil && q.n < 0:
+			s.charging = false
+			return chargeSkip
+		case q.err == nil:
+			s.charging = false
+			s.entry.Deliveries = q.n
+			return chargeRun
+		}
+		r.c.slots.onError(q.err)
+		r.c.log.WarnContext(r.runCtx, "streamq: recording a handler start failed; retrying",
+			"id", s.entry.ID, "entry", s.entry.EntryID, "err", q.err)
+		if sleepCtx(r.runCtx, b.next()) != nil {
+			return chargeStopped
+		}
+	}
+}
+
+// startsTTL is how long a group's start counts live after the last start of
+// any of its entries (on that shard). Counts of completed entries are deleted
+// at completion; this bounds what is left by entries removed otherwise (a
+// deleted group, a stream deleted by hand).
+const startsTTL = 7 * 24 * time.Hour
+
+// completeFixed holds what stays the same in every complete.lua call of a
+// shard in one run, built (and boxed) once: the dead-letter, fan-out marker
+// and start-count keys, and the fixed arguments with a placeholder for the
+// time (6).
+type completeFixed struct {
+	dead, fanout, starts string
+	args                 []any
+}
+
+func (r *run[Req, Resp]) completeFixedArgs(shard int) completeFixed {
+	o := &r.c.opts
+	k := r.c.shards[shard]
+	f := completeFixed{dead: k.DeadLetter, fanout: k.Fanout, starts: k.Starts(o.Group)}
+	if o.Fanout {
+		f.dead = k.GroupDeadLetter(o.Group)
+	}
+	store, fanout := "1", "0"
+	if o.DiscardResults {
+		store = "0"
+	}
+	if o.Fanout {
+		fanout = "1"
+	}
+	f.args = []any{o.Group, k.Channel, o.ResultTTL.Milliseconds(), store,
+		o.DeadLetterMaxLen, o.Name, nil, publishCommand(r.c.sharded), fanout}
+	return f
+}
+
+// completeArgs builds the keys and arguments of a complete.lua call for a
+// shard's outcomes.
+func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*completion) ([]string, []any) {
+	o := &r.c.opts
+	k := r.c.shards[shard]
+	dead := fixed.dead
+	keyList := make([]string, 3, 4+len(batch))
+	keyList[0], keyList[1], keyList[2] = k.Stream, dead, fixed.fanout
+	args := make([]any, len(fixed.args), len(fixed.args)+6*len(batch))
+	copy(args, fixed.args)
+	args[6] = time.Now().UnixMilli()
+	for _, cp := range batch {
+		e := cp.s.entry
+		if e.ID != "" && !o.Fanout {
+			keyList = append(keyList, k.Record(e.ID))
+		} else {
+			keyList = append(keyList, dead)
+		}
+		var payload []byte
+		value := cp.value
+		if cp.code == recordDead {
+			payload = e.Data
+		} else if o.Fanout {
+			value = nil // a fan-out group records no result
+		}
+		args = append(args, e.EntryID, e.ID, codeArg[cp.code], value, payload, e.Deliveries)
+	}
+	keyList = append(keyList, fixed.starts) // last: complete.lua drops start counts there
+	return keyList, args
+}
+
+// codeArg holds the outcome codes of complete.lua boxed once.
+var codeArg = [256]any{recordResult: "R", recordFailed: "E", recordDead: "L", recordSkip: "S", recordRetry: "T"}
+
+// forgetCompletions forgets the slots of recorded (or abandoned) outcomes.
+func (r *run[Req, Resp]) forgetCompletions(batch []*completion) {
+	slots := make([]*slot, len(batch))
+	for i, cp := range batch {
+		slots[i] = cp.s
+		close(cp.done)
+	}
+	r.forget(slots...)
+}

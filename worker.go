@@ -1,0 +1,348 @@
+package streamq
+
+// The worker loop.
+//
+// Goroutines: Workers worker goroutines (work), each taking slots in ring
+// order and running the handler of each. A worker owns the slot it took (its
+// data, its Deliveries, charging) until it hands the
+// outcome to the shard's committer; it waits on Redis only for the answer to
+// its own start charge.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// work takes slots in ring order until the feeder closes the ring.
+func (r *run[Req, Resp]) work() {
+	defer r.workers.Done()
+	// last[shard] is closed when this worker's last outcome of that shard is
+	// recorded. Per shard: a shard that cannot complete must not hold up the
+	// others' redelivered entries.
+	last := make([]<-chan struct{}, len(r.c.shards))
+	// owe is the committer holding this worker's last outcome, queued but not
+	// poked: when the next slot starts at once, the outcome rides the same
+	// tick as its start charge. Anything that waits pokes it first.
+	var owe *committer[Req, Resp]
+	flush := func() {
+		if owe != nil {
+			owe.poke()
+			owe = nil
+		}
+	}
+	defer flush()
+	for {
+		s, ok := r.ring.tryTake()
+		waited := false
+		if !ok {
+			flush()
+			if s, waited, ok = r.ring.take(); !ok {
+				return
+			}
+		}
+		if r.runCtx.Err() != nil {
+			flush()
+			r.drain(s)
+			continue
+		}
+		select {
+		case <-s.ready:
+		default:
+			flush()
+			waited = true
+			select {
+			case <-s.ready:
+			case <-r.runCtx.Done():
+			}
+		}
+		if t, changed := r.ahead.took(waited && r.ring.binding()); changed {
+			r.ring.setTarget(t)
+		}
+		if r.runCtx.Err() != nil { // also when the fetch ended with the shutdown
+			flush()
+			r.drain(s)
+			continue
+		}
+		if s.entry.Deliveries > 1 && last[s.shard] != nil {
+			// A redelivered message may be the one that crashed an earlier
+			// process: record this worker's last outcome before starting it, so
+			// a crash cannot undo work that already succeeded.
+			flush()
+			select {
+			case <-last[s.shard]:
+			case <-r.runCtx.Done():
+				r.drain(s)
+				continue
+			}
+		}
+		if owe != nil && owe.shard != s.shard {
+			flush() // the start goes to another committer
+		}
+		if r.process(s, flush) {
+			owe = r.committers[s.shard]
+		}
+		if s.outcome != nil {
+			last[s.shard] = s.outcome
+		}
+	}
+}
+
+// drain sets aside a slot that will not start, for release at shutdown.
+func (r *run[Req, Resp]) drain(s *slot) {
+	r.releaseMu.Lock()
+	r.unstarted = append(r.unstarted, s)
+	r.releaseMu.Unlock()
+}
+
+// process handles one ready slot and hands its outcome to the shard's
+// committer. flush pokes the committer of the worker's previous outcome; it
+// runs before anything that waits (the pause gate, a rate-limit token). It
+// reports whether an outcome was queued without a poke (the worker owes it).
+func (r *run[Req, Resp]) process(s *slot, flush func()) (owed bool) {
+	if s.isLost() {
+		r.forget(s)
+		return false
+	}
+	if s.skip {
+		r.handOff(&completion{s: s, code: recordSkip})
+		return true
+	}
+	if s.dead != "" {
+		r.deadLetter(s, s.dead)
+		return true
+	}
+	// Wait while the queue is paused, then for a rate-limit token: neither
+	// counts as a delivery, and the entry stays leased meanwhile.
+	if !r.mayStart(flush) {
+		r.drain(s)
+		return false
+	}
+	if dl := s.meta.deadline; !dl.IsZero() && !time.Now().Before(dl) {
+		// Not started, so not a delivery: the count stays what it was.
+		s.entry.Deliveries--
+		r.c.outcomes.failed.Add(1)
+		r.deadLetter(s, fmt.Sprintf("%s: the deadline %s passed before a handler started it",
+			ErrDeadlineExceeded.Error(), dl.UTC().Format(time.RFC3339Nano)))
+		return true
+	}
+	// A failed fetch is not a delivery: the handler does not start, so no
+	// start is charged (see fetchFailed).
+	if s.fetchErr != nil {
+		r.fetchFailed(s, s.fetchErr)
+		return true
+	}
+	// The handler's start is charged here, before it runs; the tick that
+	// carries it also carries the outcomes queued before it.
+	switch r.charge(s) {
+	case chargeSkip:
+		r.forget(s)
+		return false
+	case chargeStopped:
+		r.drain(s)
+		return false
+	}
+	req, err := decode[Req](r.c.opts.Codec, s.data)
+	if err != nil {
+		r.deadLetter(s, "undecodable request: "+unprefixed(err))
+		return true
+	}
+	ctx, cancel := context.WithCancelCause(r.handlerCtx)
+	if !s.setCancel(cancel) {
+		cancel(nil)
+		r.forget(s)
+		return false
+	}
+	hctx, stop := r.bound(ctx, s.meta.deadline)
+	msg := &Message[Req]{ID: s.entry.ID, EntryID: s.entry.EntryID, Payload: req, Deliveries: s.entry.Deliveries,
+		Headers: s.meta.headers, ProducedAt: entryTime(s.entry.EntryID), ReadAt: s.meta.readAt, StartedAt: time.Now(),
+		Deadline: s.meta.deadline}
+	resp, err := r.call(hctx, s, msg)
+	stop()
+	cancel(nil)
+	if s.isLost() {
+		r.c.log.WarnContext(s.logContext(r.runCtx), "streamq: message was claimed by another consumer while its handler ran; its outcome is dropped",
+			"id", s.entry.ID, "entry", s.entry.EntryID, "deliveries", s.entry.Deliveries)
+		r.forget(s)
+		return false
+	}
+	if err != nil {
+		r.fail(s, err)
+		return true
+	}
+	payload, err := encode(r.c.opts.Codec, resp)
+	if err != nil {
+		r.fail(s, Permanent(err))
+		return true
+	}
+	r.handOff(&completion{s: s, code: recordResult, value: payload})
+	return true
+}
+
+// handOff queues an outcome with its shard's committer, without waking it
+// (the worker pokes it: see work). The slot keeps its place (the entry is
+// held, and leased, until its outcome is recorded), so the entries a consumer
+// holds never exceed Prefetch; the payload is dropped at once.
+func (r *run[Req, Resp]) handOff(cp *completion) {
+	cp.done = make(chan struct{})
+	cp.s.outcome = cp.done
+	cp.s.handedOff.Store(true)
+	cp.s.data = nil // the fetched payload
+	if _, inline := r.c.opts.Fetcher.(InlineFetcher); inline && cp.code != recordDead && cp.code != recordRetry {
+		cp.s.entry.Data = nil // the payload itself; dead letters and retries keep it
+	}
+	r.committers[cp.s.shard].add(cp)
+}
+
+// bound applies HandlerTimeout and the request's deadline to a handler's
+// context; stop releases their timers.
+// Without either it allocates nothing (the common case, once per job).
+func (r *run[Req, Resp]) bound(ctx context.Context, deadline time.Time) (context.Context, func()) {
+	t := r.c.opts.HandlerTimeout
+	switch {
+	case t <= 0 && deadline.IsZero():
+		return ctx, noStop
+	case deadline.IsZero():
+		return context.WithTimeoutCause(ctx, t, ErrHandlerTimeout)
+	case t <= 0:
+		return context.WithDeadlineCause(ctx, deadline, ErrDeadlineExceeded)
+	}
+	ctx, stop0 := context.WithTimeoutCause(ctx, t, ErrHandlerTimeout)
+	ctx, stop1 := context.WithDeadlineCause(ctx, deadline, ErrDeadlineExceeded)
+	return ctx, func() { stop1(); stop0() }
+}
+
+// noStop is bound's stop when there is nothing to release.
+func noStop() {}
+
+// call runs the middleware and the handler, turning a panic into an error
+// matching ErrPanic.
+func (r *run[Req, Resp]) call(ctx context.Context, s *slot, msg *Message[Req]) (resp Resp, err error) {
+	s.logCtx = ctx
+	mws := r.c.opts.Middleware
+	if len(mws) == 0 {
+		defer r.recovered(ctx, "handler", msg, &err)
+		return r.c.handler(ctx, msg)
+	}
+	defer r.recovered(ctx, "middleware", msg, &err)
+	d := &Delivery{Queue: r.c.queue, Group: r.c.opts.Group, Consumer: r.c.opts.Name, Shard: s.shard,
+		ID: msg.ID, EntryID: msg.EntryID, Deliveries: msg.Deliveries, MaxDeliveries: r.c.opts.MaxDeliveries,
+		Headers: msg.Headers, ProducedAt: msg.ProducedAt, ReadAt: msg.ReadAt, StartedAt: msg.StartedAt,
+		Deadline: msg.Deadline}
+	err = chainMiddleware(ctx, mws, d, func(ctx context.Context) (err error) {
+		s.logCtx = ctx // the middleware's context: log lines about the outcome join its trace
+		defer r.recovered(ctx, "handler", msg, &err)
+		resp, err = r.c.handler(ctx, msg)
+		return err
+	})
+	if err != nil {
+		var zero Resp
+		resp = zero
+	}
+	return resp, err
+}
+
+// recovered, deferred, turns a panic of what into *err, matching ErrPanic.
+func (r *run[Req, Resp]) recovered(ctx context.Context, what string, msg *Message[Req], err *error) {
+	if v := recover(); v != nil {
+		r.c.log.ErrorContext(ctx, "streamq: "+what+" panicked", "id", msg.ID, "entry", msg.EntryID,
+			"deliveries", msg.Deliveries, "panic", v, "stack", string(debug.Stack()))
+		*err = fmt.Errorf("%w: %v", ErrPanic, v)
+	}
+}
+
+// fail handles a failed attempt: dead-letter when the error is permanent or the
+// deliveries are used up, else hand the entry to its completer, which
+// acknowledges it and schedules its retry in one step (retry.lua).
+func (r *run[Req, Resp]) fail(s *slot, err error) {
+	o := &r.c.opts
+	r.c.outcomes.failed.Add(1)
+	if IsPermanent(err) || s.entry.Deliveries >= o.MaxDeliveries {
+		r.deadLetter(s, err.Error())
+		return
+	}
+	delay := retryDelay(o.RetryBackoff, s.entry.Deliveries, o.RetryBackoffMax)
+	var ra retryAfterError
+	if errors.As(err, &ra) {
+		delay = min(max(ra.delay, 0), maxDelay)
+	}
+	r.c.log.InfoContext(s.logContext(r.runCtx), "streamq: handler failed; will retry", "id", s.entry.ID, "entry", s.entry.EntryID,
+		"deliveries", s.entry.Deliveries, "retry_in", delay, "err", err)
+	// Round up: a retry never runs before its delay.
+	ms := int64((delay + time.Millisecond - 1) / time.Millisecond)
+	r.handOff(&completion{s: s, code: recordRetry, value: []byte(strconv.FormatInt(ms, 10))})
+}
+
+// fetchFailed handles a message whose payload could not be fetched (after
+// FetchRetries): its handler did not start, so no start is charged and the
+// failure is not a handler failure. The message is retried through the
+// schedule like a failed handler, its fetch failures counted in the entry's
+// field "f" (retry.lua), and dead-lettered when the error is permanent or
+// after MaxDeliveries failed fetches in a row.
+func (r *run[Req, Resp]) fetchFailed(s *slot, err error) {
+	o := &r.c.opts
+	s.entry.Deliveries-- // admit counted the start that did not happen
+	failures := s.fetchFailures + 1
+	if IsPermanent(err) || failures >= o.MaxDeliveries {
+		r.c.outcomes.failed.Add(1)
+		r.deadLetter(s, fmt.Sprintf("payload fetch failed %d times (the handler did not run): %s", failures, unprefixed(err)))
+		return
+	}
+	delay := retryDelay(o.RetryBackoff, failures, o.RetryBackoffMax)
+	r.c.log.WarnContext(s.logContext(r.runCtx), "streamq: fetch failed; will retry (the handler did not run)", "id", s.entry.ID, "entry", s.entry.EntryID,
+		"fetch_failures", failures, "retry_in", delay, "err", err)
+	ms := int64((delay + time.Millisecond - 1) / time.Millisecond)
+	r.handOff(&completion{s: s, code: recordRetry, value: []byte(strconv.FormatInt(ms, 10) + retryFetchFailed)})
+}
+
+// retryFetchFailed ends the value of a recordRetry completion whose payload
+// could not be fetched: retry.lua then counts the failure in field "f"
+// instead of moving a start count that was not charged.
+const retryFetchFailed = ":f"
+
+// recordRetry is the completion of a failed attempt to retry after a delay
+// (value: milliseconds): acknowledged and scheduled (retry.lua).
+const recordRetry = 'T'
+
+// retryDelay is the exponential back-off before delivery number deliveries+1:
+// base * 2^(deliveries-1), with jitter, capped at limit.
+func retryDelay(base time.Duration, deliveries int, limit time.Duration) time.Duration {
+	d := base
+	for i := 1; i < deliveries && d < limit; i++ {
+		d *= 2
+	}
+	return min(jitter(d), limit)
+}
+
+// jitter returns a duration drawn uniformly from [d/2, d].
+func jitter(d time.Duration) time.Duration {
+	if d <= 1 {
+		return d
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+func (r *run[Req, Resp]) deadLetter(s *slot, reason string) {
+	// The caller's error reads "streamq: request dead-lettered: <reason>".
+	reason = strings.TrimPrefix(reason, "streamq: ")
+	r.c.log.WarnContext(s.logContext(r.runCtx), "streamq: dead-lettering message", "id", s.entry.ID, "entry", s.entry.EntryID,
+		"deliveries", s.entry.Deliveries, "reason", reason)
+	r.handOff(&completion{s: s, code: recordDead, value: []byte(reason)})
+}
+
+// recordSkip completes an entry requeued for another group: acknowledged,
+// nothing recorded.
+const recordSkip = 'S'
+
+// completion is the outcome of one message on its way to Redis.
+type completion struct {
+	s     *slot
+	code  byte
+	value []byte
+	done  chan struct{} // closed once the outcome is recorded, or given up on
+}
