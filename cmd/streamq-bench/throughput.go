@@ -17,8 +17,20 @@ import (
 func runThroughput(ctx context.Context, e *env, n int) error {
 	pad := padFor(e.cfg.payload)
 	return compare(e, "throughput",
-		func() (Result, error) { return throughputStreamq(ctx, e, n, pad, "throughput", e.cfg.callers) },
+		func() (Result, error) { return throughputStreamq(ctx, e, n, pad, "throughput", e.cfg.callers, 0) },
 		func() (Result, error) { return throughputBaseline(ctx, e, n, pad, "throughput", 16) })
+}
+
+// runDrain measures batches end to end: producers call ProduceBatch with
+// -batch jobs (one calling goroutine each) and consumers with DiscardResults
+// and a no-op handler drain them, beside a baseline that XADDs -batch entries
+// per pipelined round trip and consumes with XREADGROUP COUNT 100 and
+// pipelined XACK+XDEL. (The batch scenario measures appending alone.)
+func runDrain(ctx context.Context, e *env, n int) error {
+	pad := padFor(e.cfg.payload)
+	return compare(e, "drain",
+		func() (Result, error) { return throughputStreamq(ctx, e, n, pad, "drain", 1, e.cfg.batch) },
+		func() (Result, error) { return throughputBaseline(ctx, e, n, pad, "drain", e.cfg.batch) })
 }
 
 // runFew is the throughput scenario with few callers: each producer has one
@@ -27,14 +39,15 @@ func runThroughput(ctx context.Context, e *env, n int) error {
 func runFew(ctx context.Context, e *env, n int) error {
 	pad := padFor(e.cfg.payload)
 	return compare(e, "few",
-		func() (Result, error) { return throughputStreamq(ctx, e, n, pad, "few", 1) },
+		func() (Result, error) { return throughputStreamq(ctx, e, n, pad, "few", 1, 0) },
 		func() (Result, error) { return throughputBaseline(ctx, e, n, pad, "few", 1) })
 }
 
 // throughputStreamq: P producers, each Enqueue-ing (or, with -send, Send-ing)
-// from -callers goroutines so that concurrent calls coalesce; C consumers
-// with W workers in all, DiscardResults.
-func throughputStreamq(ctx context.Context, e *env, n int, pad, scenario string, callers int) (Result, error) {
+// from -callers goroutines so that concurrent calls coalesce, or, with batch
+// > 0, calling ProduceBatch with batch jobs at a time; C consumers with W
+// workers in all, DiscardResults.
+func throughputStreamq(ctx context.Context, e *env, n int, pad, scenario string, callers, batch int) (Result, error) {
 	q := e.queue(scenario, "streamq")
 	t := newTracker(n)
 	var herr handlerErrors
@@ -69,6 +82,25 @@ func throughputStreamq(ctx context.Context, e *env, n int, pad, scenario string,
 	var next atomic.Int64
 	var g errGroup
 	for _, p := range producers {
+		if batch > 0 {
+			g.Go(func() error {
+				jobs := make([]streamq.Job[job], 0, batch)
+				for {
+					from, to, ok := batches(&next, batch, n)
+					if !ok {
+						return nil
+					}
+					jobs = jobs[:0]
+					for i := from; i < to; i++ {
+						jobs = append(jobs, streamq.Job[job]{ID: jobID(i), Request: job{Seq: i, T: time.Now().UnixNano(), Pad: pad}})
+					}
+					if _, err := p.ProduceBatch(ctx, jobs); err != nil {
+						return fmt.Errorf("ProduceBatch: %w", err)
+					}
+				}
+			})
+			continue
+		}
 		for range callers {
 			g.Go(func() error {
 				for {
