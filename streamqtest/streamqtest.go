@@ -142,6 +142,15 @@ func NewMiniredis(t TB) (*redis.Client, *miniredis.Miniredis) {
 	return c, m
 }
 
+// mustContext panics when ctx is nil, as streamq's own methods do: a nil
+// Context is a programming error. The check comes first, before the helper
+// starts anything.
+func mustContext(ctx context.Context, fn string) {
+	if ctx == nil {
+		panic("streamqtest: nil Context passed to " + fn + "; use context.Background()")
+	}
+}
+
 // fatalf reports a failed assertion with the package's prefix.
 func fatalf(t TB, format string, args ...any) {
 	t.Helper()
