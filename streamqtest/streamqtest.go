@@ -14,7 +14,21 @@
 // [Drain] runs a consumer until its queue has nothing left to do;
 // [RequireProduced], [RequireNotProduced] and [RequireDeadLettered] assert
 // what happened to a request id. The helpers take a [TB] (a *testing.T or
-// *testing.B) and stop the test with Fatalf when an assertion fails.
+// *testing.B) and stop the test with Fatalf when an assertion fails; a nil
+// context panics, as streamq's methods do.
+//
+// The package is part of the streamq module (no extra dependency):
+//
+//	client := streamqtest.NewClient(t)
+//	c, _ := streamq.NewConsumer(client, "orders", handleOrder, nil)
+//	p, _ := streamq.NewProducer[Order, Receipt](client, "orders", nil)
+//	promise, _ := p.Produce(ctx, "order-1", Order{Item: "tea", Qty: 2})
+//	streamqtest.Drain(ctx, t, client, "orders", c, nil)
+//	receipt, err := promise.Wait(ctx)
+//
+// Its cost was not measured as such: NewClient starts one redis-server per
+// test when it uses a real server, and Drain reads Admin.Stats every
+// PollInterval (10ms). The package's README.md says more.
 package streamqtest
 
 import (
