@@ -178,6 +178,7 @@ type GroupStats struct {
 // counts once however many shards it reads. An unknown queue (no producer or
 // consumer ever used it) is ErrNotFound.
 func (a *Admin) Stats(ctx context.Context) (Stats, error) {
+	mustContext(ctx, "Admin.Stats")
 	var s Stats
 	shards, err := a.existingShards(ctx)
 	if err != nil {
@@ -339,6 +340,7 @@ type DeadLetter struct {
 // AdminOptions.Group) starting after the one whose DeadLetterID is after (""
 // for the start): oldest first within a shard, shard after shard.
 func (a *Admin) DeadLetters(ctx context.Context, after string, count int64) ([]DeadLetter, error) {
+	mustContext(ctx, "Admin.DeadLetters")
 	shards, err := a.shards(ctx)
 	if err != nil {
 		return nil, err
@@ -425,6 +427,7 @@ const requeueMarkerTTL = 10 * time.Minute
 // Requeue is idempotent for 10 minutes: asking again for a dead letter it
 // already requeued returns the same entry id and adds nothing.
 func (a *Admin) Requeue(ctx context.Context, deadLetterID string) (string, error) {
+	mustContext(ctx, "Admin.Requeue")
 	shards, err := a.shards(ctx)
 	if err != nil {
 		return "", err
@@ -479,6 +482,7 @@ func (a *Admin) Requeue(ctx context.Context, deadLetterID string) (string, error
 // PurgeDeadLetters deletes dead letters of the Admin's group: the given ids,
 // or all of them when none is given. It returns how many were deleted.
 func (a *Admin) PurgeDeadLetters(ctx context.Context, deadLetterIDs ...string) (int64, error) {
+	mustContext(ctx, "Admin.PurgeDeadLetters")
 	shards, err := a.shards(ctx)
 	if err != nil {
 		return 0, err
@@ -537,6 +541,7 @@ type QueueKeys struct {
 // Keys returns the Redis names the queue uses, one QueueKeys per shard, for
 // operators and scripts.
 func (a *Admin) Keys(ctx context.Context) ([]QueueKeys, error) {
+	mustContext(ctx, "Admin.Keys")
 	shards, err := a.shards(ctx)
 	if err != nil {
 		return nil, err

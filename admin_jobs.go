@@ -85,6 +85,7 @@ type JobInfo struct {
 // InflightTTL), or forgotten. The in-flight part is read for the Admin's
 // group (AdminOptions.Group; default the answering group).
 func (a *Admin) Job(ctx context.Context, id string) (JobInfo, error) {
+	mustContext(ctx, "Admin.Job")
 	info := JobInfo{ID: id}
 	if err := validateID(id); err != nil {
 		return info, err
@@ -181,6 +182,7 @@ var ErrJobRunning = errors.New("streamq: the request is running")
 // id's dead letter, if any, stays in the dead-letter stream. It returns
 // ErrNotFound when Redis holds no record of the id.
 func (a *Admin) Forget(ctx context.Context, id string, force bool) error {
+	mustContext(ctx, "Admin.Forget")
 	if err := validateID(id); err != nil {
 		return err
 	}
@@ -240,6 +242,7 @@ func (a *Admin) existingShards(ctx context.Context) ([]keys.Keys, error) {
 // DeadLetter returns one dead letter of the Admin's group by its DeadLetterID,
 // or ErrNotFound.
 func (a *Admin) DeadLetter(ctx context.Context, deadLetterID string) (DeadLetter, error) {
+	mustContext(ctx, "Admin.DeadLetter")
 	shards, err := a.existingShards(ctx)
 	if err != nil {
 		return DeadLetter{}, err

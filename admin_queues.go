@@ -21,6 +21,7 @@ import (
 // every master is scanned. A queue used only through hand-written keys (no
 // producer or consumer ever ran) is not listed.
 func Queues(ctx context.Context, client redis.UniversalClient) ([]string, error) {
+	mustContext(ctx, "Queues")
 	if client == nil {
 		return nil, fmt.Errorf("%w: client is nil", ErrInvalidOptions)
 	}
@@ -93,6 +94,7 @@ type ConsumerInfo struct {
 // Consumers returns the consumers of every group of the queue, by group then
 // name, with whether each is live. Unknown queue: ErrNotFound.
 func (a *Admin) Consumers(ctx context.Context) ([]ConsumerInfo, error) {
+	mustContext(ctx, "Admin.Consumers")
 	shards, err := a.existingShards(ctx)
 	if err != nil {
 		return nil, err
@@ -212,6 +214,7 @@ func (a *Admin) groupConsumers(ctx context.Context, shards []keys.Keys, group st
 // TrimInterval), and returns how many were removed. It never removes an entry
 // a group has not acknowledged. Unknown queue: ErrNotFound.
 func (a *Admin) Trim(ctx context.Context) (int64, error) {
+	mustContext(ctx, "Admin.Trim")
 	shards, err := a.existingShards(ctx)
 	if err != nil {
 		return 0, err

@@ -133,6 +133,7 @@ func (c *Consumer[Req, Resp]) Name() string { return c.opts.Name }
 // credentials or permissions at start (ErrAccessDenied). Ready tells when the
 // consumer is working.
 func (c *Consumer[Req, Resp]) Run(ctx context.Context) error {
+	mustContext(ctx, "Consumer.Run")
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("streamq: Consumer.Run called while it is already running; use one Consumer per Run")
 	}

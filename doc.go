@@ -33,6 +33,10 @@
 //   - Test: package streamqtest gives each test a Redis (a real server or
 //     miniredis), drains queues and asserts what was produced.
 //
+// Every function and method that takes a context panics when it is nil, as
+// the standard library does, in the caller's goroutine and before it does
+// anything.
+//
 // Errors match the exported sentinels (ErrDeadLettered, ErrNotFound...) with
 // errors.Is, and their text starts with "streamq: " once. Logs go to a
 // *slog.Logger.

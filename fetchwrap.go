@@ -24,6 +24,7 @@ type wrappedFetcher struct {
 
 // Fetch calls the wrapper with the inner fetcher.
 func (w *wrappedFetcher) Fetch(ctx context.Context, e Entry) ([]byte, error) {
+	mustContext(ctx, "wrappedFetcher.Fetch")
 	if w.wrap == nil {
 		return w.inner.Fetch(ctx, e)
 	}
@@ -32,6 +33,7 @@ func (w *wrappedFetcher) Fetch(ctx context.Context, e Entry) ([]byte, error) {
 
 // Completed forwards to the inner fetcher's completion hook, if it has one.
 func (w *wrappedFetcher) Completed(ctx context.Context, entries []Entry) error {
+	mustContext(ctx, "wrappedFetcher.Completed")
 	if fc, ok := w.inner.(FetchCompleter); ok {
 		return fc.Completed(ctx, entries)
 	}

@@ -50,14 +50,20 @@ type FetchCompleter interface {
 type FetcherFunc func(ctx context.Context, e Entry) ([]byte, error)
 
 // Fetch calls f.
-func (f FetcherFunc) Fetch(ctx context.Context, e Entry) ([]byte, error) { return f(ctx, e) }
+func (f FetcherFunc) Fetch(ctx context.Context, e Entry) ([]byte, error) {
+	mustContext(ctx, "FetcherFunc.Fetch")
+	return f(ctx, e)
+}
 
 // InlineFetcher is the default Fetcher: the entry carries the encoded request.
 // It costs nothing: the consumer recognises it and skips the fetch step.
 type InlineFetcher struct{}
 
 // Fetch returns e.Data.
-func (InlineFetcher) Fetch(_ context.Context, e Entry) ([]byte, error) { return e.Data, nil }
+func (InlineFetcher) Fetch(ctx context.Context, e Entry) ([]byte, error) {
+	mustContext(ctx, "InlineFetcher.Fetch")
+	return e.Data, nil
+}
 
 // Source is an object store, such as an S3-compatible bucket.
 type Source interface {
@@ -89,6 +95,7 @@ type CacheFetcher struct {
 
 // Fetch reads the cache key, then the Source on a miss.
 func (f *CacheFetcher) Fetch(ctx context.Context, e Entry) ([]byte, error) {
+	mustContext(ctx, "CacheFetcher.Fetch")
 	key := f.cacheKey(e)
 	b, err := f.Client.Get(ctx, key).Bytes()
 	if err == nil {
@@ -113,6 +120,7 @@ func (f *CacheFetcher) Fetch(ctx context.Context, e Entry) ([]byte, error) {
 
 // Completed deletes the cache keys of completed entries when DeleteOnComplete is set.
 func (f *CacheFetcher) Completed(ctx context.Context, entries []Entry) error {
+	mustContext(ctx, "CacheFetcher.Completed")
 	if !f.DeleteOnComplete || len(entries) == 0 {
 		return nil
 	}

@@ -74,11 +74,15 @@ func pruneConsumers[Req, Resp any](ctx context.Context, c *Consumer[Req, Resp]) 
 // Trim removes the stream entries that every consumer group has acknowledged,
 // as the consumer's periodic trim does, and returns how many were removed.
 // It never removes an entry a group has not acknowledged.
-func (c *Consumer[Req, Resp]) Trim(ctx context.Context) (int64, error) { return trimStream(ctx, c) }
+func (c *Consumer[Req, Resp]) Trim(ctx context.Context) (int64, error) {
+	mustContext(ctx, "Consumer.Trim")
+	return trimStream(ctx, c)
+}
 
 // PruneConsumers deletes consumers of the group, other than c, that hold no
 // pending entries and have been idle for ConsumerIdleTimeout, as the periodic
 // maintenance does, and returns their names.
 func (c *Consumer[Req, Resp]) PruneConsumers(ctx context.Context) ([]string, error) {
+	mustContext(ctx, "Consumer.PruneConsumers")
 	return pruneConsumers(ctx, c)
 }

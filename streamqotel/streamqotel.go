@@ -11,11 +11,21 @@
 // {queue}" (CONSUMER) and "fetch {queue}" (CLIENT), messaging.system
 // "streamq". streamq-specific attributes are under messaging.streamq.
 //
+// It is a module of its own (go get github.com/streamq/streamq/streamqotel),
+// so the streamq core does not depend on OpenTelemetry:
+//
+//	otel.SetTextMapPropagator(propagation.TraceContext{}) // the global one does nothing until set
 //	inst, err := streamqotel.New() // global providers and propagators
 //	p, _ := streamq.NewProducer[Req, Resp](rdb, "q", &streamq.ProducerOptions{
 //		Interceptors: []streamq.ProduceInterceptor{inst.Interceptor()}})
 //	c, _ := streamq.NewConsumer(rdb, "q", handle, &streamq.ConsumerOptions{
 //		Middleware: []streamq.Middleware{inst.Middleware()}})
+//	reg, err := inst.ObserveQueues(admin) // queue gauges
+//
+// Cost, measured with a handler that does nothing and every trace sampled:
+// about 55 µs of client CPU and 6 µs of Redis CPU per job, around 1-2% of a
+// handler of a few milliseconds; sample traces for faster handlers. The
+// module's README.md has the table of spans and metrics and the measurement.
 package streamqotel
 
 import (

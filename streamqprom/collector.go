@@ -9,6 +9,13 @@
 //	reg.MustRegister(m, streamqprom.NewCollector([]*streamq.Admin{admin}))
 //	c, _ := streamq.NewConsumer(rdb, "q", handle, &streamq.ConsumerOptions{
 //		Middleware: []streamq.Middleware{m.Middleware()}})
+//
+// It is a module of its own (go get github.com/streamq/streamq/streamqprom),
+// so the streamq core does not depend on the Prometheus client. The
+// middleware and interceptor cost no measurable client or Redis CPU per job;
+// the Collector reads Admin.Stats of each queue at most once per cache
+// interval (5s), however often it is scraped. The module's README.md lists
+// every metric.
 package streamqprom
 
 import (

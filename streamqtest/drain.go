@@ -50,6 +50,7 @@ const (
 // not drained within Timeout. Produce what the test needs before calling it;
 // entries produced by the handlers themselves are waited for too.
 func Drain(ctx context.Context, t TB, client redis.UniversalClient, queue string, c Runner, opts *DrainOptions) {
+	mustContext(ctx, "Drain")
 	t.Helper()
 	o := DrainOptions{}
 	if opts != nil {

@@ -36,6 +36,7 @@ type RequireOptions struct {
 // and returns what streamq.Admin.Job reports about it. With opts it also
 // checks the payload and the state.
 func RequireProduced(ctx context.Context, t TB, client redis.UniversalClient, queue, id string, opts *RequireOptions) streamq.JobInfo {
+	mustContext(ctx, "RequireProduced")
 	t.Helper()
 	admin, err := streamq.NewAdmin(client, queue, nil)
 	if err != nil {
@@ -87,6 +88,7 @@ func RequireProduced(ctx context.Context, t TB, client redis.UniversalClient, qu
 // RequireNotProduced fails the test if Redis holds a record of request id in
 // queue, in any state.
 func RequireNotProduced(ctx context.Context, t TB, client redis.UniversalClient, queue, id string) {
+	mustContext(ctx, "RequireNotProduced")
 	t.Helper()
 	admin, err := streamq.NewAdmin(client, queue, nil)
 	if err != nil {
@@ -107,6 +109,7 @@ func RequireNotProduced(ctx context.Context, t TB, client redis.UniversalClient,
 // (of its answering group) holds request id, and returns its latest dead
 // letter. It reads up to 10,000 dead letters.
 func RequireDeadLettered(ctx context.Context, t TB, client redis.UniversalClient, queue, id string) streamq.DeadLetter {
+	mustContext(ctx, "RequireDeadLettered")
 	t.Helper()
 	admin, err := streamq.NewAdmin(client, queue, nil)
 	if err != nil {

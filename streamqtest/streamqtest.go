@@ -14,7 +14,21 @@
 // [Drain] runs a consumer until its queue has nothing left to do;
 // [RequireProduced], [RequireNotProduced] and [RequireDeadLettered] assert
 // what happened to a request id. The helpers take a [TB] (a *testing.T or
-// *testing.B) and stop the test with Fatalf when an assertion fails.
+// *testing.B) and stop the test with Fatalf when an assertion fails; a nil
+// context panics, as streamq's methods do.
+//
+// The package is part of the streamq module (no extra dependency):
+//
+//	client := streamqtest.NewClient(t)
+//	c, _ := streamq.NewConsumer(client, "orders", handleOrder, nil)
+//	p, _ := streamq.NewProducer[Order, Receipt](client, "orders", nil)
+//	promise, _ := p.Produce(ctx, "order-1", Order{Item: "tea", Qty: 2})
+//	streamqtest.Drain(ctx, t, client, "orders", c, nil)
+//	receipt, err := promise.Wait(ctx)
+//
+// Its cost was not measured as such: NewClient starts one redis-server per
+// test when it uses a real server, and Drain reads Admin.Stats every
+// PollInterval (10ms). The package's README.md says more.
 package streamqtest
 
 import (
@@ -140,6 +154,15 @@ func NewMiniredis(t TB) (*redis.Client, *miniredis.Miniredis) {
 	t.Cleanup(func() { _ = c.Close() })
 	remember(m.Addr(), Miniredis)
 	return c, m
+}
+
+// mustContext panics when ctx is nil, as streamq's own methods do: a nil
+// Context is a programming error. The check comes first, before the helper
+// starts anything.
+func mustContext(ctx context.Context, fn string) {
+	if ctx == nil {
+		panic("streamqtest: nil Context passed to " + fn + "; use context.Background()")
+	}
 }
 
 // fatalf reports a failed assertion with the package's prefix.

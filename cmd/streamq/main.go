@@ -7,7 +7,10 @@
 //	streamq --redis redis://localhost:6379/0 queues
 //	streamq --help
 //
-// Exit codes: 0 ok, 1 error, 2 wrong usage, 3 not found.
+// Every read command takes --json; commands that delete need --yes. Exit
+// codes: 0 ok, 1 error, 2 wrong usage, 3 not found. It uses only streamq's
+// public API (Queues, Admin); "streamq queues" finds queues with SCAN, which
+// costs O(keyspace). README.md in this directory lists the commands.
 package main
 
 import (
