@@ -10,6 +10,7 @@ package streamq
 // answer to their own start.
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -20,25 +21,27 @@ import (
 )
 
 // maxTicks bounds the ticks of one shard in flight at once. Each tick is one
-// pipelined round trip on a connection of its own (go-redis's pool); two or
-// three hide the round trip under load, more only split the batches.
+// pipelined round trip on a connection of its own; two or three hide the
+// round trip under load, more only split the batches.
 const maxTicks = 3
 
 // startReq asks a shard's committer to count the start of a slot's handler.
-// The worker that sent it waits on done; the committer writes n or err, then
-// closes done, exactly once.
+// The worker that sent it waits on done; the committer sets n or err, then
+// closes done, exactly once (answered). done may close before the reply
+// (write-ahead, see tick); the count is confirmed later (slot.counted).
 type startReq struct {
-	s    *slot
-	eid  string
-	seen int // the starts seen at admission (before this one)
-	n    int // the starts including this one, or -1 / -2 (see charge.lua)
-	err  error
-	done chan struct{}
+	s        *slot
+	eid      string
+	seen     int // the starts seen at admission (before this one)
+	n        int // the starts including this one, or -1 / -2 (see charge.lua)
+	err      error
+	done     chan struct{}
+	answered bool // done is closed; owned by the tick that carries the request
 }
 
 // Results of charge.
 const (
-	chargeRun     = iota // counted: the handler may run
+	chargeRun     = iota // counted (or written): the handler may run
 	chargeSkip           // another consumer owns the entry now, or it is gone
 	chargeStopped        // shutdown began before the start could be counted
 )
@@ -49,22 +52,27 @@ type committer[Req, Resp any] struct {
 	r     *run[Req, Resp]
 	shard int
 	fixed completeFixed
+	lanes []*lane // the run's lanes (one per tick in flight), or nil
 
 	mu       sync.Mutex
 	starts   []*startReq
 	outcomes []*completion
 	closing  bool
-	fails    backoff // the back-off of failing outcomes; reset by a success
+	fails    backoff // the back-off of failing ticks; reset by a success
 
-	wake   chan struct{} // capacity 1: "the queue grew, or closing"
-	tokens chan struct{} // capacity maxTicks: one per tick in flight
-	ticks  sync.WaitGroup
-	done   chan struct{} // closed when the loop has returned
+	wake  chan struct{} // capacity 1: "the queue grew, a count was confirmed, or closing"
+	free  chan int      // capacity maxTicks: the lanes (or slots) free for a tick
+	ticks sync.WaitGroup
+	done  chan struct{} // closed when the loop has returned
 }
 
-func newCommitter[Req, Resp any](r *run[Req, Resp], shard int) *committer[Req, Resp] {
-	return &committer[Req, Resp]{r: r, shard: shard, fixed: r.completeFixedArgs(shard),
-		wake: make(chan struct{}, 1), tokens: make(chan struct{}, maxTicks), done: make(chan struct{})}
+func newCommitter[Req, Resp any](r *run[Req, Resp], shard int, lanes []*lane) *committer[Req, Resp] {
+	c := &committer[Req, Resp]{r: r, shard: shard, fixed: r.completeFixedArgs(shard), lanes: lanes,
+		wake: make(chan struct{}, 1), free: make(chan int, maxTicks), done: make(chan struct{})}
+	for i := range maxTicks {
+		c.free <- i
+	}
+	return c
 }
 
 // poke wakes the loop. Workers queue outcomes without poking and poke before
@@ -85,16 +93,16 @@ func (c *committer[Req, Resp]) add(cp *completion) {
 	c.mu.Unlock()
 }
 
-// start queues a start charge and wakes the loop.
-func (c *committer[Req, Resp]) start(q *startReq) {
+// start queues start charges and wakes the loop.
+func (c *committer[Req, Resp]) start(qs ...*startReq) {
 	c.mu.Lock()
-	c.starts = append(c.starts, q)
+	c.starts = append(c.starts, qs...)
 	c.mu.Unlock()
 	c.poke()
 }
 
 // close makes the loop send what is queued and return once nothing is left
-// and no tick is in flight (or shutdown gave up: see tick).
+// and no tick is in flight (or shutdown gave up: see abandon).
 func (c *committer[Req, Resp]) close() {
 	c.mu.Lock()
 	c.closing = true
@@ -104,19 +112,25 @@ func (c *committer[Req, Resp]) close() {
 }
 
 // take removes what the next tick carries: every queued start, and up to
-// MaxCompleteBatch outcomes.
+// MaxCompleteBatch outcomes whose start count Redis has confirmed (an
+// outcome sent before that could overtake its start on another connection:
+// the start count's HDEL would run before its HSET and leave it behind).
 func (c *committer[Req, Resp]) take() ([]*startReq, []*completion, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	starts := c.starts
 	c.starts = nil
-	n := min(len(c.outcomes), c.r.c.opts.MaxCompleteBatch)
 	var outcomes []*completion
-	if n > 0 {
-		outcomes = make([]*completion, n)
-		copy(outcomes, c.outcomes)
-		c.outcomes = append(c.outcomes[:0], c.outcomes[n:]...)
+	keep := c.outcomes[:0]
+	for _, cp := range c.outcomes {
+		if len(outcomes) < c.r.c.opts.MaxCompleteBatch && cp.s.isCounted() {
+			outcomes = append(outcomes, cp)
+		} else {
+			keep = append(keep, cp)
+		}
 	}
+	clear(c.outcomes[len(keep):])
+	c.outcomes = keep
 	return starts, outcomes, c.closing
 }
 
@@ -126,39 +140,68 @@ func (c *committer[Req, Resp]) idle() bool {
 	return len(c.starts) == 0 && len(c.outcomes) == 0
 }
 
-// loop sends a tick whenever something is queued and fewer than maxTicks
-// are in flight: at once when the shard is idle (no added latency), and
-// gathering what arrives meanwhile when it is busy (a group commit).
+// abandon gives up on what is queued at shutdown's hard bound: the entries
+// stay pending and are claimed by another consumer after MinIdle.
+func (c *committer[Req, Resp]) abandon() {
+	c.mu.Lock()
+	starts, outcomes := c.starts, c.outcomes
+	c.starts, c.outcomes = nil, nil
+	c.mu.Unlock()
+	for _, q := range starts {
+		if !q.answered {
+			q.answer(0, errGaveUp)
+		}
+	}
+	if len(outcomes) > 0 {
+		c.r.c.log.ErrorContext(c.r.runCtx, "streamq: gave up recording outcomes at shutdown; the entries stay pending and will be reclaimed",
+			"entries", len(outcomes))
+		c.r.forgetCompletions(outcomes)
+	}
+}
+
+// errGaveUp answers a start charge still queued when shutdown gave up.
+var errGaveUp = errors.New("streamq: shutdown gave up recording")
+
+// loop sends a tick whenever something can be sent and a lane is free: at
+// once when the shard is idle (no added latency), and gathering what arrives
+// meanwhile when it is busy (a group commit).
 func (c *committer[Req, Resp]) loop() {
 	defer close(c.done)
 	for {
-		<-c.wake
+		select {
+		case <-c.wake:
+		case <-c.r.bg.Done():
+		}
 		for {
-			c.tokens <- struct{}{}
+			lane := <-c.free
 			starts, outcomes, closing := c.take()
-			if len(starts) == 0 && len(outcomes) == 0 {
-				<-c.tokens
-				if !closing {
-					break
-				}
-				c.ticks.Wait() // a failed tick may queue its outcomes again
+			if len(starts) > 0 || len(outcomes) > 0 {
+				c.ticks.Add(1)
+				go c.send(lane, starts, outcomes)
+				continue
+			}
+			c.free <- lane
+			if closing {
+				c.ticks.Wait() // a failed tick may queue its work again
 				if c.idle() {
 					return
 				}
-				continue
+				if c.r.bg.Err() != nil {
+					c.abandon()
+					return
+				}
 			}
-			c.ticks.Add(1)
-			go c.send(starts, outcomes)
+			break // wait for more, or for a start count that outcomes wait on
 		}
 	}
 }
 
 // send runs one tick and what follows it: the slow parts (the fetcher's
-// completion hook, a back-off) run after the tick's token is given back.
-func (c *committer[Req, Resp]) send(starts []*startReq, outcomes []*completion) {
+// completion hook, a back-off) run after the tick's lane is given back.
+func (c *committer[Req, Resp]) send(lane int, starts []*startReq, outcomes []*completion) {
 	defer c.ticks.Done()
-	after := c.tick(starts, outcomes)
-	<-c.tokens
+	after := c.tick(lane, starts, outcomes)
+	c.free <- lane
 	c.poke()
 	after()
 }
@@ -168,9 +211,15 @@ func (c *committer[Req, Resp]) send(starts []*startReq, outcomes []*completion) 
 // charges (one HSET of every fresh start, one charge.lua call for the
 // others). Outcomes go first: complete.lua's XACK frees memory under
 // maxmemory before the HSET, which Redis would refuse then. Every part is
-// harmless when go-redis resends the pipeline after a lost reply. It answers
-// every start before it returns, and returns what is left to do.
-func (c *committer[Req, Resp]) tick(starts []*startReq, outcomes []*completion) (after func()) {
+// harmless when go-redis resends the pipeline after a lost reply.
+//
+// Fresh starts are answered as soon as the tick is written (write-ahead:
+// the bytes are in the kernel's hands and reach Redis even if this process
+// dies now) when the committer has lanes; their count is confirmed by the
+// reply (slot.counted), and sent again until it is. Starts with an owner
+// check wait for the reply. tick answers every start it carries and
+// returns what is left to do.
+func (c *committer[Req, Resp]) tick(li int, starts []*startReq, outcomes []*completion) (after func()) {
 	r := c.r
 	o := &r.c.opts
 	k := r.c.shards[c.shard]
@@ -195,8 +244,14 @@ func (c *committer[Req, Resp]) tick(starts []*startReq, outcomes []*completion) 
 			checked = append(checked, q)
 		}
 	}
+	client := r.c.client
+	var ln *lane
+	if c.lanes != nil {
+		ln = c.lanes[li]
+		client = ln.client
+	}
 	starter := k.Starts(o.Group)
-	pipe := r.c.client.Pipeline()
+	pipe := client.Pipeline()
 	var completeCmd, retryCmd, chargeCmd *redis.Cmd
 	var completeKeys, retryKeys, chargeKeys []string
 	var completeArgs, retryArgs, chargeArgs []any
@@ -226,32 +281,56 @@ func (c *committer[Req, Resp]) tick(starts []*startReq, outcomes []*completion) 
 		}
 		chargeCmd = scripts.Charge.EvalSha(r.bg, pipe, chargeKeys, chargeArgs...)
 	}
+	if ln != nil && len(fresh) > 0 {
+		ln.arm(func() {
+			for _, q := range fresh {
+				if !q.answered {
+					q.answer(q.seen+1, nil)
+				}
+			}
+		})
+	}
 	_, _ = pipe.Exec(r.bg) // each command's error is read below
+	if ln != nil {
+		ln.disarm()
+	}
 
 	// A server that lost its scripts (restarted, SCRIPT FLUSH) answers
 	// NOSCRIPT: that part is sent again with its source, which loads it.
 	if isNoScript(completeCmd) {
-		completeCmd = scripts.Complete.Eval(r.bg, r.c.client, completeKeys, completeArgs...)
+		completeCmd = scripts.Complete.Eval(r.bg, client, completeKeys, completeArgs...)
 	}
 	if isNoScript(retryCmd) {
-		retryCmd = scripts.Retry.Eval(r.bg, r.c.client, retryKeys, retryArgs...)
+		retryCmd = scripts.Retry.Eval(r.bg, client, retryKeys, retryArgs...)
 	}
 	if isNoScript(chargeCmd) {
-		chargeCmd = scripts.Charge.Eval(r.bg, r.c.client, chargeKeys, chargeArgs...)
+		chargeCmd = scripts.Charge.Eval(r.bg, client, chargeKeys, chargeArgs...)
 	}
 
 	// Starts first: their workers are waiting.
+	var recount []*startReq // written ahead, not confirmed: sent again
+	var failure error
 	if hsetCmd != nil {
 		err := hsetCmd.Err()
-		if err != nil {
-			// Under maxmemory Redis refuses HSET; charge.lua's first write is
-			// one it takes. The worker sends its charge again.
-			for _, q := range fresh {
+		for _, q := range fresh {
+			switch {
+			case err == nil:
+				if !q.answered {
+					q.answer(q.seen+1, nil)
+				}
+				q.s.markCounted()
+			case q.answered:
+				// Under maxmemory Redis refuses HSET; charge.lua's first
+				// write is one it takes.
 				q.s.scriptCharge = true
+				recount = append(recount, q)
+			default:
+				q.s.scriptCharge = true
+				q.answer(0, err) // the worker sends its charge again
 			}
 		}
-		for _, q := range fresh {
-			q.answer(q.seen+1, err)
+		if err != nil {
+			failure = err
 		}
 	}
 	if chargeCmd != nil {
@@ -260,16 +339,31 @@ func (c *committer[Req, Resp]) tick(starts []*startReq, outcomes []*completion) 
 			err = fmt.Errorf("streamq: charge: %d results for %d entries", len(res), len(checked))
 		}
 		for i, q := range checked {
-			if err != nil {
+			switch {
+			case err != nil && q.answered:
+				recount = append(recount, q)
+			case err != nil:
 				q.answer(0, err)
-			} else {
+			case q.answered && res[i] < 0:
+				// Written ahead and running, but the entry is no longer
+				// this consumer's: its outcome is dropped.
+				q.s.markLost()
+				q.s.markCounted()
+			case q.answered:
+				q.s.markCounted()
+			default:
 				q.answer(int(res[i]), nil)
+				if res[i] > 0 {
+					q.s.markCounted()
+				}
 			}
+		}
+		if err != nil {
+			failure = err
 		}
 	}
 
 	var failed []*completion
-	var failure error
 	if retryCmd != nil {
 		res, err := retryCmd.Int64Slice()
 		if err == nil && len(res) != len(retries) {
@@ -305,25 +399,29 @@ func (c *committer[Req, Resp]) tick(starts []*startReq, outcomes []*completion) 
 		if len(recorded) > 0 {
 			r.completed(recorded)
 		}
-		if len(failed) > 0 {
-			c.retry(failed, failure)
+		if len(failed) > 0 || len(recount) > 0 {
+			c.retry(failed, recount, failure)
 		}
 	}
 }
 
-// retry queues outcomes again after a failed tick, once a back-off has
-// passed; at shutdown's hard bound it gives up on them: their entries stay
-// pending and are claimed by another consumer after MinIdle.
-func (c *committer[Req, Resp]) retry(failed []*completion, err error) {
+// retry queues outcomes and written-ahead starts again after a failed tick,
+// once a back-off has passed; at shutdown's hard bound it gives up on them:
+// their entries stay pending and are claimed by another consumer after
+// MinIdle (a start written ahead whose count was never confirmed may then
+// go uncounted).
+func (c *committer[Req, Resp]) retry(failed []*completion, recount []*startReq, err error) {
 	r := c.r
 	if r.bg.Err() != nil {
-		r.c.log.ErrorContext(r.runCtx, "streamq: gave up recording outcomes at shutdown; the entries stay pending and will be reclaimed",
-			"entries", len(failed), "err", err)
-		r.forgetCompletions(failed)
+		if len(failed) > 0 {
+			r.c.log.ErrorContext(r.runCtx, "streamq: gave up recording outcomes at shutdown; the entries stay pending and will be reclaimed",
+				"entries", len(failed), "err", err)
+			r.forgetCompletions(failed)
+		}
 		return
 	}
-	r.c.log.WarnContext(r.runCtx, "streamq: recording outcomes failed; retrying", "entries", len(failed),
-		"stream", r.c.shards[c.shard].Stream, "err", err)
+	r.c.log.WarnContext(r.runCtx, "streamq: recording outcomes or starts failed; retrying", "outcomes", len(failed),
+		"starts", len(recount), "stream", r.c.shards[c.shard].Stream, "err", err)
 	r.c.slots.onError(err)
 	c.mu.Lock()
 	d := c.fails.next()
@@ -331,13 +429,14 @@ func (c *committer[Req, Resp]) retry(failed []*completion, err error) {
 	_ = sleepCtx(r.bg, d)
 	c.mu.Lock()
 	c.outcomes = append(failed, c.outcomes...) // in the order they came
+	c.starts = append(recount, c.starts...)
 	c.mu.Unlock()
 	c.poke()
 }
 
 // answer gives the worker its start count or error.
 func (q *startReq) answer(n int, err error) {
-	q.n, q.err = n, err
+	q.n, q.err, q.answered = n, err, true
 	close(q.done)
 }
 
@@ -379,6 +478,7 @@ func (r *run[Req, Resp]) charge(s *slot) int {
 	for {
 		q := &startReq{s: s, eid: s.entry.EntryID, seen: s.entry.Deliveries - 1, done: make(chan struct{})}
 		s.charging = true
+		s.expectCount()
 		r.committers[s.shard].start(q)
 		<-q.done
 		switch {

@@ -137,7 +137,7 @@ func testFailingShardStallsOnlyItself(t *testing.T, completeBatch int) {
 	const prefetch = 32
 	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[int]) (int, error) {
 		return m.Payload, nil
-	}, &ConsumerOptions{Shards: 2, Workers: 8, Prefetch: prefetch, MaxCompleteBatch: completeBatch,
+	}, &ConsumerOptions{replyWait: true, Shards: 2, Workers: 8, Prefetch: prefetch, MaxCompleteBatch: completeBatch,
 		ReadBlock: 50 * time.Millisecond, ShutdownTimeout: time.Second, Logger: testLogger(t)})
 	require.NoError(t, err)
 	stop := runConsumer(t, c)
@@ -247,7 +247,7 @@ func TestFailingCompletionsDoNotHoldWorkers(t *testing.T) {
 	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[int]) (int, error) {
 		ran.Add(1)
 		return m.Payload, nil
-	}, &ConsumerOptions{Workers: 1, Prefetch: prefetch, ReadBlock: 50 * time.Millisecond,
+	}, &ConsumerOptions{replyWait: true, Workers: 1, Prefetch: prefetch, ReadBlock: 50 * time.Millisecond,
 		ShutdownTimeout: time.Second, Logger: testLogger(t),
 		holdPrefetch: true}) // the places are Prefetch, not what the read-ahead reached
 	require.NoError(t, err)
@@ -323,7 +323,7 @@ func TestQueueDrainsUnderOOM(t *testing.T) {
 
 	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[int]) (int, error) {
 		return m.Payload + 1, nil
-	}, &ConsumerOptions{ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+	}, &ConsumerOptions{replyWait: true, ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
 	require.NoError(t, err)
 	runConsumer(t, c)
 	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
@@ -355,7 +355,7 @@ func TestRetriedCompletionWritesItsDeadLetter(t *testing.T) {
 
 	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[int]) (int, error) {
 		return 0, Permanent(errors.New("bad request"))
-	}, &ConsumerOptions{ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+	}, &ConsumerOptions{replyWait: true, ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
 	require.NoError(t, err)
 	runConsumer(t, c)
 	p, err := NewProducer[int, int](base, q, &ProducerOptions{Logger: testLogger(t)})

@@ -332,6 +332,7 @@ type run[Req, Resp any] struct {
 	unstarted []*slot // slots drained at shutdown, to release
 
 	committers []*committer[Req, Resp] // one per shard: shards fail independently
+	lanes      [][]*lane               // per shard, the committer's connections (nil entries: none)
 	places     *shardPlaces
 	pause      *pauseGate // open while the queue is not paused (watchPause)
 	limiter    *limiter   // nil without RateLimit
@@ -367,7 +368,14 @@ func (r *run[Req, Resp]) start(ctx context.Context) {
 	r.handlerCtx, r.cancelHandlers = context.WithCancelCause(context.WithoutCancel(ctx))
 	r.committers = make([]*committer[Req, Resp], len(r.c.shards))
 	for shard := range r.committers {
-		r.committers[shard] = newCommitter(r, shard)
+		if !o.replyWait {
+			r.lanes = append(r.lanes, newLanes(r.c.client, maxTicks))
+		}
+		var lanes []*lane
+		if len(r.lanes) > shard {
+			lanes = r.lanes[shard]
+		}
+		r.committers[shard] = newCommitter(r, shard, lanes)
 		go r.committers[shard].loop()
 	}
 	r.workers.Add(o.Workers)
@@ -447,6 +455,9 @@ func (r *run[Req, Resp]) stop(handlerTimeout *time.Timer) {
 	r.releaseUnstarted()
 	for _, c := range r.committers {
 		c.close() // sends every queued outcome, or gives up at the hard bound
+	}
+	for _, l := range r.lanes {
+		closeLanes(l)
 	}
 	close(r.stopLoops)
 	r.loops.Wait()

@@ -361,6 +361,9 @@ type ConsumerOptions struct {
 	// Logger receives the consumer's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 
+	// replyWait (tests only) sends ticks on the client itself, so its hooks
+	// see them, and makes workers wait for the reply of their start.
+	replyWait bool
 	// checkOwner (tests only) sends every start charge through charge.lua,
 	// as for entries held longer than MinIdle/2.
 	checkOwner bool

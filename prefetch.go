@@ -180,10 +180,40 @@ type slot struct {
 	// scriptCharge sends the slot's next charge through charge.lua (an HSET
 	// was refused). Set by a committer tick before it answers the worker.
 	scriptCharge bool
+	// counted is closed once Redis confirmed the start count of the slot's
+	// handler (nil before its first charge): its outcome is sent only then
+	// (see committer.take). counting guards the close.
+	counted  chan struct{}
+	counting sync.Once
 
 	mu     sync.Mutex
 	lost   bool
 	cancel context.CancelCauseFunc // the running handler's, or nil
+}
+
+// expectCount makes the slot's outcome wait for the confirmation of its
+// start count. Called by the worker before its first charge is queued.
+func (s *slot) expectCount() {
+	if s.counted == nil {
+		s.counted = make(chan struct{})
+	}
+}
+
+// markCounted confirms the slot's start count (committer ticks).
+func (s *slot) markCounted() { s.counting.Do(func() { close(s.counted) }) }
+
+// isCounted reports whether the slot's outcome may be sent: its start count
+// is confirmed, or it was never charged.
+func (s *slot) isCounted() bool {
+	if s.counted == nil {
+		return true
+	}
+	select {
+	case <-s.counted:
+		return true
+	default:
+		return false
+	}
 }
 
 // monoBase anchors mono.

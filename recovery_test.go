@@ -124,6 +124,13 @@ func fastOpts(t *testing.T, name string, minIdle time.Duration) *ConsumerOptions
 	}
 }
 
+// replyWaitOpts makes a consumer send its ticks on its own client (so hooks
+// on it see them) and wait for the reply of each start.
+func replyWaitOpts(o *ConsumerOptions) *ConsumerOptions {
+	o.replyWait = true
+	return o
+}
+
 func waitCtx(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
@@ -677,7 +684,7 @@ func TestRecoveryLostLeaseCancelsTheHandler(t *testing.T) {
 			return "stale", nil // a success after losing the lease must be dropped
 		}
 		return fmt.Sprintf("fresh after %d deliveries", m.Deliveries), nil
-	}, fastOpts(t, "owner", minIdle))
+	}, replyWaitOpts(fastOpts(t, "owner", minIdle))) // ticks on cc, where the hook sees complete.lua
 	require.NoError(t, err)
 	runConsumer(t, c)
 

@@ -603,6 +603,7 @@ func TestOutcomeAndNextStartShareATick(t *testing.T) {
 		h := newStartsHandler()
 		opts := fastOpts(t, "A", 30*time.Second)
 		opts.Workers, opts.Prefetch, opts.holdPrefetch = 1, 64, true
+		opts.replyWait = true // ticks on cc, where the hook counts them
 		c, err := NewConsumer(cc, q, h.handle, opts)
 		require.NoError(t, err)
 		stop := runConsumer(t, c)
