@@ -175,6 +175,15 @@ func TestCLISession(t *testing.T) {
 	s.golden("trim", 0, "trim", "orders")
 
 	s.golden("job-scheduled", 0, "job", "emails", "welcome-later")
+	// A cancelled request is a state of its own, not a record of another kind.
+	ep, err := streamq.NewProducer[string, string](client, "emails", &streamq.ProducerOptions{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	_, err = ep.Produce(ctx, "welcome-canceled", "hi", streamq.After(time.Hour))
+	require.NoError(t, err)
+	require.NoError(t, ep.Close())
+	require.NoError(t, mustAdmin(t, client, "emails").Cancel(ctx, "welcome-canceled"))
+	s.golden("job-canceled", 0, "job", "emails", "welcome-canceled")
+	s.golden("job-canceled-json", 0, "job", "emails", "welcome-canceled", "--json")
 	s.golden("pause", 0, "pause", "emails")
 	s.golden("stats-paused", 0, "stats", "emails")
 	s.golden("queues-paused", 0, "queues")

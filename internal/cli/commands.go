@@ -74,7 +74,8 @@ and payload; callers producing the id from now on get the new outcome.
 			help: `Shows a request id's state: scheduled (due when: delayed, or a retry waiting
 for its back-off), queued, running (on which consumer, after how many starts),
 succeeded (with its stored result), failed or dead-lettered (with the error),
-and how long Redis keeps its record. Exit code 3 when Redis holds no
+canceled (by Admin.Cancel while it waited in the schedule, with the stored
+message), and how long Redis keeps its record. Exit code 3 when Redis holds no
 record of the id (never produced, expired, or forgotten).`,
 			flags: groupFlag, run: job},
 		{name: "forget", args: "<queue> <request-id>", summary: "make Redis forget an id so it can run again (needs --yes)",
@@ -604,7 +605,11 @@ func job(ctx context.Context, r *runner) error {
 		fmt.Fprintf(tw, "result (base64)\t%s\n", encodeBase64(v.ResultBase64))
 	}
 	if j.Error != "" {
-		fmt.Fprintf(tw, "error\t%s\n", j.Error)
+		label := "error"
+		if j.State == streamq.JobCanceled {
+			label = "message"
+		}
+		fmt.Fprintf(tw, "%s\t%s\n", label, j.Error)
 	}
 	ttl := "no expiry"
 	if j.TTL >= 0 {
