@@ -27,7 +27,7 @@ import (
 const (
 	ExitOK       = 0 // the command did what was asked
 	ExitError    = 1 // it failed: Redis unreachable, refused, a running job not forgotten...
-	ExitUsage    = 2 // the command line is wrong (unknown command or flag, missing argument, no --yes)
+	ExitUsage    = 2 // the command line is wrong (unknown command or flag, missing argument, no --yes, a malformed dead letter id)
 	ExitNotFound = 3 // the queue, request id or dead letter does not exist
 )
 
@@ -93,6 +93,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, getenv f
 		return ExitOK
 	case errors.As(err, &ue):
 		fmt.Fprintf(stderr, "%s\nRun 'streamq --help' for usage.\n", prefixed(err))
+		return ExitUsage
+	case errors.Is(err, streamq.ErrInvalidDeadLetterID):
+		fmt.Fprintln(stderr, prefixed(err))
 		return ExitUsage
 	case errors.Is(err, streamq.ErrNotFound):
 		fmt.Fprintln(stderr, prefixed(err))

@@ -76,6 +76,7 @@ var normalizers = []struct {
 	{regexp.MustCompile(`\b\d{13}-\d+\b`), "<id>"},
 	{regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)`), "<time>"},
 	{regexp.MustCompile(`"(\w+_ns)": -?\d+`), `"$1": <ns>`},
+	{regexp.MustCompile(`\b\d{13}\b`), "<ms>"},
 	{regexp.MustCompile(`\b\d+(\.\d+)?(µs|ms|s|m\d+s|h\d+m\d+s)\b`), "<dur>"},
 	{regexp.MustCompile(`redis://127\.0\.0\.1:\d+`), "redis://<addr>"},
 	// tabwriter pads to the widest cell, which differs once values are
@@ -282,4 +283,38 @@ func mustAdmin(t *testing.T, client *redis.Client, queue string) *streamq.Admin 
 	a, err := streamq.NewAdmin(client, queue, nil)
 	require.NoError(t, err)
 	return a
+}
+
+// TestCLIRequeueInFlight: a dead letter whose request id was produced again
+// (for later, with RetryFailed) is not requeued, alone or with --all; --all
+// requeues the others and lists it. Before, both appended a second entry for
+// the id.
+func TestCLIRequeueInFlight(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	deadLetterSetup(t, client)
+	s := &session{t: t, url: "redis://" + srv.Addr() + "/0"}
+	ctx := context.Background()
+	p, err := streamq.NewProducer[string, string](client, "orders", &streamq.ProducerOptions{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	defer p.Close()
+	_, err = p.Produce(ctx, "bad-2", "order bad-2 again", streamq.RetryFailed(), streamq.After(time.Hour))
+	require.NoError(t, err)
+	dls, err := mustAdmin(t, client, "orders").DeadLetters(ctx, "", 10)
+	require.NoError(t, err)
+	require.Equal(t, "bad-2", dls[1].ID)
+
+	s.golden("dlq-requeue-inflight", ExitError, "dlq", "requeue", "orders", dls[1].DeadLetterID)
+	require.Zero(t, client.XLen(ctx, "streamq:{orders}:stream").Val())
+	ms, _, _ := strings.Cut(dls[0].DeadLetterID, "-")
+	s.golden("dlq-requeue-no-seq", ExitUsage, "dlq", "requeue", "orders", ms)
+	s.golden("dlq-requeue-all-inflight", ExitError, "dlq", "requeue", "orders", "--all", "--yes")
+	var ids []string
+	msgs, err := client.XRange(ctx, "streamq:{orders}:stream", "-", "+").Result()
+	require.NoError(t, err)
+	for _, m := range msgs {
+		ids = append(ids, m.Values["id"].(string))
+	}
+	require.Equal(t, []string{"bad-1", "bad-3"}, ids, "one entry each, none for bad-2")
+	s.golden("dlq-ls-inflight", 0, "dlq", "ls", "orders")
 }

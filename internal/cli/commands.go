@@ -57,7 +57,14 @@ time. To see the next page, pass the last DEAD LETTER ID shown as --after.`,
 		{name: "dlq requeue", args: "<queue> (<dead-letter-id>... | --all)", summary: "run dead letters again",
 			help: `Moves dead letters back to the queue as new entries with the same request id
 and payload; callers producing the id from now on get the new outcome.
---all requeues every dead letter and needs --yes.`,
+--all requeues every dead letter and needs --yes.
+
+A dead letter whose request id is in flight again (produced again, and
+queued, running or scheduled) is not requeued, since it would run twice:
+requeueing it alone fails, and --all requeues the others, lists it and
+exits 1. Dead letter ids are as 'dlq ls' shows them ("<ms>-<seq>", with
+"<shard>/" in front on a sharded queue); an id without its "-<seq>" part
+is refused (exit 2).`,
 			flags: func(fs *flag.FlagSet, o *opts) {
 				groupFlag(fs, o)
 				fs.BoolVar(&o.all, "all", false, "requeue every dead letter")
@@ -476,9 +483,11 @@ func dlqRequeue(ctx context.Context, r *runner) error {
 			return err
 		}
 		n := 0
-		for {
-			// Requeue removes each from the dead letters: always read the first page.
-			dls, err := a.DeadLetters(ctx, "", 100)
+		var skipped []streamq.DeadLetter
+		// Requeue removes each dead letter it requeues; the ones it refuses
+		// stay, so page on past them.
+		for after := ""; ; {
+			dls, err := a.DeadLetters(ctx, after, 100)
 			if err != nil {
 				return err
 			}
@@ -486,14 +495,34 @@ func dlqRequeue(ctx context.Context, r *runner) error {
 				break
 			}
 			for _, d := range dls {
-				if _, err := a.Requeue(ctx, d.DeadLetterID); err != nil && !errors.Is(err, streamq.ErrNotFound) {
+				_, err := a.Requeue(ctx, d.DeadLetterID)
+				switch {
+				case err == nil:
+					n++
+				case errors.Is(err, streamq.ErrNotFound): // gone meanwhile
+				case errors.Is(err, streamq.ErrRequeueInFlight):
+					skipped = append(skipped, d)
+				default:
 					return fmt.Errorf("after requeueing %d: %w", n, err)
 				}
-				n++
 			}
+			after = dls[len(dls)-1].DeadLetterID
 		}
 		fmt.Fprintf(r.stdout, "requeued %d dead letters\n", n)
-		return nil
+		if len(skipped) == 0 {
+			return nil
+		}
+		fmt.Fprintf(r.stdout, "not requeued, their request ids are in flight again (queued, running or scheduled):\n")
+		tw := r.table()
+		fmt.Fprintln(tw, "DEAD LETTER ID\tREQUEST ID")
+		for _, d := range skipped {
+			fmt.Fprintf(tw, "%s\t%s\n", d.DeadLetterID, d.ID)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: %d dead letter(s) not requeued; see 'streamq job' for each id, requeue them once it finished if they must run again, or purge them",
+			streamq.ErrRequeueInFlight, len(skipped))
 	}
 	for _, id := range ids {
 		entry, err := a.Requeue(ctx, id)
