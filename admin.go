@@ -322,7 +322,9 @@ type DeadLetter struct {
 	ID string `json:"id"`
 	// EntryID is the original stream entry id.
 	EntryID string `json:"entry_id"`
-	// Payload is the original entry's payload field.
+	// Payload is the original entry's payload field. In JSON it is base64
+	// ("payload"), and its text is added as "payload_text" when it is valid
+	// UTF-8 (see MarshalJSON).
 	Payload []byte `json:"payload"`
 	// Error is why the request was dead-lettered.
 	Error string `json:"error"`

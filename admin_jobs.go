@@ -74,7 +74,9 @@ type JobInfo struct {
 	// is not known; Enqueued bounds it.
 	Idle time.Duration `json:"idle_ns"`
 	// Result is the stored response of a succeeded request, as the codec
-	// encoded it; nil when the consumers discard results.
+	// encoded it; nil when the consumers discard results. In JSON it is
+	// base64 ("result"), and its text is added as "result_text" when it is
+	// valid UTF-8 (see MarshalJSON).
 	Result []byte `json:"result,omitempty"`
 	// Error is the stored error of a failed or dead-lettered request, or the
 	// message stored with a canceled one.

@@ -376,8 +376,14 @@ Commands:
 	}
 	_ = tw.Flush()
 	fmt.Fprint(w, `
-Every read command takes --json. Commands that delete (dlq purge, forget,
-dlq requeue --all) do nothing without --yes.
+Every read command takes --json: the JSON of the library's own types, so a
+program decodes it into them (dlq ls: []streamq.DeadLetter; dlq show:
+streamq.DeadLetter; job: streamq.JobInfo; stats: streamq.Stats; consumers:
+[]streamq.ConsumerInfo). Bytes are base64 (payload, result); when they are
+UTF-8 text, payload_text and result_text hold the text as well. Durations
+are nanoseconds (fields ending in _ns), times RFC 3339 in UTC.
+Commands that delete (dlq purge, forget, dlq requeue --all) do nothing
+without --yes.
 
 Exit codes: 0 ok, 1 error, 2 wrong usage, 3 queue/id/dead letter not found.
 

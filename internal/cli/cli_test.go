@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -155,6 +156,30 @@ func TestCLISession(t *testing.T) {
 	s.golden("dlq-ls", 0, "dlq", "ls", "orders")
 	s.golden("dlq-ls-page", 0, "dlq", "ls", "orders", "--limit", "2")
 	s.golden("dlq-ls-json", 0, "dlq", "ls", "--json", "orders", "--limit", "1")
+	// The CLI's JSON is the library's: it decodes into its types.
+	out, _, code := s.run("dlq", "ls", "--json", "orders")
+	require.Equal(t, 0, code)
+	var listed []streamq.DeadLetter
+	require.NoError(t, json.Unmarshal([]byte(out), &listed), "dlq ls --json into []streamq.DeadLetter")
+	want, err := mustAdmin(t, client, "orders").DeadLetters(context.Background(), "", 10)
+	require.NoError(t, err)
+	require.Len(t, listed, len(want))
+	for i := range want {
+		require.True(t, want[i].At.Equal(listed[i].At))
+		listed[i].At = want[i].At
+	}
+	require.Equal(t, want, listed)
+	out, _, code = s.run("dlq", "show", "--json", "orders", want[0].DeadLetterID)
+	require.Equal(t, 0, code)
+	var shown streamq.DeadLetter
+	require.NoError(t, json.Unmarshal([]byte(out), &shown), "dlq show --json into streamq.DeadLetter")
+	require.Equal(t, want[0].Payload, shown.Payload)
+	out, _, code = s.run("job", "--json", "orders", "ok-2")
+	require.Equal(t, 0, code)
+	var jobInfo streamq.JobInfo
+	require.NoError(t, json.Unmarshal([]byte(out), &jobInfo), "job --json into streamq.JobInfo")
+	require.Equal(t, `"receipt for order ok-2"`, string(jobInfo.Result))
+	s.golden("job-succeeded-json", 0, "job", "orders", "ok-2", "--json")
 
 	ctx := context.Background()
 	admin, err := streamq.NewAdmin(client, "orders", nil)

@@ -358,30 +358,10 @@ func consumers(ctx context.Context, r *runner) error {
 	return tw.Flush()
 }
 
-// deadLetterView is a dead letter as the command line prints it in JSON: the
-// payload as text when it is UTF-8, else base64 in payload_base64.
-type deadLetterView struct {
-	DeadLetterID  string    `json:"dead_letter_id"`
-	ID            string    `json:"id"`
-	EntryID       string    `json:"entry_id"`
-	Error         string    `json:"error"`
-	Deliveries    int       `json:"deliveries"`
-	Consumer      string    `json:"consumer"`
-	At            time.Time `json:"at"`
-	Payload       *string   `json:"payload,omitempty"`
-	PayloadBase64 []byte    `json:"payload_base64,omitempty"`
-}
-
-func viewDeadLetter(d streamq.DeadLetter) deadLetterView {
-	v := deadLetterView{DeadLetterID: d.DeadLetterID, ID: d.ID, EntryID: d.EntryID, Error: d.Error,
-		Deliveries: d.Deliveries, Consumer: d.Consumer, At: d.At.UTC()}
-	if utf8.Valid(d.Payload) {
-		p := string(d.Payload)
-		v.Payload = &p
-	} else {
-		v.PayloadBase64 = d.Payload
-	}
-	return v
+// utc returns d with its time in UTC, as every time the command line prints.
+func utc(d streamq.DeadLetter) streamq.DeadLetter {
+	d.At = d.At.UTC()
+	return d
 }
 
 func dlqList(ctx context.Context, r *runner) error {
@@ -406,9 +386,9 @@ func dlqList(ctx context.Context, r *runner) error {
 		return err
 	}
 	if r.o.json {
-		out := make([]deadLetterView, len(dls))
+		out := make([]streamq.DeadLetter, len(dls))
 		for i, d := range dls {
-			out[i] = viewDeadLetter(d)
+			out[i] = utc(d)
 		}
 		return r.printJSON(out)
 	}
@@ -449,15 +429,14 @@ func dlqShow(ctx context.Context, r *runner) error {
 	if err != nil {
 		return err
 	}
-	v := viewDeadLetter(d)
 	if r.o.json {
-		return r.printJSON(v)
+		return r.printJSON(utc(d))
 	}
 	tw := r.table()
 	fmt.Fprintf(tw, "dead letter\t%s\nrequest id\t%s\nentry\t%s\nerror\t%s\ndeliveries\t%d\nconsumer\t%s\nat\t%s\n",
 		d.DeadLetterID, d.ID, d.EntryID, d.Error, d.Deliveries, d.Consumer, d.At.UTC().Format(time.RFC3339))
-	if v.Payload != nil {
-		fmt.Fprintf(tw, "payload\t%s\n", *v.Payload)
+	if utf8.Valid(d.Payload) {
+		fmt.Fprintf(tw, "payload\t%s\n", d.Payload)
 	} else {
 		fmt.Fprintf(tw, "payload (base64)\t%s\n", encodeBase64(d.Payload))
 	}
@@ -582,13 +561,6 @@ func dlqPurge(ctx context.Context, r *runner) error {
 	return nil
 }
 
-// jobView is JobInfo as the command line prints it in JSON.
-type jobView struct {
-	streamq.JobInfo
-	Result       *string `json:"result,omitempty"`
-	ResultBase64 []byte  `json:"result_base64,omitempty"`
-}
-
 func job(ctx context.Context, r *runner) error {
 	a, ctx, cancel, err := r.onQueue(ctx, 2, "<queue> <request-id>")
 	if err != nil {
@@ -599,18 +571,9 @@ func job(ctx context.Context, r *runner) error {
 	if err != nil {
 		return err
 	}
-	v := jobView{JobInfo: j}
-	if j.Result != nil {
-		if utf8.Valid(j.Result) {
-			s := string(j.Result)
-			v.Result = &s
-		} else {
-			v.ResultBase64 = j.Result
-		}
-	}
-	v.JobInfo.Result = nil
 	if r.o.json {
-		return r.printJSON(v)
+		j.Enqueued, j.Due = j.Enqueued.UTC(), j.Due.UTC()
+		return r.printJSON(j)
 	}
 	tw := r.table()
 	fmt.Fprintf(tw, "id\t%s\nstate\t%s\n", j.ID, j.State)
@@ -628,10 +591,10 @@ func job(ctx context.Context, r *runner) error {
 		fmt.Fprintf(tw, "consumer\t%s\nlease renewed\t%s ago\n", j.Consumer, fmtDuration(j.Idle))
 	}
 	switch {
-	case v.Result != nil:
-		fmt.Fprintf(tw, "result\t%s\n", *v.Result)
-	case v.ResultBase64 != nil:
-		fmt.Fprintf(tw, "result (base64)\t%s\n", encodeBase64(v.ResultBase64))
+	case len(j.Result) > 0 && utf8.Valid(j.Result):
+		fmt.Fprintf(tw, "result\t%s\n", j.Result)
+	case len(j.Result) > 0:
+		fmt.Fprintf(tw, "result (base64)\t%s\n", encodeBase64(j.Result))
 	}
 	if j.Error != "" {
 		label := "error"
