@@ -140,6 +140,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		rest = append(rest[1:], "--help")
 	}
 	cmd, rest, err := findCommand(rest)
+	var gh groupHelp
+	if errors.As(err, &gh) {
+		printGroupHelp(stdout, gh.group)
+		return err
+	}
 	if err != nil {
 		return err
 	}
@@ -236,12 +241,44 @@ func findCommand(args []string) (*command, []string, error) {
 		return c, args[1:], nil
 	}
 	if isGroup(args[0]) {
+		if len(args) > 1 && isHelpFlag(args[1]) {
+			return nil, nil, groupHelp{args[0]}
+		}
 		if len(args) == 1 || strings.HasPrefix(args[1], "-") {
 			return nil, nil, usagef("%s needs a subcommand: %s", args[0], strings.Join(subcommands(args[0]), ", "))
 		}
 		return nil, nil, usagef("unknown command %q; %s has: %s", args[0]+" "+args[1], args[0], strings.Join(subcommands(args[0]), ", "))
 	}
 	return nil, nil, usagef("unknown command %q", args[0])
+}
+
+// isHelpFlag reports whether arg asks for help, as package flag reads it.
+func isHelpFlag(arg string) bool {
+	switch arg {
+	case "-h", "--h", "-help", "--help":
+		return true
+	}
+	return false
+}
+
+// groupHelp asks for the help of a command group ("dlq --help"); it matches
+// flag.ErrHelp, so Main exits 0.
+type groupHelp struct{ group string }
+
+func (g groupHelp) Error() string        { return "help of " + g.group }
+func (g groupHelp) Is(target error) bool { return target == flag.ErrHelp }
+
+// printGroupHelp lists the subcommands of group.
+func printGroupHelp(w io.Writer, group string) {
+	fmt.Fprintf(w, "Usage: streamq %s <subcommand> [arguments] [flags]\n\nSubcommands:\n", group)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, c := range commands {
+		if g, _, ok := strings.Cut(c.name, " "); ok && g == group {
+			fmt.Fprintf(tw, "  %s %s\t%s\n", c.name, c.args, c.summary)
+		}
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(w, "\n'streamq %s <subcommand> --help' explains a subcommand and its flags.\n", group)
 }
 
 func lookup(name string) *command {

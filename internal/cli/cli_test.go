@@ -343,3 +343,48 @@ func TestCLIRequeueInFlight(t *testing.T) {
 	require.Equal(t, []string{"bad-1", "bad-3"}, ids, "one entry each, none for bad-2")
 	s.golden("dlq-ls-inflight", 0, "dlq", "ls", "orders")
 }
+
+// TestCLIHelpEverywhere: every command, subcommand and command group prints
+// its help on --help and -h and exits 0. Before, "dlq --help" exited 2 with
+// "dlq needs a subcommand".
+func TestCLIHelpEverywhere(t *testing.T) {
+	s := &session{t: t, url: "redis://127.0.0.1:1/0"} // help needs no Redis
+	s.golden("dlq-help", 0, "dlq", "--help")
+	s.golden("dlq-h", 0, "dlq", "-h")
+	s.golden("help-dlq", 0, "help", "dlq")
+	for _, c := range commands {
+		for _, flag := range []string{"--help", "-h"} {
+			args := append(strings.Fields(c.name), flag)
+			stdout, stderr, code := s.run(args...)
+			require.Equal(t, ExitOK, code, "%v: %s", args, stderr)
+			require.Empty(t, stderr, "%v", args)
+			require.True(t, strings.HasPrefix(stdout, "Usage: streamq "+c.name), "%v: %s", args, stdout)
+		}
+	}
+}
+
+// TestCLIRedisDownShowsOneMessage: with Redis down, the binary prints its own
+// message only. Before, go-redis's logger wrote four "pool.go" lines to
+// stderr first.
+func TestCLIRedisDownShowsOneMessage(t *testing.T) {
+	bin := buildCLI(t)
+	cmd := exec.Command(bin, "--redis", "redis://127.0.0.1:1/0", "--timeout", "2s", "queues")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit)
+	require.Equal(t, ExitError, exit.ExitCode())
+	require.Empty(t, stdout.String())
+	require.Equal(t, "streamq: list queues: dial tcp 127.0.0.1:1: connect: connection refused\n", stderr.String())
+}
+
+// buildCLI builds cmd/streamq into a temporary directory.
+func buildCLI(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "streamq")
+	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	out, err := exec.Command(gobin, "build", "-o", bin, "github.com/streamq/streamq/cmd/streamq").CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+	return bin
+}
