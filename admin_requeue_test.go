@@ -105,8 +105,8 @@ func TestAdminRequeueWhileTheIdRunsAgain(t *testing.T) {
 	// runs again, as asked.
 	entry, err := admin.Requeue(ctx, dls[0].DeadLetterID)
 	require.NoError(t, err)
-	require.Equal(t, "P"+entry, client.Get(ctx, "streamq:{"+q+"}:id:dup").Val())
-	<-running
+	require.NotEmpty(t, entry)
+	<-running // the third run (release is closed: it may have finished already)
 	stop()
 	mu.Lock()
 	require.Equal(t, 3, runs)
