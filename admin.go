@@ -323,7 +323,9 @@ type DeadLetter struct {
 	ID string `json:"id"`
 	// EntryID is the original stream entry id.
 	EntryID string `json:"entry_id"`
-	// Payload is the original entry's payload field.
+	// Payload is the original entry's payload field. In JSON it is base64
+	// ("payload"), and its text is added as "payload_text" when it is valid
+	// UTF-8 (see MarshalJSON).
 	Payload []byte `json:"payload"`
 	// Error is why the request was dead-lettered.
 	Error string `json:"error"`
@@ -375,17 +377,43 @@ func (a *Admin) DeadLetters(ctx context.Context, after string, count int64) ([]D
 	return out, nil
 }
 
-// splitDeadLetterID splits a DeadLetterID into its shard and stream id.
+// splitDeadLetterID splits a DeadLetterID into its shard and stream id. The
+// stream id must be complete ("<ms>-<seq>"): Redis reads "<ms>" alone as
+// every entry of that millisecond in XRANGE and as "<ms>-0" in XDEL, so
+// another dead letter would be requeued, shown or deleted.
 func splitDeadLetterID(id string, shards int) (int, string, error) {
-	if shards == 1 {
-		return 0, id, nil
+	shard, rest := 0, id
+	if shards > 1 {
+		prefix, r, ok := strings.Cut(id, "/")
+		n, err := strconv.Atoi(prefix)
+		if !ok || err != nil || n < 0 || n >= shards {
+			// Also ErrNotFound, as before ErrInvalidDeadLetterID existed.
+			return 0, "", &wrappedError{
+				msg: fmt.Sprintf("%v: dead letter id %q of a queue with %d shards must look like \"<shard>/<ms>-<seq>\", as DeadLetters lists it", ErrInvalidDeadLetterID, id, shards),
+				err: errors.Join(ErrInvalidDeadLetterID, ErrNotFound),
+			}
+		}
+		shard, rest = n, r
 	}
-	prefix, rest, ok := strings.Cut(id, "/")
-	shard, err := strconv.Atoi(prefix)
-	if !ok || err != nil || shard < 0 || shard >= shards {
-		return 0, "", fmt.Errorf("%w: dead letter id %q of a queue with %d shards must look like \"<shard>/<id>\"", ErrNotFound, id, shards)
+	if !fullStreamID(rest) {
+		return 0, "", fmt.Errorf("%w: %q is not a complete stream id \"<ms>-<seq>\" as DeadLetters lists it (both parts, digits only)", ErrInvalidDeadLetterID, id)
 	}
 	return shard, rest, nil
+}
+
+// fullStreamID reports whether s is a stream id with both its parts:
+// digits, "-", digits, each part within 64 bits.
+func fullStreamID(s string) bool {
+	ms, seq, ok := strings.Cut(s, "-")
+	for _, part := range []string{ms, seq} {
+		if part == "" || strings.TrimLeft(part, "0123456789") != "" {
+			return false
+		}
+		if _, err := strconv.ParseUint(part, 10, 64); err != nil {
+			return false
+		}
+	}
+	return ok
 }
 
 func parseDeadLetter(m redis.XMessage) DeadLetter {
@@ -426,6 +454,13 @@ const requeueMarkerTTL = 10 * time.Minute
 //
 // Requeue is idempotent for 10 minutes: asking again for a dead letter it
 // already requeued returns the same entry id and adds nothing.
+//
+// A dead letter whose request id is in flight again (produced again, say with
+// RetryFailed, and queued, running or waiting in the schedule) is not
+// requeued: Requeue returns ErrRequeueInFlight and changes nothing, since a
+// second entry would run the request twice. (A fan-out group's requeue does
+// not check: the record is the answering group's.) A malformed deadLetterID
+// (not as DeadLetters lists it) is ErrInvalidDeadLetterID.
 func (a *Admin) Requeue(ctx context.Context, deadLetterID string) (string, error) {
 	mustContext(ctx, "Admin.Requeue")
 	shards, err := a.shards(ctx)
@@ -475,8 +510,31 @@ func (a *Admin) Requeue(ctx context.Context, deadLetterID string) (string, error
 	if err != nil {
 		return "", fmt.Errorf("streamq: requeue %s: %w", deadLetterID, err)
 	}
-	entryID, _ := res.(string)
-	return entryID, nil
+	switch r := res.(type) {
+	case string:
+		return r, nil
+	case []any:
+		if len(r) == 2 && r[0] == "inflight" {
+			rec, _ := r[1].(string)
+			return "", requeueInFlightError(deadLetterID, d.ID, a.queue, rec)
+		}
+	}
+	return "", fmt.Errorf("streamq: requeue %s: unexpected reply %v", deadLetterID, res)
+}
+
+// requeueInFlightError says why a dead letter was not requeued: its request
+// id's record rec says the request is in flight again.
+func requeueInFlightError(deadLetterID, id, queue, rec string) error {
+	where := "is in flight as entry " + strings.TrimPrefix(rec, "P") + " (queued or running)"
+	if due, ok := strings.CutPrefix(rec, "P@"); ok {
+		where = "waits in the schedule"
+		if ms, err := strconv.ParseInt(due, 10, 64); err == nil {
+			where += " until " + time.UnixMilli(ms).UTC().Format(time.RFC3339)
+		}
+	}
+	return fmt.Errorf("%w: dead letter %s of %s not requeued: request %q %s; "+
+		"wait until it finished (Admin.Job) and requeue the dead letter then if it must run again, or purge it",
+		ErrRequeueInFlight, deadLetterID, queue, id, where)
 }
 
 // PurgeDeadLetters deletes dead letters of the Admin's group: the given ids,

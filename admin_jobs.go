@@ -34,6 +34,10 @@ const (
 	// JobDeadLettered: failed for good and moved to the dead-letter stream
 	// (Error says why).
 	JobDeadLettered JobState = "dead-lettered"
+	// JobCanceled: Admin.Cancel cancelled it while it waited in the
+	// schedule; it never ran (Error holds the stored message). Its callers
+	// get ErrCanceled until the record expires (AdminOptions.ResultTTL).
+	JobCanceled JobState = "canceled"
 	// JobLost: the record says in flight, but its stream entry is gone and no
 	// consumer holds it (the stream was deleted or trimmed by hand), or it
 	// says scheduled and the schedule does not hold it (deleted by hand). Producing
@@ -70,17 +74,20 @@ type JobInfo struct {
 	// is not known; Enqueued bounds it.
 	Idle time.Duration `json:"idle_ns"`
 	// Result is the stored response of a succeeded request, as the codec
-	// encoded it; nil when the consumers discard results.
+	// encoded it; nil when the consumers discard results. In JSON it is
+	// base64 ("result"), and its text is added as "result_text" when it is
+	// valid UTF-8 (see MarshalJSON).
 	Result []byte `json:"result,omitempty"`
-	// Error is the stored error of a failed or dead-lettered request.
+	// Error is the stored error of a failed or dead-lettered request, or the
+	// message stored with a canceled one.
 	Error string `json:"error,omitempty"`
 	// TTL is how long the record lives on: -1 when it has no expiry.
 	TTL time.Duration `json:"ttl_ns"`
 }
 
 // Job looks up a request id: whether it is scheduled (until when), queued,
-// running (on which consumer, after how many starts), or finished (with its stored result or
-// error), and how long Redis keeps its record. It returns ErrNotFound when
+// running (on which consumer, after how many starts), finished (with its stored result or
+// error) or canceled, and how long Redis keeps its record. It returns ErrNotFound when
 // Redis holds no record of the id: never produced, expired (ResultTTL,
 // InflightTTL), or forgotten. The in-flight part is read for the Admin's
 // group (AdminOptions.Group; default the answering group).
@@ -126,6 +133,8 @@ func (a *Admin) Job(ctx context.Context, id string) (JobInfo, error) {
 		info.State, info.Error = JobFailed, value
 	case "L":
 		info.State, info.Error = JobDeadLettered, value
+	case "C":
+		info.State, info.Error = JobCanceled, value
 	case "P":
 		if due, ok := strings.CutPrefix(value, "@"); ok {
 			// Scheduled: a delayed request or a retry waiting for its back-off.

@@ -82,3 +82,38 @@ func TestAdminJobRetryScheduled(t *testing.T) {
 	stop()
 	require.Empty(t, starts)
 }
+
+// TestAdminJobCanceled: after Admin.Cancel, Job reports the request
+// canceled (with the stored message), and Cancel asked again (a caller's
+// retry, or go-redis resending after a lost reply) succeeds without
+// announcing anything twice. Before, Job failed with ErrWrongType ("starts
+// with "C", which streamq never writes") and a second Cancel said the request
+// "is completed".
+func TestAdminJobCanceled(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		p := newStringProducer(t, client, q)
+		pr, err := p.Produce(ctx, "later", "x", After(time.Hour))
+		require.NoError(t, err)
+		admin, err := NewAdmin(client, q, nil)
+		require.NoError(t, err)
+		require.NoError(t, admin.Cancel(ctx, "later"))
+		_, err = pr.Wait(waitCtx(t, 10*time.Second))
+		require.ErrorIs(t, err, ErrCanceled)
+
+		j, err := admin.Job(ctx, "later")
+		require.NoError(t, err)
+		require.Equal(t, JobCanceled, j.State)
+		require.Contains(t, j.Error, "canceled by Admin.Cancel")
+		require.Empty(t, j.EntryID)
+		require.True(t, j.Due.IsZero())
+		require.Greater(t, j.TTL, time.Duration(0))
+		require.LessOrEqual(t, j.TTL, DefaultResultTTL)
+
+		require.NoError(t, admin.Cancel(ctx, "later"), "the request is canceled: asking again is no error")
+		again, err := admin.Job(ctx, "later")
+		require.NoError(t, err)
+		require.Equal(t, j.Error, again.Error, "the second Cancel stored nothing new")
+	})
+}

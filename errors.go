@@ -61,6 +61,18 @@ var (
 	// it completed. Only a request produced with At or After, or a retry
 	// waiting for its back-off, can be cancelled.
 	ErrNotScheduled = errors.New("streamq: request is not scheduled: it is already queued, running or completed")
+	// ErrRequeueInFlight is returned by Admin.Requeue for a dead letter whose
+	// request id is in flight again (produced again, with RetryFailed, or
+	// requeued from another dead letter): queued, running, or waiting in the
+	// schedule. Requeueing it would run the request a second time beside
+	// that one. Wait until it finished and requeue it then if it must run
+	// again, or purge the dead letter.
+	ErrRequeueInFlight = errors.New("streamq: the dead letter's request id is in flight again")
+	// ErrInvalidDeadLetterID is returned for a dead-letter id that is not one
+	// DeadLetters lists: a stream id "<ms>-<seq>" (Redis would read "<ms>"
+	// alone as a range, or as "<ms>-0", another dead letter), prefixed with
+	// "<shard>/" when the queue has several shards.
+	ErrInvalidDeadLetterID = errors.New("streamq: invalid dead letter id")
 	// ErrAccessDenied is returned by Consumer.Run when Redis refuses the
 	// client at start: no or wrong credentials (NOAUTH, WRONGPASS) or an ACL
 	// that does not allow a command or key the queue needs (NOPERM). The

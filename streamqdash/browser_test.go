@@ -237,6 +237,15 @@ func TestBrowser(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`#queues tr[data-q="orders"]`)),
 		poll(`parseFloat(document.querySelector('#queues tr[data-q="orders"] [data-f="rate_ok"]').textContent) > 0`))
 
+	// The job page shows a cancelled request's state (it answered 502).
+	_, err = p.Produce(ctx, "later-1", "x", streamq.After(time.Hour))
+	require.NoError(t, err)
+	require.NoError(t, admin.Cancel(ctx, "later-1"))
+	step("open the job page of a cancelled request", 15*time.Second,
+		chromedp.Navigate(base+"job?q=orders&id=later-1"),
+		chromedp.WaitVisible(chromedp.ID("job-state")))
+	require.Equal(t, "canceled", text("job-state"))
+
 	// The screenshot of the queue page for the README.
 	step("wait for the chart", 30*time.Second,
 		chromedp.Navigate(base+"queue?q=orders"),

@@ -299,6 +299,8 @@ func (h *Handler) admin(ctx context.Context, queue, group string) (*streamq.Admi
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	status := http.StatusBadGateway
 	switch {
+	case errors.Is(err, streamq.ErrInvalidDeadLetterID), errors.Is(err, streamq.ErrInvalidID):
+		status = http.StatusBadRequest
 	case errors.Is(err, streamq.ErrNotFound):
 		status = http.StatusNotFound
 	case errors.Is(err, errBadRequest), errors.Is(err, streamq.ErrInvalidOptions):

@@ -177,6 +177,14 @@ func TestPages(t *testing.T) {
 	code, body, _ = b.get("job?q=orders&id=ok-1")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, "receipt for order ok-1")
+	// A cancelled request has a page of its own (it was a 502).
+	_, err = p.Produce(ctx, "later-2", "x", streamq.After(time.Hour))
+	require.NoError(t, err)
+	require.NoError(t, admin.Cancel(ctx, "later-2"))
+	code, body, _ = b.get("job?q=orders&id=later-2")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, `id="job-state">canceled<`)
+	require.Contains(t, body, "canceled by Admin.Cancel")
 	code, body, hdr = b.get("job?q=orders&id=never")
 	require.Equal(t, http.StatusNotFound, code)
 	require.Contains(t, body, `id="not-found"`)
@@ -459,4 +467,57 @@ func TestManyQueues(t *testing.T) {
 		require.EqualValues(t, i+1, q.Length)
 		require.Empty(t, q.Error)
 	}
+}
+
+// TestRequeueInFlight: a dead letter whose request id was produced again
+// (here for later, with RetryFailed) is not requeued: "Requeue" says so, and
+// "Requeue all" requeues the others and reports it skipped. Before, both
+// appended a second entry for the id.
+func TestRequeueInFlight(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	fill(t, client)
+	ctx := context.Background()
+	p, err := streamq.NewProducer[string, string](client, "orders", &streamq.ProducerOptions{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	defer p.Close()
+	_, err = p.Produce(ctx, "bad-2", "order bad-2 again", streamq.RetryFailed(), streamq.After(time.Hour))
+	require.NoError(t, err)
+	h, err := New(client, &Options{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	b := newBrowser(t, mount(t, h))
+	admin, err := streamq.NewAdmin(client, "orders", nil)
+	require.NoError(t, err)
+	dls, err := admin.DeadLetters(ctx, "", 10)
+	require.NoError(t, err)
+	require.Equal(t, "bad-2", dls[1].ID)
+
+	form := url.Values{"q": {"orders"}, "op": {"requeue"}, "id": {dls[1].DeadLetterID}, "csrf": {b.token("orders")}}
+	code, body, hdr := b.post(form, nil)
+	require.Equal(t, http.StatusSeeOther, code, body)
+	require.Zero(t, client.XLen(ctx, "streamq:{orders}:stream").Val(), "Requeue appended an entry for an id in flight")
+	require.Contains(t, hdr.Get("Location"), "done=inflight")
+	_, body, _ = b.get(hdr.Get("Location"))
+	require.Contains(t, body, "not requeued: its request id is in flight again")
+
+	form = url.Values{"q": {"orders"}, "op": {"requeue-all"}, "csrf": {form.Get("csrf")}}
+	code, body, hdr = b.post(form, nil)
+	require.Equal(t, http.StatusSeeOther, code, body)
+	var ids []string
+	msgs, err := client.XRange(ctx, "streamq:{orders}:stream", "-", "+").Result()
+	require.NoError(t, err)
+	for _, m := range msgs {
+		ids = append(ids, m.Values["id"].(string))
+	}
+	require.Equal(t, []string{"bad-1", "bad-3"}, ids, "one entry each, none for bad-2")
+	loc, err := url.Parse(hdr.Get("Location"))
+	require.NoError(t, err)
+	require.Equal(t, "2", loc.Query().Get("n"))
+	require.Equal(t, "1", loc.Query().Get("skipped"))
+	_, body, _ = b.get(hdr.Get("Location"))
+	require.Contains(t, body, "Requeued 2 dead letters; 1 not requeued: its request id is in flight again")
+	s, err := admin.Stats(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, s.DeadLetters, "the skipped one stays")
+	require.EqualValues(t, 1, s.Scheduled)
 }

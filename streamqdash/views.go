@@ -242,10 +242,18 @@ func doneMessage(v url.Values) string {
 	case "purge":
 		return fmt.Sprintf("Deleted %d dead letter(s).", n)
 	case "requeue-all":
-		if left > 0 {
-			return fmt.Sprintf("Requeued %d dead letters; %d remain (time limit reached): press again.", n, left)
+		msg := fmt.Sprintf("Requeued %d dead letters.", n)
+		if skipped, _ := strconv.ParseInt(v.Get("skipped"), 10, 64); skipped > 0 {
+			its := "its request id is"
+			if skipped > 1 {
+				its = "their request ids are"
+			}
+			msg = fmt.Sprintf("Requeued %d dead letters; %d not requeued: %s in flight again (look it up; requeue once it finished, or purge).", n, skipped, its)
 		}
-		return fmt.Sprintf("Requeued %d dead letters.", n)
+		if left > 0 {
+			msg += fmt.Sprintf(" %d remain (time limit reached): press again.", left)
+		}
+		return msg
 	case "purge-all":
 		return fmt.Sprintf("Deleted %d dead letters.", n)
 	case "pause":
@@ -254,6 +262,8 @@ func doneMessage(v url.Values) string {
 		return "Resumed."
 	case "gone":
 		return "That dead letter was gone already."
+	case "inflight":
+		return "That dead letter was not requeued: its request id is in flight again (queued, running or scheduled). Look it up; requeue the dead letter once it finished, or purge it."
 	}
 	return ""
 }
@@ -369,8 +379,14 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 	}
 	switch op {
 	case "requeue":
-		if _, err = a.Requeue(ctx, id); errors.Is(err, streamq.ErrNotFound) {
+		switch _, err = a.Requeue(ctx, id); {
+		case errors.Is(err, streamq.ErrInvalidDeadLetterID):
+			err = fmt.Errorf("%w: %w", errBadRequest, err)
+		case errors.Is(err, streamq.ErrNotFound):
 			back.Set("done", "gone")
+			err = nil
+		case errors.Is(err, streamq.ErrRequeueInFlight):
+			back.Set("done", "inflight")
 			err = nil
 		}
 	case "purge":
@@ -378,9 +394,10 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 		n, err = a.PurgeDeadLetters(ctx, id)
 		back.Set("n", strconv.FormatInt(n, 10))
 	case "requeue-all":
-		var n, left int64
-		n, left, err = requeueAll(ctx, a)
+		var n, skipped, left int64
+		n, skipped, left, err = requeueAll(ctx, a)
 		back.Set("n", strconv.FormatInt(n, 10))
+		back.Set("skipped", strconv.FormatInt(skipped, 10))
 		back.Set("left", strconv.FormatInt(left, 10))
 		back.Del("after")
 	case "purge-all":
@@ -405,30 +422,40 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 }
 
 // requeueAll requeues dead letters until none is left or ctx is about to
-// end; it returns how many it requeued and how many remain.
-func requeueAll(ctx context.Context, a *streamq.Admin) (n, left int64, err error) {
+// end; it returns how many it requeued, how many it skipped because their
+// request ids are in flight again (those stay dead letters), and how many
+// remain beyond those.
+func requeueAll(ctx context.Context, a *streamq.Admin) (n, skipped, left int64, err error) {
 	deadline, _ := ctx.Deadline()
+	// Requeue removes each dead letter it requeues; the ones it refuses
+	// stay, so page on past them.
+	after := ""
 	for time.Until(deadline) > time.Second {
-		// Requeue removes each from the dead letters: always read the first page.
-		dls, err := a.DeadLetters(ctx, "", 100)
+		dls, err := a.DeadLetters(ctx, after, 100)
 		if err != nil {
-			return n, 0, err
+			return n, skipped, 0, err
 		}
 		if len(dls) == 0 {
-			return n, 0, nil
+			return n, skipped, 0, nil
 		}
 		for _, d := range dls {
-			if _, err := a.Requeue(ctx, d.DeadLetterID); err != nil && !errors.Is(err, streamq.ErrNotFound) {
-				return n, 0, err
+			switch _, err := a.Requeue(ctx, d.DeadLetterID); {
+			case err == nil:
+				n++
+			case errors.Is(err, streamq.ErrNotFound): // gone meanwhile
+			case errors.Is(err, streamq.ErrRequeueInFlight):
+				skipped++
+			default:
+				return n, skipped, 0, err
 			}
-			n++
 		}
+		after = dls[len(dls)-1].DeadLetterID
 	}
 	s, err := a.Stats(ctx)
 	if err != nil {
-		return n, 0, err
+		return n, skipped, 0, err
 	}
-	return n, s.DeadLetters, nil
+	return n, skipped, max(s.DeadLetters-skipped, 0), nil
 }
 
 var funcs = template.FuncMap{

@@ -19,10 +19,19 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/streamq/streamq/internal/cli"
 )
 
+// quiet drops go-redis's log lines ("pool.go: failed to dial..."): the
+// command reports every failure itself, once, in its own words.
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
+
 func main() {
+	redis.SetLogger(quiet{})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := cli.Main(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
 	stop()

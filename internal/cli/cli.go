@@ -27,7 +27,7 @@ import (
 const (
 	ExitOK       = 0 // the command did what was asked
 	ExitError    = 1 // it failed: Redis unreachable, refused, a running job not forgotten...
-	ExitUsage    = 2 // the command line is wrong (unknown command or flag, missing argument, no --yes)
+	ExitUsage    = 2 // the command line is wrong (unknown command or flag, missing argument, no --yes, a malformed dead letter id)
 	ExitNotFound = 3 // the queue, request id or dead letter does not exist
 )
 
@@ -94,6 +94,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, getenv f
 	case errors.As(err, &ue):
 		fmt.Fprintf(stderr, "%s\nRun 'streamq --help' for usage.\n", prefixed(err))
 		return ExitUsage
+	case errors.Is(err, streamq.ErrInvalidDeadLetterID):
+		fmt.Fprintln(stderr, prefixed(err))
+		return ExitUsage
 	case errors.Is(err, streamq.ErrNotFound):
 		fmt.Fprintln(stderr, prefixed(err))
 		return ExitNotFound
@@ -137,6 +140,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		rest = append(rest[1:], "--help")
 	}
 	cmd, rest, err := findCommand(rest)
+	var gh groupHelp
+	if errors.As(err, &gh) {
+		printGroupHelp(stdout, gh.group)
+		return err
+	}
 	if err != nil {
 		return err
 	}
@@ -233,12 +241,44 @@ func findCommand(args []string) (*command, []string, error) {
 		return c, args[1:], nil
 	}
 	if isGroup(args[0]) {
+		if len(args) > 1 && isHelpFlag(args[1]) {
+			return nil, nil, groupHelp{args[0]}
+		}
 		if len(args) == 1 || strings.HasPrefix(args[1], "-") {
 			return nil, nil, usagef("%s needs a subcommand: %s", args[0], strings.Join(subcommands(args[0]), ", "))
 		}
 		return nil, nil, usagef("unknown command %q; %s has: %s", args[0]+" "+args[1], args[0], strings.Join(subcommands(args[0]), ", "))
 	}
 	return nil, nil, usagef("unknown command %q", args[0])
+}
+
+// isHelpFlag reports whether arg asks for help, as package flag reads it.
+func isHelpFlag(arg string) bool {
+	switch arg {
+	case "-h", "--h", "-help", "--help":
+		return true
+	}
+	return false
+}
+
+// groupHelp asks for the help of a command group ("dlq --help"); it matches
+// flag.ErrHelp, so Main exits 0.
+type groupHelp struct{ group string }
+
+func (g groupHelp) Error() string        { return "help of " + g.group }
+func (g groupHelp) Is(target error) bool { return target == flag.ErrHelp }
+
+// printGroupHelp lists the subcommands of group.
+func printGroupHelp(w io.Writer, group string) {
+	fmt.Fprintf(w, "Usage: streamq %s <subcommand> [arguments] [flags]\n\nSubcommands:\n", group)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, c := range commands {
+		if g, _, ok := strings.Cut(c.name, " "); ok && g == group {
+			fmt.Fprintf(tw, "  %s %s\t%s\n", c.name, c.args, c.summary)
+		}
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(w, "\n'streamq %s <subcommand> --help' explains a subcommand and its flags.\n", group)
 }
 
 func lookup(name string) *command {
@@ -373,8 +413,14 @@ Commands:
 	}
 	_ = tw.Flush()
 	fmt.Fprint(w, `
-Every read command takes --json. Commands that delete (dlq purge, forget,
-dlq requeue --all) do nothing without --yes.
+Every read command takes --json: the JSON of the library's own types, so a
+program decodes it into them (dlq ls: []streamq.DeadLetter; dlq show:
+streamq.DeadLetter; job: streamq.JobInfo; stats: streamq.Stats; consumers:
+[]streamq.ConsumerInfo). Bytes are base64 (payload, result); when they are
+UTF-8 text, payload_text and result_text hold the text as well. Durations
+are nanoseconds (fields ending in _ns), times RFC 3339 in UTC.
+Commands that delete (dlq purge, forget, dlq requeue --all) do nothing
+without --yes.
 
 Exit codes: 0 ok, 1 error, 2 wrong usage, 3 queue/id/dead letter not found.
 

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -76,6 +77,7 @@ var normalizers = []struct {
 	{regexp.MustCompile(`\b\d{13}-\d+\b`), "<id>"},
 	{regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)`), "<time>"},
 	{regexp.MustCompile(`"(\w+_ns)": -?\d+`), `"$1": <ns>`},
+	{regexp.MustCompile(`\b\d{13}\b`), "<ms>"},
 	{regexp.MustCompile(`\b\d+(\.\d+)?(µs|ms|s|m\d+s|h\d+m\d+s)\b`), "<dur>"},
 	{regexp.MustCompile(`redis://127\.0\.0\.1:\d+`), "redis://<addr>"},
 	// tabwriter pads to the widest cell, which differs once values are
@@ -154,6 +156,30 @@ func TestCLISession(t *testing.T) {
 	s.golden("dlq-ls", 0, "dlq", "ls", "orders")
 	s.golden("dlq-ls-page", 0, "dlq", "ls", "orders", "--limit", "2")
 	s.golden("dlq-ls-json", 0, "dlq", "ls", "--json", "orders", "--limit", "1")
+	// The CLI's JSON is the library's: it decodes into its types.
+	out, _, code := s.run("dlq", "ls", "--json", "orders")
+	require.Equal(t, 0, code)
+	var listed []streamq.DeadLetter
+	require.NoError(t, json.Unmarshal([]byte(out), &listed), "dlq ls --json into []streamq.DeadLetter")
+	want, err := mustAdmin(t, client, "orders").DeadLetters(context.Background(), "", 10)
+	require.NoError(t, err)
+	require.Len(t, listed, len(want))
+	for i := range want {
+		require.True(t, want[i].At.Equal(listed[i].At))
+		listed[i].At = want[i].At
+	}
+	require.Equal(t, want, listed)
+	out, _, code = s.run("dlq", "show", "--json", "orders", want[0].DeadLetterID)
+	require.Equal(t, 0, code)
+	var shown streamq.DeadLetter
+	require.NoError(t, json.Unmarshal([]byte(out), &shown), "dlq show --json into streamq.DeadLetter")
+	require.Equal(t, want[0].Payload, shown.Payload)
+	out, _, code = s.run("job", "--json", "orders", "ok-2")
+	require.Equal(t, 0, code)
+	var jobInfo streamq.JobInfo
+	require.NoError(t, json.Unmarshal([]byte(out), &jobInfo), "job --json into streamq.JobInfo")
+	require.Equal(t, `"receipt for order ok-2"`, string(jobInfo.Result))
+	s.golden("job-succeeded-json", 0, "job", "orders", "ok-2", "--json")
 
 	ctx := context.Background()
 	admin, err := streamq.NewAdmin(client, "orders", nil)
@@ -175,6 +201,15 @@ func TestCLISession(t *testing.T) {
 	s.golden("trim", 0, "trim", "orders")
 
 	s.golden("job-scheduled", 0, "job", "emails", "welcome-later")
+	// A cancelled request is a state of its own, not a record of another kind.
+	ep, err := streamq.NewProducer[string, string](client, "emails", &streamq.ProducerOptions{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	_, err = ep.Produce(ctx, "welcome-canceled", "hi", streamq.After(time.Hour))
+	require.NoError(t, err)
+	require.NoError(t, ep.Close())
+	require.NoError(t, mustAdmin(t, client, "emails").Cancel(ctx, "welcome-canceled"))
+	s.golden("job-canceled", 0, "job", "emails", "welcome-canceled")
+	s.golden("job-canceled-json", 0, "job", "emails", "welcome-canceled", "--json")
 	s.golden("pause", 0, "pause", "emails")
 	s.golden("stats-paused", 0, "stats", "emails")
 	s.golden("queues-paused", 0, "queues")
@@ -273,4 +308,83 @@ func mustAdmin(t *testing.T, client *redis.Client, queue string) *streamq.Admin 
 	a, err := streamq.NewAdmin(client, queue, nil)
 	require.NoError(t, err)
 	return a
+}
+
+// TestCLIRequeueInFlight: a dead letter whose request id was produced again
+// (for later, with RetryFailed) is not requeued, alone or with --all; --all
+// requeues the others and lists it. Before, both appended a second entry for
+// the id.
+func TestCLIRequeueInFlight(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	deadLetterSetup(t, client)
+	s := &session{t: t, url: "redis://" + srv.Addr() + "/0"}
+	ctx := context.Background()
+	p, err := streamq.NewProducer[string, string](client, "orders", &streamq.ProducerOptions{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	defer p.Close()
+	_, err = p.Produce(ctx, "bad-2", "order bad-2 again", streamq.RetryFailed(), streamq.After(time.Hour))
+	require.NoError(t, err)
+	dls, err := mustAdmin(t, client, "orders").DeadLetters(ctx, "", 10)
+	require.NoError(t, err)
+	require.Equal(t, "bad-2", dls[1].ID)
+
+	s.golden("dlq-requeue-inflight", ExitError, "dlq", "requeue", "orders", dls[1].DeadLetterID)
+	require.Zero(t, client.XLen(ctx, "streamq:{orders}:stream").Val())
+	ms, _, _ := strings.Cut(dls[0].DeadLetterID, "-")
+	s.golden("dlq-requeue-no-seq", ExitUsage, "dlq", "requeue", "orders", ms)
+	s.golden("dlq-requeue-all-inflight", ExitError, "dlq", "requeue", "orders", "--all", "--yes")
+	var ids []string
+	msgs, err := client.XRange(ctx, "streamq:{orders}:stream", "-", "+").Result()
+	require.NoError(t, err)
+	for _, m := range msgs {
+		ids = append(ids, m.Values["id"].(string))
+	}
+	require.Equal(t, []string{"bad-1", "bad-3"}, ids, "one entry each, none for bad-2")
+	s.golden("dlq-ls-inflight", 0, "dlq", "ls", "orders")
+}
+
+// TestCLIHelpEverywhere: every command, subcommand and command group prints
+// its help on --help and -h and exits 0. Before, "dlq --help" exited 2 with
+// "dlq needs a subcommand".
+func TestCLIHelpEverywhere(t *testing.T) {
+	s := &session{t: t, url: "redis://127.0.0.1:1/0"} // help needs no Redis
+	s.golden("dlq-help", 0, "dlq", "--help")
+	s.golden("dlq-h", 0, "dlq", "-h")
+	s.golden("help-dlq", 0, "help", "dlq")
+	for _, c := range commands {
+		for _, flag := range []string{"--help", "-h"} {
+			args := append(strings.Fields(c.name), flag)
+			stdout, stderr, code := s.run(args...)
+			require.Equal(t, ExitOK, code, "%v: %s", args, stderr)
+			require.Empty(t, stderr, "%v", args)
+			require.True(t, strings.HasPrefix(stdout, "Usage: streamq "+c.name), "%v: %s", args, stdout)
+		}
+	}
+}
+
+// TestCLIRedisDownShowsOneMessage: with Redis down, the binary prints its own
+// message only. Before, go-redis's logger wrote four "pool.go" lines to
+// stderr first.
+func TestCLIRedisDownShowsOneMessage(t *testing.T) {
+	bin := buildCLI(t)
+	cmd := exec.Command(bin, "--redis", "redis://127.0.0.1:1/0", "--timeout", "2s", "queues")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit)
+	require.Equal(t, ExitError, exit.ExitCode())
+	require.Empty(t, stdout.String())
+	require.Equal(t, "streamq: list queues: dial tcp 127.0.0.1:1: connect: connection refused\n", stderr.String())
+}
+
+// buildCLI builds cmd/streamq into a temporary directory.
+func buildCLI(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "streamq")
+	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	out, err := exec.Command(gobin, "build", "-o", bin, "github.com/streamq/streamq/cmd/streamq").CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+	return bin
 }

@@ -57,7 +57,14 @@ time. To see the next page, pass the last DEAD LETTER ID shown as --after.`,
 		{name: "dlq requeue", args: "<queue> (<dead-letter-id>... | --all)", summary: "run dead letters again",
 			help: `Moves dead letters back to the queue as new entries with the same request id
 and payload; callers producing the id from now on get the new outcome.
---all requeues every dead letter and needs --yes.`,
+--all requeues every dead letter and needs --yes.
+
+A dead letter whose request id is in flight again (produced again, and
+queued, running or scheduled) is not requeued, since it would run twice:
+requeueing it alone fails, and --all requeues the others, lists it and
+exits 1. Dead letter ids are as 'dlq ls' shows them ("<ms>-<seq>", with
+"<shard>/" in front on a sharded queue); an id without its "-<seq>" part
+is refused (exit 2).`,
 			flags: func(fs *flag.FlagSet, o *opts) {
 				groupFlag(fs, o)
 				fs.BoolVar(&o.all, "all", false, "requeue every dead letter")
@@ -74,7 +81,8 @@ and payload; callers producing the id from now on get the new outcome.
 			help: `Shows a request id's state: scheduled (due when: delayed, or a retry waiting
 for its back-off), queued, running (on which consumer, after how many starts),
 succeeded (with its stored result), failed or dead-lettered (with the error),
-and how long Redis keeps its record. Exit code 3 when Redis holds no
+canceled (by Admin.Cancel while it waited in the schedule, with the stored
+message), and how long Redis keeps its record. Exit code 3 when Redis holds no
 record of the id (never produced, expired, or forgotten).`,
 			flags: groupFlag, run: job},
 		{name: "forget", args: "<queue> <request-id>", summary: "make Redis forget an id so it can run again (needs --yes)",
@@ -350,30 +358,10 @@ func consumers(ctx context.Context, r *runner) error {
 	return tw.Flush()
 }
 
-// deadLetterView is a dead letter as the command line prints it in JSON: the
-// payload as text when it is UTF-8, else base64 in payload_base64.
-type deadLetterView struct {
-	DeadLetterID  string    `json:"dead_letter_id"`
-	ID            string    `json:"id"`
-	EntryID       string    `json:"entry_id"`
-	Error         string    `json:"error"`
-	Deliveries    int       `json:"deliveries"`
-	Consumer      string    `json:"consumer"`
-	At            time.Time `json:"at"`
-	Payload       *string   `json:"payload,omitempty"`
-	PayloadBase64 []byte    `json:"payload_base64,omitempty"`
-}
-
-func viewDeadLetter(d streamq.DeadLetter) deadLetterView {
-	v := deadLetterView{DeadLetterID: d.DeadLetterID, ID: d.ID, EntryID: d.EntryID, Error: d.Error,
-		Deliveries: d.Deliveries, Consumer: d.Consumer, At: d.At.UTC()}
-	if utf8.Valid(d.Payload) {
-		p := string(d.Payload)
-		v.Payload = &p
-	} else {
-		v.PayloadBase64 = d.Payload
-	}
-	return v
+// utc returns d with its time in UTC, as every time the command line prints.
+func utc(d streamq.DeadLetter) streamq.DeadLetter {
+	d.At = d.At.UTC()
+	return d
 }
 
 func dlqList(ctx context.Context, r *runner) error {
@@ -398,9 +386,9 @@ func dlqList(ctx context.Context, r *runner) error {
 		return err
 	}
 	if r.o.json {
-		out := make([]deadLetterView, len(dls))
+		out := make([]streamq.DeadLetter, len(dls))
 		for i, d := range dls {
-			out[i] = viewDeadLetter(d)
+			out[i] = utc(d)
 		}
 		return r.printJSON(out)
 	}
@@ -441,15 +429,14 @@ func dlqShow(ctx context.Context, r *runner) error {
 	if err != nil {
 		return err
 	}
-	v := viewDeadLetter(d)
 	if r.o.json {
-		return r.printJSON(v)
+		return r.printJSON(utc(d))
 	}
 	tw := r.table()
 	fmt.Fprintf(tw, "dead letter\t%s\nrequest id\t%s\nentry\t%s\nerror\t%s\ndeliveries\t%d\nconsumer\t%s\nat\t%s\n",
 		d.DeadLetterID, d.ID, d.EntryID, d.Error, d.Deliveries, d.Consumer, d.At.UTC().Format(time.RFC3339))
-	if v.Payload != nil {
-		fmt.Fprintf(tw, "payload\t%s\n", *v.Payload)
+	if utf8.Valid(d.Payload) {
+		fmt.Fprintf(tw, "payload\t%s\n", d.Payload)
 	} else {
 		fmt.Fprintf(tw, "payload (base64)\t%s\n", encodeBase64(d.Payload))
 	}
@@ -475,9 +462,11 @@ func dlqRequeue(ctx context.Context, r *runner) error {
 			return err
 		}
 		n := 0
-		for {
-			// Requeue removes each from the dead letters: always read the first page.
-			dls, err := a.DeadLetters(ctx, "", 100)
+		var skipped []streamq.DeadLetter
+		// Requeue removes each dead letter it requeues; the ones it refuses
+		// stay, so page on past them.
+		for after := ""; ; {
+			dls, err := a.DeadLetters(ctx, after, 100)
 			if err != nil {
 				return err
 			}
@@ -485,14 +474,34 @@ func dlqRequeue(ctx context.Context, r *runner) error {
 				break
 			}
 			for _, d := range dls {
-				if _, err := a.Requeue(ctx, d.DeadLetterID); err != nil && !errors.Is(err, streamq.ErrNotFound) {
+				_, err := a.Requeue(ctx, d.DeadLetterID)
+				switch {
+				case err == nil:
+					n++
+				case errors.Is(err, streamq.ErrNotFound): // gone meanwhile
+				case errors.Is(err, streamq.ErrRequeueInFlight):
+					skipped = append(skipped, d)
+				default:
 					return fmt.Errorf("after requeueing %d: %w", n, err)
 				}
-				n++
 			}
+			after = dls[len(dls)-1].DeadLetterID
 		}
 		fmt.Fprintf(r.stdout, "requeued %d dead letters\n", n)
-		return nil
+		if len(skipped) == 0 {
+			return nil
+		}
+		fmt.Fprintf(r.stdout, "not requeued, their request ids are in flight again (queued, running or scheduled):\n")
+		tw := r.table()
+		fmt.Fprintln(tw, "DEAD LETTER ID\tREQUEST ID")
+		for _, d := range skipped {
+			fmt.Fprintf(tw, "%s\t%s\n", d.DeadLetterID, d.ID)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: %d dead letter(s) not requeued; see 'streamq job' for each id, requeue them once it finished if they must run again, or purge them",
+			streamq.ErrRequeueInFlight, len(skipped))
 	}
 	for _, id := range ids {
 		entry, err := a.Requeue(ctx, id)
@@ -552,13 +561,6 @@ func dlqPurge(ctx context.Context, r *runner) error {
 	return nil
 }
 
-// jobView is JobInfo as the command line prints it in JSON.
-type jobView struct {
-	streamq.JobInfo
-	Result       *string `json:"result,omitempty"`
-	ResultBase64 []byte  `json:"result_base64,omitempty"`
-}
-
 func job(ctx context.Context, r *runner) error {
 	a, ctx, cancel, err := r.onQueue(ctx, 2, "<queue> <request-id>")
 	if err != nil {
@@ -569,18 +571,9 @@ func job(ctx context.Context, r *runner) error {
 	if err != nil {
 		return err
 	}
-	v := jobView{JobInfo: j}
-	if j.Result != nil {
-		if utf8.Valid(j.Result) {
-			s := string(j.Result)
-			v.Result = &s
-		} else {
-			v.ResultBase64 = j.Result
-		}
-	}
-	v.JobInfo.Result = nil
 	if r.o.json {
-		return r.printJSON(v)
+		j.Enqueued, j.Due = j.Enqueued.UTC(), j.Due.UTC()
+		return r.printJSON(j)
 	}
 	tw := r.table()
 	fmt.Fprintf(tw, "id\t%s\nstate\t%s\n", j.ID, j.State)
@@ -598,13 +591,17 @@ func job(ctx context.Context, r *runner) error {
 		fmt.Fprintf(tw, "consumer\t%s\nlease renewed\t%s ago\n", j.Consumer, fmtDuration(j.Idle))
 	}
 	switch {
-	case v.Result != nil:
-		fmt.Fprintf(tw, "result\t%s\n", *v.Result)
-	case v.ResultBase64 != nil:
-		fmt.Fprintf(tw, "result (base64)\t%s\n", encodeBase64(v.ResultBase64))
+	case len(j.Result) > 0 && utf8.Valid(j.Result):
+		fmt.Fprintf(tw, "result\t%s\n", j.Result)
+	case len(j.Result) > 0:
+		fmt.Fprintf(tw, "result (base64)\t%s\n", encodeBase64(j.Result))
 	}
 	if j.Error != "" {
-		fmt.Fprintf(tw, "error\t%s\n", j.Error)
+		label := "error"
+		if j.State == streamq.JobCanceled {
+			label = "message"
+		}
+		fmt.Fprintf(tw, "%s\t%s\n", label, j.Error)
 	}
 	ttl := "no expiry"
 	if j.TTL >= 0 {

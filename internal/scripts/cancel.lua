@@ -19,13 +19,17 @@
 --
 -- Returns {0} when the id has no record, {1, record} when it is not scheduled
 -- (in the stream, running, or completed: the record says which), {2} when it
--- was cancelled.
+-- was cancelled, now or before (a record "C...": a second call, or one that
+-- go-redis resent after a lost reply, changes and announces nothing).
 local cur = redis.pcall("GET", KEYS[1])
 if type(cur) == "table" then
   return redis.error_reply("WRONGTYPE key " .. KEYS[1] .. " is not a streamq record")
 end
 if not cur then
   return {0}
+end
+if string.sub(cur, 1, 1) == "C" then
+  return {2}
 end
 if string.sub(cur, 1, 2) ~= "P@" then
   return {1, cur}

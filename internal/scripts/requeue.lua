@@ -8,6 +8,13 @@
 -- after a connection error) returns the entry the first call created instead
 -- of reporting the dead letter missing.
 --
+-- A request id in flight again (its record "P<entry>" or "P@<due>": produced
+-- again with RetryFailed, or requeued from another dead letter, and queued,
+-- running or waiting in the schedule) is refused: a second entry would run
+-- the request twice, and overwriting the record would cut off the callers of
+-- the one in flight. The record belongs to the answering group, so only its
+-- requeue (ARGV[7] = "1") checks it.
+--
 -- The first write is the XADD, so under maxmemory the script is refused before
 -- it changes anything (a script is checked for memory at its first write).
 --
@@ -26,9 +33,18 @@
 --           it (a fan-out group's dead letter)
 --
 -- Returns the new entry id (also when the marker says this dead letter was
--- already requeued), or false when the dead letter does not exist.
+-- already requeued), false when the dead letter does not exist, or
+-- {"inflight", record} when the request id is in flight again (nothing
+-- written).
 if #redis.call("XRANGE", KEYS[2], ARGV[1], ARGV[1]) == 0 then
   return redis.call("GET", KEYS[4])
+end
+if ARGV[2] ~= "" and ARGV[7] ~= "0" then
+  -- A key of another type is overwritten below, as before: pcall.
+  local rec = redis.pcall("GET", KEYS[3])
+  if type(rec) == "string" and string.sub(rec, 1, 1) == "P" then
+    return {"inflight", rec}
+  end
 end
 local fields = {"id", ARGV[2], "p", ARGV[3]}
 if ARGV[6] ~= "" then
