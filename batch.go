@@ -447,20 +447,23 @@ func (c *coalescer[T]) loop() {
 			return len(batch) >= c.maxItems
 		}
 		full := hasCarry
-		// Take what is already waiting.
-		for !full && !closed {
-			select {
-			case v, ok := <-c.in:
-				if !ok {
-					closed = true
+		// waiting takes what is already waiting.
+		waiting := func() {
+			for !full && !closed {
+				select {
+				case v, ok := <-c.in:
+					if !ok {
+						closed = true
+						continue
+					}
+					full = add(v)
 					continue
+				default:
 				}
-				full = add(v)
-				continue
-			default:
+				break
 			}
-			break
 		}
+		waiting()
 		// Optional linger, for callers that ask for it.
 		if c.linger > 0 && !full && !closed {
 			t := time.NewTimer(c.linger)
@@ -492,6 +495,8 @@ func (c *coalescer[T]) loop() {
 				inflight--
 			}
 		}
+		// The send returned while items waited in the channel: they go too.
+		waiting()
 		for inflight >= c.maxInflight {
 			<-c.sent
 			inflight--

@@ -482,7 +482,12 @@ func (r *run[Req, Resp]) track(s *slot) bool {
 func (r *run[Req, Resp]) forget(slots ...*slot) {
 	r.untrack(slots...)
 	for _, s := range slots {
-		r.givePlaces(s.shard, 1)
+		if s.handedOff.Load() {
+			r.ring.giveSettled(1)
+			r.places.give(s.shard, 1)
+		} else {
+			r.givePlaces(s.shard, 1)
+		}
 	}
 }
 

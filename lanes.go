@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // lane is one connection of a committer: a client cloned from the user's
@@ -48,6 +49,10 @@ func newLanes(client redis.UniversalClient, n int) []*lane {
 		o.Dialer, o.OnConnect = l.dialer(o.Dialer), l.onConnect(o.OnConnect)
 		o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = 1, 0, 1, 1
 		o.PipelinePoolSize = -1 // pipelines on the one connection
+		// go-redis writes the shared config's Mode while it sets up the
+		// user's connections: a copy of our own, off (lanes need no
+		// maintenance notifications).
+		o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 		l.client = redis.NewClient(&o)
 		lanes[i] = l
 	}

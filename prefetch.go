@@ -290,6 +290,10 @@ type ring struct {
 	depth  int // Prefetch: the places in all
 	free   int
 	target int  // how many places may be out at once (readAhead), <= depth
+	// settled counts the places out whose slots were handed off (their
+	// outcome waits to be recorded): they bound memory (depth) but are not
+	// read-ahead, so the target does not count them.
+	settled int
 	shards int  // feeders sharing the ring, one per shard
 	capped bool // the last reservation was cut to its fair share of the target
 	// groupReads makes a feeder wait, while entries are out, until half the
@@ -333,9 +337,9 @@ func newRing(depth, shards int) *ring {
 func (r *ring) reserve(ctx context.Context, limit int) (int, error) {
 	for {
 		r.mu.Lock()
-		room := max(0, min(r.free, r.target-(r.depth-r.free)))
+		room := max(0, min(r.free, r.target-r.ahead()))
 		avail := min(room, limit)
-		if r.depth-r.free > 0 && room < r.minRead() && r.queuedSlots() > 0 {
+		if r.ahead() > 0 && room < r.minRead() && r.queuedSlots() > 0 {
 			avail = 0 // the workers have entries waiting: read more at once later
 		}
 		fair := max(1, r.target/r.shards)
@@ -344,7 +348,7 @@ func (r *ring) reserve(ctx context.Context, limit int) (int, error) {
 			r.capped = avail > fair
 		}
 		r.free -= n
-		left := min(r.free, r.target-(r.depth-r.free))
+		left := min(r.free, r.target-r.ahead())
 		r.mu.Unlock()
 		if n > 0 {
 			if left > 0 {
@@ -448,6 +452,29 @@ func (r *ring) close() {
 	r.queued.Broadcast()
 }
 
+// ahead is how many places are out for entries not handed off yet; mu is held.
+func (r *ring) ahead() int { return r.depth - r.free - r.settled }
+
+// settle marks one place out as handed off: room for the read-ahead.
+func (r *ring) settle() {
+	r.mu.Lock()
+	r.settled++
+	r.mu.Unlock()
+	r.signal()
+}
+
+// giveSettled returns n places that were settled.
+func (r *ring) giveSettled(n int) {
+	if n == 0 {
+		return
+	}
+	r.mu.Lock()
+	r.free += n
+	r.settled -= n
+	r.mu.Unlock()
+	r.signal()
+}
+
 // give returns n places to the ring.
 func (r *ring) give(n int) {
 	if n == 0 {
@@ -479,7 +506,7 @@ func (r *ring) setTarget(n int) {
 func (r *ring) binding() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.free > 0 && (r.depth-r.free >= r.target || r.capped)
+	return r.free > 0 && (r.ahead() >= r.target || r.capped)
 }
 
 // minRead is the room a feeder waits for while slots wait in the ring: half

@@ -173,13 +173,27 @@ func (r *run[Req, Resp]) retryArgs(shard int, batch []*completion) ([]string, []
 	return keyList, args
 }
 
+// describeRecord names the outcome a record's first byte stands for.
+func describeRecord(b byte) string {
+	switch b {
+	case 'R', 'N':
+		return "succeeded"
+	case 'L':
+		return "dead-lettered"
+	case 'E':
+		return "failed"
+	}
+	return "record " + string(b)
+}
+
 // Cancel cancels a request that waits in the schedule: one produced with At
 // or After whose time has not come, or a retry waiting for its back-off.
 // Its callers get ErrCanceled (through the stored outcome, kept ResultTTL,
 // and a notice), and producing the id again meanwhile returns that outcome.
-// A request that is already in the stream, running or completed cannot be
-// cancelled: Cancel returns ErrNotScheduled; an id with no record returns
-// ErrNotFound. A nil ctx panics.
+// Cancelling a cancelled request again returns nil (so does a resend after a
+// lost reply). A request that is already in the stream, running or completed
+// cannot be cancelled: Cancel returns ErrNotScheduled; an id with no record
+// returns ErrNotFound. A nil ctx panics.
 func (a *Admin) Cancel(ctx context.Context, id string) error {
 	mustContext(ctx, "Admin.Cancel")
 	if err := validateID(id); err != nil {
@@ -206,6 +220,9 @@ func (a *Admin) Cancel(ctx context.Context, id string) error {
 	case 1:
 		rec, _ := res[1].(string)
 		state := "completed"
+		if len(rec) > 0 {
+			state = "completed (" + describeRecord(rec[0]) + ")"
+		}
 		if len(rec) > 0 && rec[0] == recordInflight {
 			state = "already in the stream as entry " + rec[1:] + " (queued or running)"
 		}
