@@ -117,9 +117,10 @@ func TestAdminRequeueReplyLost(t *testing.T) {
 	require.ErrorIs(t, err, ErrNotFound)
 }
 
-// TestAdminStatsLagAfterDuplicateProduce: a duplicate Produce appends and
-// deletes an entry past the group's position, after which Redis reports no
-// lag (nil); Stats must still count the entries not yet delivered.
+// TestAdminStatsLagAfterDuplicateProduce: a duplicate Produce appends
+// nothing, so Redis's lag stays right; a queued entry forgotten (deleted past
+// the group's position) makes Redis report no lag (nil), and Stats still
+// counts the entries not yet delivered.
 func TestAdminStatsLagAfterDuplicateProduce(t *testing.T) {
 	t.Parallel()
 	client := realRedis(t)
@@ -128,7 +129,7 @@ func TestAdminStatsLagAfterDuplicateProduce(t *testing.T) {
 	stream := "streamq:{" + q + "}:stream"
 	require.NoError(t, client.XGroupCreateMkStream(ctx, stream, DefaultGroup, "0").Err())
 	p := newStringProducer(t, client, q)
-	for i := range 3 {
+	for i := range 4 {
 		require.NoError(t, p.Enqueue(ctx, fmt.Sprintf("lag-%d", i), "x"))
 	}
 	admin, err := NewAdmin(client, q, nil)
@@ -136,10 +137,14 @@ func TestAdminStatsLagAfterDuplicateProduce(t *testing.T) {
 	s, err := admin.Stats(ctx)
 	require.NoError(t, err)
 	require.Len(t, s.Groups, 1)
-	require.EqualValues(t, 3, s.Groups[0].Lag)
+	require.EqualValues(t, 4, s.Groups[0].Lag)
 
-	require.NoError(t, p.Enqueue(ctx, "lag-1", "x")) // a duplicate: XADD, then XDEL
+	require.NoError(t, p.Enqueue(ctx, "lag-1", "x")) // a duplicate: nothing appended
 	groups, err := client.XInfoGroups(ctx, stream).Result()
+	require.NoError(t, err)
+	require.EqualValues(t, 4, groups[0].Lag, "Redis's own lag")
+	require.NoError(t, admin.Forget(ctx, "lag-1", false)) // XDEL of a queued entry
+	groups, err = client.XInfoGroups(ctx, stream).Result()
 	require.NoError(t, err)
 	require.EqualValues(t, -1, groups[0].Lag, "Redis cannot tell the lag now (the case under test)")
 	s, err = admin.Stats(ctx)
@@ -154,6 +159,34 @@ func TestAdminStatsLagAfterDuplicateProduce(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, s.Groups[0].Lag)
 	require.EqualValues(t, 2, s.Groups[0].Pending)
+}
+
+// TestAdminStatsLagOfADrainedQueue (issue: Stats.Lag counts deduplicated
+// produces): 5 ids produced and completed, then produced again, leave an
+// empty, drained stream, whose lag is 0.
+func TestAdminStatsLagOfADrainedQueue(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		return "ok", nil
+	}, fastOpts(t, "lag", time.Second))
+	require.NoError(t, err)
+	runConsumer(t, c)
+	p := newStringProducer(t, client, q)
+	for range 2 {
+		for i := range 5 {
+			_, err := mustProduce(t, p, fmt.Sprintf("job-%d", i), "x").Wait(waitCtx(t, 20*time.Second))
+			require.NoError(t, err)
+		}
+	}
+	admin, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	s, err := admin.Stats(ctx)
+	require.NoError(t, err)
+	require.Len(t, s.Groups, 1)
+	require.Equal(t, [3]int64{0, 0, 0}, [3]int64{s.Length, s.Groups[0].Pending, s.Groups[0].Lag}, "length, pending, lag")
 }
 
 // TestAdminStatsLagWithALongHistory: when more than lagCountLimit entries
