@@ -163,12 +163,17 @@ type GroupStats struct {
 	Failed    int64 `json:"failed"`
 	// Pending is the number of entries delivered and not yet acknowledged.
 	Pending int64 `json:"pending"`
-	// Lag is the number of entries not yet delivered to the group. Redis
-	// reports it, except after an entry past the group's position was deleted
-	// (a duplicate Produce appends and deletes one): then Stats counts the
-	// entries itself, reading up to 10,000 entries (payloads included) on
-	// each side of the group's position, and reports -1 when both sides hold
-	// more.
+	// Lag is the number of entries not yet delivered to the group: those in
+	// the stream after the group's position. Redis's own figure (entries
+	// added minus entries read) also counts entries deleted before the group
+	// read them (Admin.Forget of a queued request, say), and is nil while
+	// such an entry was past the group's position. So Stats counts the
+	// entries itself when Redis gives no figure or one the stream cannot hold
+	// (more than its length minus the group's pending entries), reading up to
+	// 10,000 entries (payloads included) on each side of the group's position
+	// and reporting -1 when both sides hold more; and when other entries sit
+	// before the position too (several groups), it checks Redis's figure
+	// against the entries after the position, reading up to 100 of them.
 	Lag int64 `json:"lag"`
 	// OldestPendingAge is the idle time of the longest-idle pending entry.
 	OldestPendingAge time.Duration `json:"oldest_pending_age_ns"`
@@ -248,8 +253,14 @@ func (a *Admin) shardStats(ctx context.Context, k keys.Keys, s *Stats, byName ma
 		gs := &s.Groups[i]
 		gs.Pending += g.Pending
 		lag := g.Lag
-		if lag < 0 {
+		switch {
+		case lag < 0 || lag > length-g.Pending:
+			// Redis cannot tell, or counts entries deleted unread.
 			if lag, err = a.countLag(ctx, k.Stream, g.LastDeliveredID, length); err != nil {
+				return err
+			}
+		case lag > 0 && lag < length-g.Pending:
+			if lag, err = a.checkLag(ctx, k.Stream, g.LastDeliveredID, lag); err != nil {
 				return err
 			}
 		}
@@ -282,7 +293,8 @@ const lagCountLimit = 10000
 
 // countLag counts the entries of stream after a group's last-delivered id,
 // for when Redis cannot tell (XINFO GROUPS lag is nil after an entry past that
-// id was deleted, as a duplicate Produce does). It reads the entries up to the
+// id was deleted, as Admin.Forget of a queued request does) or counts entries
+// deleted before the group read them. It reads the entries up to the
 // id, normally only the pending ones since completed entries are deleted, and
 // subtracts them from length; when there are more than lagCountLimit, it reads
 // the entries after the id instead. It returns -1 when both sides hold more.
@@ -311,6 +323,27 @@ func (a *Admin) countLag(ctx context.Context, stream, lastDelivered string, leng
 		return -1, err
 	}
 	return after, nil
+}
+
+// lagCheckLimit bounds the entries checkLag reads.
+const lagCheckLimit = 100
+
+// checkLag returns Redis's lag of a group, or fewer when fewer entries follow
+// the group's position: Redis counts entries deleted before the group read
+// them. Used when entries the group has acknowledged stay in the stream (for
+// other groups), so that the stream's length and the group's pending count
+// cannot tell. It reads at most lagCheckLimit entries; a lag beyond that is
+// taken as Redis reports it.
+func (a *Admin) checkLag(ctx context.Context, stream, lastDelivered string, lag int64) (int64, error) {
+	want := min(lag, lagCheckLimit)
+	msgs, err := a.client.XRangeN(ctx, stream, "("+lastDelivered, "+", want).Result()
+	if err != nil {
+		return 0, err
+	}
+	if n := int64(len(msgs)); n < want {
+		return n, nil
+	}
+	return lag, nil
 }
 
 // DeadLetter is an entry of the dead-letter stream.

@@ -117,9 +117,10 @@ func TestAdminRequeueReplyLost(t *testing.T) {
 	require.ErrorIs(t, err, ErrNotFound)
 }
 
-// TestAdminStatsLagAfterDuplicateProduce: a duplicate Produce appends and
-// deletes an entry past the group's position, after which Redis reports no
-// lag (nil); Stats must still count the entries not yet delivered.
+// TestAdminStatsLagAfterDuplicateProduce: a duplicate Produce appends
+// nothing, so Redis's lag stays right; a queued entry forgotten (deleted past
+// the group's position) makes Redis report no lag (nil), and Stats still
+// counts the entries not yet delivered.
 func TestAdminStatsLagAfterDuplicateProduce(t *testing.T) {
 	t.Parallel()
 	client := realRedis(t)
@@ -128,7 +129,7 @@ func TestAdminStatsLagAfterDuplicateProduce(t *testing.T) {
 	stream := "streamq:{" + q + "}:stream"
 	require.NoError(t, client.XGroupCreateMkStream(ctx, stream, DefaultGroup, "0").Err())
 	p := newStringProducer(t, client, q)
-	for i := range 3 {
+	for i := range 4 {
 		require.NoError(t, p.Enqueue(ctx, fmt.Sprintf("lag-%d", i), "x"))
 	}
 	admin, err := NewAdmin(client, q, nil)
@@ -136,10 +137,14 @@ func TestAdminStatsLagAfterDuplicateProduce(t *testing.T) {
 	s, err := admin.Stats(ctx)
 	require.NoError(t, err)
 	require.Len(t, s.Groups, 1)
-	require.EqualValues(t, 3, s.Groups[0].Lag)
+	require.EqualValues(t, 4, s.Groups[0].Lag)
 
-	require.NoError(t, p.Enqueue(ctx, "lag-1", "x")) // a duplicate: XADD, then XDEL
+	require.NoError(t, p.Enqueue(ctx, "lag-1", "x")) // a duplicate: nothing appended
 	groups, err := client.XInfoGroups(ctx, stream).Result()
+	require.NoError(t, err)
+	require.EqualValues(t, 4, groups[0].Lag, "Redis's own lag")
+	require.NoError(t, admin.Forget(ctx, "lag-1", false)) // XDEL of a queued entry
+	groups, err = client.XInfoGroups(ctx, stream).Result()
 	require.NoError(t, err)
 	require.EqualValues(t, -1, groups[0].Lag, "Redis cannot tell the lag now (the case under test)")
 	s, err = admin.Stats(ctx)
@@ -154,6 +159,149 @@ func TestAdminStatsLagAfterDuplicateProduce(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, s.Groups[0].Lag)
 	require.EqualValues(t, 2, s.Groups[0].Pending)
+}
+
+// TestAdminStatsLagOfADrainedQueue (issue: Stats.Lag counts deduplicated
+// produces): 5 ids produced and completed, then produced again, leave an
+// empty, drained stream, whose lag is 0.
+func TestAdminStatsLagOfADrainedQueue(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		return "ok", nil
+	}, fastOpts(t, "lag", time.Second))
+	require.NoError(t, err)
+	runConsumer(t, c)
+	p := newStringProducer(t, client, q)
+	for range 2 {
+		for i := range 5 {
+			_, err := mustProduce(t, p, fmt.Sprintf("job-%d", i), "x").Wait(waitCtx(t, 20*time.Second))
+			require.NoError(t, err)
+		}
+	}
+	admin, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	s, err := admin.Stats(ctx)
+	require.NoError(t, err)
+	require.Len(t, s.Groups, 1)
+	require.Equal(t, [3]int64{0, 0, 0}, [3]int64{s.Length, s.Groups[0].Pending, s.Groups[0].Lag}, "length, pending, lag")
+}
+
+// TestAdminStatsLagAfterUnreadEntriesDeleted: Redis 7.0 computes a group's
+// lag as entries added minus entries read, so entries deleted before the
+// group read them (Admin.Forget or Cancel of a queued request, a plain XDEL)
+// stay in it for good. Stats reports the entries really after the group's
+// position: with one group, with a pending entry, and with two groups (the
+// faster one's delivered entries kept for the other).
+func TestAdminStatsLagAfterUnreadEntriesDeleted(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	admin, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	stream, _, _, _ := firstShardKeys(t, admin)
+	add := func(n int) []string {
+		t.Helper()
+		var ids []string
+		for i := range n {
+			id, err := client.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{"id", fmt.Sprint(i), "p", "x"}}).Result()
+			require.NoError(t, err)
+			ids = append(ids, id)
+		}
+		return ids
+	}
+	read := func(group string) []string {
+		t.Helper()
+		res, err := client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: group, Consumer: "c", Streams: []string{stream, ">"}, Count: 1000, Block: -1}).Result()
+		if errors.Is(err, redis.Nil) {
+			return nil
+		}
+		require.NoError(t, err)
+		var ids []string
+		for _, m := range res[0].Messages {
+			ids = append(ids, m.ID)
+		}
+		return ids
+	}
+	lags := func() (redisLag, statsLag map[string]int64) {
+		t.Helper()
+		groups, err := client.XInfoGroups(ctx, stream).Result()
+		require.NoError(t, err)
+		redisLag = map[string]int64{}
+		for _, g := range groups {
+			redisLag[g.Name] = g.Lag
+		}
+		s, err := admin.Stats(ctx)
+		require.NoError(t, err)
+		statsLag = map[string]int64{}
+		for _, g := range s.Groups {
+			statsLag[g.Name] = g.Lag
+		}
+		return redisLag, statsLag
+	}
+	require.NoError(t, client.XGroupCreateMkStream(ctx, stream, "g", "0").Err())
+
+	// One group: 3 delivered, 2 of them completed (acknowledged and
+	// deleted), then 2 queued ones forgotten (deleted unread).
+	done := read("g")
+	require.Empty(t, done)
+	delivered := add(3)
+	require.Equal(t, delivered, read("g"))
+	require.NoError(t, client.XAck(ctx, stream, "g", delivered[:2]...).Err())
+	require.NoError(t, client.XDel(ctx, stream, delivered[:2]...).Err())
+	require.NoError(t, client.XDel(ctx, stream, add(2)...).Err())
+	// A new entry is read: Redis counts on from its inflated figure.
+	require.Len(t, read("g"), 0)
+	require.Len(t, add(1), 1)
+	require.Len(t, read("g"), 1)
+	redisLag, statsLag := lags()
+	require.EqualValues(t, 2, redisLag["g"], "Redis counts the 2 deleted unread entries (the case under test)")
+	require.EqualValues(t, 0, statsLag["g"], "nothing after the group's position")
+
+	// Drained: acknowledged and deleted, the stream empty.
+	pend, err := client.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: stream, Group: "g", Start: "-", End: "+", Count: 10}).Result()
+	require.NoError(t, err)
+	for _, pe := range pend {
+		require.NoError(t, client.XAck(ctx, stream, "g", pe.ID).Err())
+		require.NoError(t, client.XDel(ctx, stream, pe.ID).Err())
+	}
+	redisLag, statsLag = lags()
+	require.EqualValues(t, 2, redisLag["g"], "the case under test")
+	require.EqualValues(t, 0, statsLag["g"], "an empty stream")
+
+	// Entries that are really there count.
+	add(3)
+	_, statsLag = lags()
+	require.EqualValues(t, 3, statsLag["g"])
+	held := read("g")
+	require.Len(t, held, 3)
+
+	// Two groups: h has read nothing, so the entries g acknowledges stay
+	// (g's length minus pending cannot tell).
+	require.NoError(t, client.XGroupCreate(ctx, stream, "h", "0").Err())
+	ack := func(ids []string) {
+		t.Helper()
+		require.NoError(t, client.XAck(ctx, stream, "g", ids...).Err())
+	}
+	ack(held)
+	add(4)
+	ack(read("g"))
+	require.NoError(t, client.XDel(ctx, stream, add(2)...).Err())
+	require.Len(t, add(1), 1)
+	ack(read("g"))
+	length := client.XLen(ctx, stream).Val()
+	require.EqualValues(t, 8, length)
+	redisLag, statsLag = lags()
+	require.EqualValues(t, 4, redisLag["g"], "the case under test")
+	require.EqualValues(t, 0, statsLag["g"])
+	require.EqualValues(t, length, statsLag["h"])
+	add(2)
+	_, statsLag = lags()
+	require.EqualValues(t, 2, statsLag["g"])
+	require.EqualValues(t, length+2, statsLag["h"])
 }
 
 // TestAdminStatsLagWithALongHistory: when more than lagCountLimit entries

@@ -320,6 +320,11 @@ func TestQueueDrainsUnderOOM(t *testing.T) {
 	require.Error(t, err)
 	require.NotErrorIs(t, err, ErrWrongType)
 	require.Contains(t, err.Error(), "OOM")
+	// A duplicate writes nothing, so it is answered under OOM too.
+	dup, err := p.Produce(ctx, "m0", 0)
+	require.NoError(t, err)
+	require.Equal(t, DedupInflight, dup.Deduplicated())
+	dup.Release()
 
 	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[int]) (int, error) {
 		return m.Payload + 1, nil

@@ -93,3 +93,90 @@ func mustProduce(t *testing.T, p *Producer[string, string], id, req string, opts
 	require.NoError(t, err)
 	return pr
 }
+
+// TestDuplicateProduceAppendsNothing: producing an id that is in flight or
+// completed appends no entry, whether it comes alone, in a coalesced call, in
+// an atomic batch or delayed: the stream's entries-added counter (which counts
+// every XADD, also of entries deleted since) does not move.
+func TestDuplicateProduceAppendsNothing(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	stream := "streamq:{" + q + "}:stream"
+	p := newStringProducer(t, client, q)
+	added := func() int64 {
+		t.Helper()
+		info, err := client.XInfoStream(ctx, stream).Result()
+		require.NoError(t, err)
+		return info.EntriesAdded
+	}
+	ids := []string{"d0", "d1", "d2", "d3", "d4"}
+	jobs := make([]Job[string], len(ids))
+	var first []*Promise[string]
+	for i, id := range ids {
+		pr := mustProduce(t, p, id, "x")
+		require.Equal(t, DedupNone, pr.Deduplicated())
+		first = append(first, pr)
+		jobs[i] = Job[string]{ID: id, Request: "y"}
+	}
+	require.EqualValues(t, 5, added())
+
+	// In flight: attached to the queued entries.
+	for i, id := range ids {
+		pr := mustProduce(t, p, id, "y")
+		require.Equal(t, DedupInflight, pr.Deduplicated())
+		require.Equal(t, first[i].EntryID(), pr.EntryID())
+		pr.Release()
+	}
+	prs, err := p.ProduceBatch(ctx, jobs)
+	require.NoError(t, err)
+	for i, pr := range prs {
+		require.Equal(t, DedupInflight, pr.Deduplicated())
+		require.Equal(t, first[i].EntryID(), pr.EntryID())
+		pr.Release()
+	}
+	require.EqualValues(t, 5, added(), "in-flight duplicates appended entries")
+	require.EqualValues(t, 5, client.XLen(ctx, stream).Val())
+
+	// Completed: answered from the record.
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		return "ok:" + m.Payload, nil
+	}, fastOpts(t, "dedup", time.Second))
+	require.NoError(t, err)
+	runConsumer(t, c)
+	for _, pr := range first {
+		got, err := pr.Wait(waitCtx(t, 20*time.Second))
+		require.NoError(t, err)
+		require.Equal(t, "ok:x", got)
+	}
+	for _, id := range ids {
+		pr := mustProduce(t, p, id, "y")
+		require.Equal(t, DedupStored, pr.Deduplicated())
+		got, err := pr.Wait(ctx)
+		require.NoError(t, err)
+		require.Equal(t, "ok:x", got)
+	}
+	prs, err = p.ProduceBatch(ctx, jobs)
+	require.NoError(t, err)
+	for _, pr := range prs {
+		require.Equal(t, DedupStored, pr.Deduplicated())
+		pr.Release()
+	}
+	later := mustProduce(t, p, "d0", "y", After(time.Hour))
+	require.Equal(t, DedupStored, later.Deduplicated())
+	later.Release()
+	require.EqualValues(t, 5, added(), "completed duplicates appended entries")
+	require.Zero(t, client.ZCard(ctx, "streamq:{"+q+"}:schedule").Val())
+
+	// A record key of another type is refused and leaves no entry.
+	rec := "streamq:{" + q + "}:id:h"
+	require.NoError(t, client.HSet(ctx, rec, "f", "v").Err())
+	_, err = p.Produce(ctx, "h", "x")
+	require.ErrorIs(t, err, ErrWrongType)
+	_, err = p.ProduceBatch(ctx, []Job[string]{{ID: "d5", Request: "x"}, {ID: "h", Request: "x"}})
+	require.ErrorIs(t, err, ErrWrongType)
+	require.Zero(t, client.XLen(ctx, stream).Val())
+	require.Zero(t, client.Exists(ctx, "streamq:{"+q+"}:id:d5").Val())
+	require.Equal(t, "hash", client.Type(ctx, rec).Val())
+}

@@ -36,27 +36,21 @@
 -- step, so nothing of the batch remains. (Undoing the rare failure is cheaper
 -- than checking every key's type first: one command less per item.)
 --
--- The common case, a new id, costs two commands: XADD, then SET NX GET of the
--- record. When the id turns out to be known, the fresh entry is deleted again
--- in the same step, so no consumer ever sees it.
+-- The records are read first, with one command for the whole call (GET for
+-- one item, else MGET in chunks of 1000): a known id is answered from its
+-- record and writes nothing. (Appending an entry and deleting it again, as
+-- this script did, cost two commands per duplicate and stayed in Redis's lag
+-- of every group for good, since Redis counts entries added, not entries
+-- still there.) A new id costs two commands: XADD, then SET NX GET of the
+-- record; the GET fails on a key of another type, which the read took for a
+-- missing record, and that rare entry is deleted again. A call with no new id
+-- writes nothing, so it is answered under maxmemory too; otherwise its first
+-- write is a new id's XADD or record SET, which Redis refuses under maxmemory
+-- before anything is written.
 local ttl = tonumber(ARGV[1])
 local atomic = ARGV[2] == "1"
 local n = #KEYS - 3
-local schedule, scheduleData = KEYS[n + 2], KEYS[n + 3]
-
--- Split ARGV into items.
-local items = {}
-local a = 3
-for i = 1, n do
-  local f = tonumber(ARGV[a + 4])
-  local fields = {}
-  for j = 1, f do
-    fields[j] = ARGV[a + 4 + j]
-  end
-  items[i] = {id = ARGV[a], payload = ARGV[a + 1], due = ARGV[a + 2], flags = ARGV[a + 3], fields = fields}
-  a = a + 5 + f
-end
-local wake, publish = ARGV[a], ARGV[a + 1]
+local stream, schedule, scheduleData = KEYS[1], KEYS[n + 2], KEYS[n + 3]
 
 -- The server's clock, read only when an item has a due time.
 local now
@@ -77,13 +71,6 @@ local function enc(list)
   return table.concat(parts)
 end
 
--- rerun reports whether item it replaces the stored outcome prev: a failure
--- or dead letter, with flag "f" (RetryFailed).
-local function rerun(it, prev)
-  local c = string.sub(prev, 1, 1)
-  return (c == "E" or c == "L") and string.find(it.flags, "f", 1, true) ~= nil
-end
-
 -- The earliest job scheduled before this call (nil: none).
 local head
 local headRead = false
@@ -95,12 +82,7 @@ local undo
 local hadStream = true
 if atomic then
   undo = {}
-  hadStream = redis.call("EXISTS", KEYS[1]) == 1
-end
-local function logUndo(...)
-  if undo then
-    undo[#undo + 1] = {...}
-  end
+  hadStream = redis.call("EXISTS", stream) == 1
 end
 -- notWrongType raises a pcall error that is not WRONGTYPE (out of memory at
 -- the first write, say): only another program's key is an item's fault.
@@ -115,53 +97,85 @@ local function rejectAll(i, key)
     redis.call(unpack(undo[j]))
   end
   if not hadStream then
-    redis.call("DEL", KEYS[1]) -- created by this call's XADD
+    redis.call("DEL", stream) -- created by this call's XADD
   end
   return redis.error_reply("WRONGTYPE item " .. i .. ": key " .. key .. " is not a streamq record")
 end
--- replaceRecord overwrites a stored failure (RetryFailed), logging its value
--- and TTL to put back.
-local function replaceRecord(key, prev, value, px)
+-- claimRecord writes the record of an item to be written: prev, a stored
+-- failure (RetryFailed), is overwritten, its value and TTL logged to put
+-- back; with no record, SET NX GET claims the key, failing on a key of
+-- another type (MGET reads it as missing). Returns nil, or the error reply
+-- (see notWrongType).
+local function claimRecord(key, prev, value, px)
+  if not prev then
+    local r = redis.pcall("SET", key, value, "NX", "GET", "PX", px)
+    if type(r) == "table" and r.err then
+      return r
+    end
+    if undo then
+      undo[#undo + 1] = {"DEL", key}
+    end
+    return nil
+  end
   if undo then
     local old = redis.call("PTTL", key)
     if old > 0 then
-      logUndo("SET", key, prev, "PX", old)
+      undo[#undo + 1] = {"SET", key, prev, "PX", old}
     else
-      logUndo("SET", key, prev)
+      undo[#undo + 1] = {"SET", key, prev}
     end
   end
   redis.call("SET", key, value, "PX", px)
+  return nil
+end
+
+-- The stored records, read before any write (false: none, or a key of
+-- another type).
+local prevs = {}
+if n == 1 then
+  -- GET (cheaper than MGET of one key) fails on another type: the same false.
+  local v = redis.pcall("GET", KEYS[2])
+  prevs[1] = type(v) ~= "table" and v
+end
+for s = 1, n == 1 and 0 or n, 1000 do
+  local e = math.min(s + 999, n)
+  local vals = redis.call("MGET", unpack(KEYS, s + 1, e + 1))
+  for j = s, e do
+    prevs[j] = vals[j - s + 1]
+  end
 end
 
 local out = {}
+local o = 0
 local written = {}
+local a = 3 -- the current item's first argument
 for i = 1, n do
   local key = KEYS[1 + i]
+  local id, payload, due, flags = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2]) or 0, ARGV[a + 3]
+  local fa, fz = a + 5, a + 4 + tonumber(ARGV[a + 4]) -- its extra stream fields
+  a = fz + 1
+  local prev = prevs[i]
   if written[key] then
     -- The same id appeared earlier in this call.
-    out[#out + 1] = 1
-    out[#out + 1] = written[key]
+    out[o + 1], out[o + 2] = 1, written[key]
+  elseif prev and not (string.find(flags, "f", 1, true) and (string.sub(prev, 1, 1) == "E" or string.sub(prev, 1, 1) == "L")) then
+    -- A known id, whatever its due time: in flight, or completed (a stored
+    -- failure is replaced instead with flag "f", RetryFailed).
+    if string.sub(prev, 1, 1) == "P" then
+      out[o + 1], out[o + 2] = 1, string.sub(prev, 2, 2) == "@" and "" or string.sub(prev, 2)
+    else
+      out[o + 1], out[o + 2] = 2, prev
+    end
   else
-    local it = items[i]
-    local due = tonumber(it.due) or 0
-    if due > 0 and string.find(it.flags, "r", 1, true) then
+    if due > 0 and string.find(flags, "r", 1, true) then
       due = serverNow() + due
     end
+    local err
     if due > 0 and due > serverNow() then
-      local prev = redis.pcall("SET", key, "P@" .. due, "NX", "GET", "PX", ttl + due - serverNow())
-      if type(prev) == "table" and prev.err then
-        notWrongType(prev)
-        if atomic then
-          return rejectAll(i, key)
-        end
-        out[#out + 1] = -1
-        out[#out + 1] = "key " .. key .. " holds a value that is not a streamq record"
-      elseif not prev or rerun(it, prev) then
-        if prev then
-          replaceRecord(key, prev, "P@" .. due, ttl + due - serverNow())
-        else
-          logUndo("DEL", key)
-        end
+      err = claimRecord(key, prev, "P@" .. due, ttl + due - serverNow())
+      if err then
+        notWrongType(err)
+      else
         if not headRead then
           local h = redis.call("ZRANGE", schedule, 0, 0, "WITHSCORES")
           if h[2] then
@@ -169,26 +183,18 @@ for i = 1, n do
           end
           headRead = true
         end
-        local member = "r" .. it.id
-        local fields = {"id", it.id, "p", it.payload}
-        for j = 1, #it.fields do
-          fields[#fields + 1] = it.fields[j]
+        local member = "r" .. id
+        local fields = {"id", id, "p", payload}
+        for j = fa, fz do
+          fields[#fields + 1] = ARGV[j]
         end
         if undo then
           -- A member left by a job whose record expired unpromoted is
           -- overwritten here: an undo puts it back.
           local oldScore = redis.call("ZSCORE", schedule, member)
           local oldData = redis.call("HGET", scheduleData, member)
-          if oldScore then
-            logUndo("ZADD", schedule, oldScore, member)
-          else
-            logUndo("ZREM", schedule, member)
-          end
-          if oldData then
-            logUndo("HSET", scheduleData, member, oldData)
-          else
-            logUndo("HDEL", scheduleData, member)
-          end
+          undo[#undo + 1] = oldScore and {"ZADD", schedule, oldScore, member} or {"ZREM", schedule, member}
+          undo[#undo + 1] = oldData and {"HSET", scheduleData, member, oldData} or {"HDEL", scheduleData, member}
         end
         redis.call("ZADD", schedule, due, member)
         redis.call("HSET", scheduleData, member, enc({key, "", "0", enc(fields)}))
@@ -196,50 +202,32 @@ for i = 1, n do
           wakeAt = due
         end
         written[key] = ""
-        out[#out + 1] = 0
-        out[#out + 1] = ""
-      elseif string.sub(prev, 1, 1) == "P" then
-        out[#out + 1] = 1
-        out[#out + 1] = string.sub(prev, 2, 2) == "@" and "" or string.sub(prev, 2)
-      else
-        out[#out + 1] = 2
-        out[#out + 1] = prev
+        out[o + 1], out[o + 2] = 0, ""
       end
     else
-      local eid = redis.call("XADD", KEYS[1], "*", "id", it.id, "p", it.payload, unpack(it.fields))
-      local prev = redis.pcall("SET", key, "P" .. eid, "NX", "GET", "PX", ttl)
-      if type(prev) == "table" and prev.err then
-        redis.call("XDEL", KEYS[1], eid)
-        notWrongType(prev)
-        if atomic then
-          return rejectAll(i, key)
-        end
-        out[#out + 1] = -1
-        out[#out + 1] = "key " .. key .. " holds a value that is not a streamq record"
-      elseif not prev or rerun(it, prev) then
-        if prev then
-          replaceRecord(key, prev, "P" .. eid, ttl)
-        else
-          logUndo("DEL", key)
-        end
-        logUndo("XDEL", KEYS[1], eid)
-        written[key] = eid
-        out[#out + 1] = 0
-        out[#out + 1] = eid
+      local eid = redis.call("XADD", stream, "*", "id", id, "p", payload, unpack(ARGV, fa, fz))
+      err = claimRecord(key, prev, "P" .. eid, ttl)
+      if err then
+        redis.call("XDEL", stream, eid)
+        notWrongType(err)
       else
-        redis.call("XDEL", KEYS[1], eid)
-        if string.sub(prev, 1, 1) == "P" then
-          out[#out + 1] = 1
-          out[#out + 1] = string.sub(prev, 2, 2) == "@" and "" or string.sub(prev, 2)
-        else
-          out[#out + 1] = 2
-          out[#out + 1] = prev
+        if undo then
+          undo[#undo + 1] = {"XDEL", stream, eid}
         end
+        written[key] = eid
+        out[o + 1], out[o + 2] = 0, eid
       end
     end
+    if err then
+      if atomic then
+        return rejectAll(i, key)
+      end
+      out[o + 1], out[o + 2] = -1, "key " .. key .. " holds a value that is not a streamq record"
+    end
   end
+  o = o + 2
 end
 if wakeAt then
-  redis.call(publish, wake, tostring(wakeAt))
+  redis.call(ARGV[a + 1], ARGV[a], tostring(wakeAt))
 end
 return out
