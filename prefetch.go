@@ -289,13 +289,13 @@ type ring struct {
 	mu     sync.Mutex
 	depth  int // Prefetch: the places in all
 	free   int
-	target int  // how many places may be out at once (readAhead), <= depth
+	target int // how many places may be out at once (readAhead), <= depth
 	// settled counts the places out whose slots were handed off (their
 	// outcome waits to be recorded): they bound memory (depth) but are not
 	// read-ahead, so the target does not count them.
 	settled int
-	shards int  // feeders sharing the ring, one per shard
-	capped bool // the last reservation was cut to its fair share of the target
+	shards  int  // feeders sharing the ring, one per shard
+	capped  bool // the last reservation was cut to its fair share of the target
 	// groupReads makes a feeder wait, while entries are out, until half the
 	// target is free (see minRead). Set for one shard only: with several, the
 	// other feeders' blocked reads hold places that are not entries.
