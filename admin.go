@@ -135,6 +135,13 @@ type Stats struct {
 	// Scheduled is the number of jobs waiting in the schedule: delayed
 	// requests (At, After) and retries waiting for their back-off.
 	Scheduled int64 `json:"scheduled"`
+	// Canceled is the number of requests Admin.Cancel cancelled since the
+	// queue was created; cancelling a cancelled request again counts
+	// nothing. Each shard keeps its total in a hash that never expires
+	// (streamq:{<queue>}:counts, see DESIGN.md's key layout), so the sum only
+	// increases: sample it twice for a rate. streamq has no call that
+	// deletes a queue; deleting its keys by hand starts the count again.
+	Canceled int64 `json:"canceled"`
 	// Groups describes each consumer group.
 	Groups []GroupStats `json:"groups"`
 	// Paused reports whether the queue is paused (Admin.Pause).
@@ -232,8 +239,13 @@ func (a *Admin) shardStats(ctx context.Context, k keys.Keys, s *Stats, byName ma
 	if err != nil {
 		return err
 	}
+	canceled, err := a.client.HGet(ctx, k.Counts, "canceled").Int64()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return err
+	}
 	s.Length += length
 	s.DeadLetters += dead
+	s.Canceled += canceled
 	if length == 0 {
 		if n, err := a.client.Exists(ctx, k.Stream).Result(); err != nil || n == 0 {
 			return err

@@ -3,11 +3,14 @@ package streamq
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+
+	"github.com/streamq/streamq/internal/keys"
 )
 
 // TestAdminJobScheduled: a delayed request and a retry waiting for its
@@ -115,5 +118,50 @@ func TestAdminJobCanceled(t *testing.T) {
 		again, err := admin.Job(ctx, "later")
 		require.NoError(t, err)
 		require.Equal(t, j.Error, again.Error, "the second Cancel stored nothing new")
+	})
+}
+
+// TestAdminStatsCanceled: Stats.Canceled counts the requests Admin.Cancel
+// cancelled, summed over the shards. Cancelling a cancelled request again
+// (a caller's retry, or go-redis resending after a lost reply) counts nothing,
+// nor does a Cancel that is refused. Before, Stats had no such count.
+func TestAdminStatsCanceled(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		p, err := NewProducer[string, string](client, q, &ProducerOptions{Shards: 2, Logger: testLogger(t)})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = p.Close() })
+		admin, err := NewAdmin(client, q, nil)
+		require.NoError(t, err)
+		// One id per shard, so that the count is a sum over both.
+		var ids []string
+		for shard := range 2 {
+			for i := 0; ; i++ {
+				if id := fmt.Sprintf("later-%d", i); keys.ShardOf(id, 2) == shard {
+					ids = append(ids, id)
+					break
+				}
+			}
+		}
+		for _, id := range append([]string{"kept"}, ids...) {
+			_, err := p.Produce(ctx, id, "x", After(time.Hour))
+			require.NoError(t, err)
+		}
+		require.NoError(t, p.Enqueue(ctx, "queued", "x"))
+		s, err := admin.Stats(ctx)
+		require.NoError(t, err)
+		require.Zero(t, s.Canceled)
+
+		for _, id := range ids {
+			require.NoError(t, admin.Cancel(ctx, id))
+		}
+		require.NoError(t, admin.Cancel(ctx, ids[0]), "cancelled already: no error")
+		require.ErrorIs(t, admin.Cancel(ctx, "queued"), ErrNotScheduled)
+		require.ErrorIs(t, admin.Cancel(ctx, "never"), ErrNotFound)
+		s, err = admin.Stats(ctx)
+		require.NoError(t, err)
+		require.EqualValues(t, 2, s.Canceled, "two requests cancelled, one of them twice")
+		require.EqualValues(t, 1, s.Scheduled, "kept waits")
 	})
 }

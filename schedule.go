@@ -190,8 +190,9 @@ func describeRecord(b byte) string {
 // or After whose time has not come, or a retry waiting for its back-off.
 // Its callers get ErrCanceled (through the stored outcome, kept ResultTTL,
 // and a notice), and producing the id again meanwhile returns that outcome.
-// Cancelling a cancelled request again returns nil (so does a resend after a
-// lost reply). A request that is already in the stream, running or completed
+// Each cancellation counts once in Stats.Canceled. Cancelling a cancelled
+// request again returns nil and counts nothing (so does a resend after a lost
+// reply). A request that is already in the stream, running or completed
 // cannot be cancelled: Cancel returns ErrNotScheduled; an id with no record
 // returns ErrNotFound. A nil ctx panics.
 func (a *Admin) Cancel(ctx context.Context, id string) error {
@@ -204,7 +205,7 @@ func (a *Admin) Cancel(ctx context.Context, id string) error {
 		return err
 	}
 	k := shards[keys.ShardOf(id, len(shards))]
-	res, err := scripts.Cancel.Run(ctx, a.client, []string{k.Record(id), k.Schedule, k.ScheduleData},
+	res, err := scripts.Cancel.Run(ctx, a.client, []string{k.Record(id), k.Schedule, k.ScheduleData, k.Counts},
 		id, a.opts.ResultTTL.Milliseconds(), k.Channel, publishCommand(isCluster(a.client)),
 		"canceled by Admin.Cancel at "+time.Now().UTC().Format(time.RFC3339Nano)).Slice()
 	if err != nil {

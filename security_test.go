@@ -264,6 +264,7 @@ func aclWorkload(t *testing.T, client redis.UniversalClient, q string, shards in
 	stats, err := admin.Stats(ctx)
 	require.NoError(t, err)
 	require.EqualValues(t, 3, stats.DeadLetters)
+	require.EqualValues(t, 1, stats.Canceled)
 	dls, err := admin.DeadLetters(ctx, "", 10)
 	require.NoError(t, err)
 	require.Len(t, dls, 3)

@@ -145,11 +145,11 @@ func TestBrowser(t *testing.T) {
 		chromedp.Navigate(base+"queue?q=orders"),
 		chromedp.WaitVisible(chromedp.ID("counts")))
 	require.Equal(t,
-		[]string{fmt.Sprint(want.Length), fmt.Sprint(want.DeadLetters), fmt.Sprint(want.Pending), fmt.Sprint(want.Consumers), fmt.Sprint(want.Scheduled)},
-		[]string{text("q-length"), text("q-dead"), text("q-pending"), text("q-consumers"), text("q-scheduled")})
+		[]string{fmt.Sprint(want.Length), fmt.Sprint(want.DeadLetters), fmt.Sprint(want.Pending), fmt.Sprint(want.Consumers), fmt.Sprint(want.Scheduled), fmt.Sprint(want.Canceled)},
+		[]string{text("q-length"), text("q-dead"), text("q-pending"), text("q-consumers"), text("q-scheduled"), text("q-canceled")})
 	require.Equal(t, "3", text("q-dead"))
-	t.Logf("queue page: entries %d, dead letters %d, pending %d, live consumers %d, scheduled %d: as Admin.Stats says",
-		want.Length, want.DeadLetters, want.Pending, want.Consumers, want.Scheduled)
+	t.Logf("queue page: entries %d, dead letters %d, pending %d, live consumers %d, scheduled %d, canceled %d: as Admin.Stats says",
+		want.Length, want.DeadLetters, want.Pending, want.Consumers, want.Scheduled, want.Canceled)
 	step("list the dead letters", 15*time.Second, poll(`document.querySelectorAll("#dead tbody tr").length === 3`))
 
 	// A consumer comes back, and requests keep coming: the chart has
@@ -237,10 +237,13 @@ func TestBrowser(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`#queues tr[data-q="orders"]`)),
 		poll(`parseFloat(document.querySelector('#queues tr[data-q="orders"] [data-f="rate_ok"]').textContent) > 0`))
 
-	// The job page shows a cancelled request's state (it answered 502).
+	// A cancellation shows in the overview at its next refresh, and the job
+	// page shows a cancelled request's state (it answered 502).
 	_, err = p.Produce(ctx, "later-1", "x", streamq.After(time.Hour))
 	require.NoError(t, err)
 	require.NoError(t, admin.Cancel(ctx, "later-1"))
+	step("the overview counts the cancelled request", 15*time.Second,
+		poll(`document.querySelector('#queues tr[data-q="orders"] [data-f="canceled"]').textContent === "1"`))
 	step("open the job page of a cancelled request", 15*time.Second,
 		chromedp.Navigate(base+"job?q=orders&id=later-1"),
 		chromedp.WaitVisible(chromedp.ID("job-state")))

@@ -185,6 +185,18 @@ func TestPages(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 	require.Contains(t, body, `id="job-state">canceled<`)
 	require.Contains(t, body, "canceled by Admin.Cancel")
+	// The queue's cards and the overview count it.
+	code, body, _ = b.get("queue?q=orders")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `id="q-canceled" data-f="canceled">1<`)
+	code, body, _ = b.get("")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `<td data-f="canceled">1</td>`)
+	code, body, _ = b.get("api/stats?q=orders")
+	require.Equal(t, http.StatusOK, code, body)
+	st = statsResponse{}
+	require.NoError(t, json.Unmarshal([]byte(body), &st))
+	require.EqualValues(t, 1, st.Queues[0].Canceled)
 	code, body, hdr = b.get("job?q=orders&id=never")
 	require.Equal(t, http.StatusNotFound, code)
 	require.Contains(t, body, `id="not-found"`)

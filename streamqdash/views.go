@@ -30,6 +30,9 @@ type QueueSummary struct {
 	Scheduled int64 `json:"scheduled"`
 	// DeadLetters is the number of dead letters of the answering group.
 	DeadLetters int64 `json:"dead_letters"`
+	// Canceled is the number of requests Admin.Cancel cancelled since the
+	// queue was created (Stats.Canceled).
+	Canceled int64 `json:"canceled"`
 	// Pending is the entries read and not acknowledged, over the groups.
 	Pending int64 `json:"pending"`
 	// Lag is the entries not yet read, over the groups; -1 when unknown.
@@ -48,7 +51,7 @@ type QueueSummary struct {
 }
 
 func summarize(name string, s streamq.Stats) QueueSummary {
-	q := QueueSummary{Name: name, Length: s.Length, Scheduled: s.Scheduled, DeadLetters: s.DeadLetters, Paused: s.Paused}
+	q := QueueSummary{Name: name, Length: s.Length, Scheduled: s.Scheduled, DeadLetters: s.DeadLetters, Canceled: s.Canceled, Paused: s.Paused}
 	for _, g := range s.Groups {
 		q.Pending += g.Pending
 		q.Consumers += g.Consumers

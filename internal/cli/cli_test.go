@@ -212,6 +212,11 @@ func TestCLISession(t *testing.T) {
 	s.golden("job-canceled-json", 0, "job", "emails", "welcome-canceled", "--json")
 	s.golden("pause", 0, "pause", "emails")
 	s.golden("stats-paused", 0, "stats", "emails")
+	out, _, code = s.run("stats", "emails", "--json")
+	require.Equal(t, 0, code)
+	var counted streamq.Stats
+	require.NoError(t, json.Unmarshal([]byte(out), &counted), "stats --json into streamq.Stats")
+	require.EqualValues(t, 1, counted.Canceled, "welcome-canceled")
 	s.golden("queues-paused", 0, "queues")
 	st, err := mustAdmin(t, client, "emails").Stats(ctx)
 	require.NoError(t, err)

@@ -25,7 +25,8 @@ live and stale consumers, and whether it is paused.`,
 			flags: staleFlag, run: queues},
 		{name: "stats", args: "<queue>", summary: "statistics of one queue (--watch to refresh)", read: true,
 			help: `Shows a queue's backlog (LENGTH), scheduled jobs (delayed, or retries waiting
-for their back-off), dead letters, whether it is paused, and per consumer
+for their back-off), dead letters, requests cancelled (by Admin.Cancel,
+since the queue was created), whether it is paused, and per consumer
 group: live and stale consumers, entries read and not acknowledged
 (PENDING), entries not yet read (LAG), the longest-idle pending entry, and
 outcome totals. With --watch it refreshes every --interval, adding
@@ -253,7 +254,7 @@ func stats(ctx context.Context, r *runner) error {
 
 // printStats prints s; with prev and elapsed > 0 also the rates since prev.
 func (r *runner) printStats(s streamq.Stats, prev *streamq.Stats, elapsed time.Duration) error {
-	fmt.Fprintf(r.stdout, "queue %s: %d entries, %d scheduled, %d dead letters\n", r.args[0], s.Length, s.Scheduled, s.DeadLetters)
+	fmt.Fprintf(r.stdout, "queue %s: %d entries, %d scheduled, %d dead letters, %d canceled\n", r.args[0], s.Length, s.Scheduled, s.DeadLetters, s.Canceled)
 	if s.Paused {
 		since := ""
 		if !s.PausedAt.IsZero() {

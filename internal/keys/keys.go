@@ -38,6 +38,11 @@ type Keys struct {
 	// Fanout is present once a fan-out consumer group may read the stream:
 	// completions then leave entries to the trim instead of deleting them.
 	Fanout string
+	// Counts is the hash of the shard's running totals, which never expire:
+	// field "canceled" counts the requests Admin.Cancel cancelled (see
+	// internal/scripts/cancel.lua). A hash rather than one string per total,
+	// so a total added later needs no new command in a least-privilege ACL.
+	Counts string
 
 	base         string // up to and including the hash tag and its ':'
 	recordPrefix string
@@ -67,6 +72,7 @@ func buildTagged(base string) Keys {
 		ScheduleData: base + "schedule:data",
 		Wake:         base + "wake",
 		Fanout:       base + "fanout",
+		Counts:       base + "counts",
 		base:         base,
 		recordPrefix: base + "id:",
 		startsPrefix: base + "starts:",

@@ -6,11 +6,14 @@
 -- announces it like any outcome, so every caller waiting on it gets
 -- ErrCanceled. One step: a promoter running at the same time either appended
 -- the job first (the record then says "P<entry id>" and this script refuses)
--- or finds it gone.
+-- or finds it gone. A cancellation adds 1 to field "canceled" of the
+-- shard's counts hash (Stats.Canceled); it comes before the other writes, so
+-- a key of another type there fails the script before it changes anything.
 --
 -- KEYS[1]      the record
 -- KEYS[2]      the schedule (sorted set)
 -- KEYS[3]      the schedule's data (hash)
+-- KEYS[4]      the shard's counts (hash)
 -- ARGV[1]      the request id
 -- ARGV[2]      TTL of the stored outcome in milliseconds
 -- ARGV[3]      the completion notice channel
@@ -20,7 +23,7 @@
 -- Returns {0} when the id has no record, {1, record} when it is not scheduled
 -- (in the stream, running, or completed: the record says which), {2} when it
 -- was cancelled, now or before (a record "C...": a second call, or one that
--- go-redis resent after a lost reply, changes and announces nothing).
+-- go-redis resent after a lost reply, changes, counts and announces nothing).
 local cur = redis.pcall("GET", KEYS[1])
 if type(cur) == "table" then
   return redis.error_reply("WRONGTYPE key " .. KEYS[1] .. " is not a streamq record")
@@ -34,6 +37,7 @@ end
 if string.sub(cur, 1, 2) ~= "P@" then
   return {1, cur}
 end
+redis.call("HINCRBY", KEYS[4], "canceled", 1)
 local member = "r" .. ARGV[1]
 redis.call("ZREM", KEYS[2], member)
 redis.call("HDEL", KEYS[3], member)

@@ -77,6 +77,7 @@
         set(s, "pending", String(q.pending));
         set(s, "lag", q.lag < 0 ? "unknown" : String(q.lag));
         set(s, "dead_letters", String(q.dead_letters));
+        set(s, "canceled", String(q.canceled));
         set(s, "consumers", String(q.consumers));
         set(s, "stale_consumers", String(q.stale_consumers));
         var state = s.querySelector('[data-f="state"]');
