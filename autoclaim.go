@@ -1,5 +1,14 @@
 package streamq
 
+// The feeder: what a consumer reads, claims, resumes and adopts, and the
+// leases of what it holds.
+//
+// Goroutines: one feeder per shard (feed) owns that shard's reads, claim and
+// adoption passes and their cursors; it creates slots and pushes them into
+// places it reserved in the ring. The lease goroutine (leaseLoop) renews
+// the leases of owned slots and moves their ownedAt. The shutdown goroutine
+// releases unstarted slots (releaseUnstarted).
+
 import (
 	"context"
 	"errors"

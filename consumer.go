@@ -1,5 +1,12 @@
 package streamq
 
+// The consumer: the public type, Run, group creation, and the state of one
+// Run (its start, its shutdown, admission of entries into slots).
+//
+// Goroutines: Run's caller waits in Run; one goroutine per Run creates the
+// groups (ensureGroupRetry) and one runs the shutdown steps (run.stop). The
+// rest are started by run.start and listed on the run type below.
+
 import (
 	"context"
 	"errors"

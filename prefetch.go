@@ -1,5 +1,12 @@
 package streamq
 
+// The ring and its slots, and the fetchers.
+//
+// Goroutines: feeders push slots into the ring; one fetch goroutine per slot
+// with a remote payload fills it and closes slot.ready; workers take slots in
+// ring order and own them from then on. The ring's counters are guarded by
+// ring.mu, its queue by ring.qmu.
+
 import (
 	"context"
 	"errors"
