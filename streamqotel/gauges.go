@@ -21,6 +21,7 @@ import (
 //	streamq.queue.length        entries in the stream ({message})
 //	streamq.queue.scheduled     delayed jobs and retries waiting ({message})
 //	streamq.queue.dead_letters  entries in the dead-letter stream ({message})
+//	streamq.queue.canceled      requests cancelled by Admin.Cancel, in all ({request})
 //	streamq.group.pending       delivered, not yet acknowledged ({message})
 //	streamq.group.lag           not yet delivered to the group ({message}; omitted while unknown)
 //	streamq.group.consumers     live consumers ({consumer})
@@ -32,7 +33,7 @@ func (i *Instrumentation) ObserveQueues(admins ...*streamq.Admin) (metric.Regist
 	g := func(name, unit, desc string) (metric.Int64ObservableGauge, error) {
 		return i.meter.Int64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc))
 	}
-	errs := make([]error, 6)
+	errs := make([]error, 7)
 	var length, scheduled, dead, pending, lag, consumers metric.Int64ObservableGauge
 	length, errs[0] = g("streamq.queue.length", "{message}", "Entries in the queue's stream.")
 	scheduled, errs[1] = g("streamq.queue.scheduled", "{message}", "Delayed jobs and retries waiting in the schedule.")
@@ -40,6 +41,9 @@ func (i *Instrumentation) ObserveQueues(admins ...*streamq.Admin) (metric.Regist
 	pending, errs[3] = g("streamq.group.pending", "{message}", "Entries delivered to the group and not yet acknowledged.")
 	lag, errs[4] = g("streamq.group.lag", "{message}", "Entries not yet delivered to the group.")
 	consumers, errs[5] = g("streamq.group.consumers", "{consumer}", "Live consumers of the group.")
+	canceled, err := i.meter.Int64ObservableCounter("streamq.queue.canceled", metric.WithUnit("{request}"),
+		metric.WithDescription("Requests cancelled by Admin.Cancel since the queue was created."))
+	errs[6] = err
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -62,6 +66,7 @@ func (i *Instrumentation) ObserveQueues(admins ...*streamq.Admin) (metric.Regist
 			o.ObserveInt64(length, st.Length, q)
 			o.ObserveInt64(scheduled, st.Scheduled, q)
 			o.ObserveInt64(dead, st.DeadLetters, q)
+			o.ObserveInt64(canceled, st.Canceled, q)
 			for _, gs := range st.Groups {
 				ga := metric.WithAttributes(semconv.MessagingSystemKey.String(System), semconv.MessagingDestinationName(c.admin.Queue()),
 					attribute.String(string(semconv.MessagingConsumerGroupNameKey), gs.Name))
@@ -73,7 +78,7 @@ func (i *Instrumentation) ObserveQueues(admins ...*streamq.Admin) (metric.Regist
 			}
 		}
 		return nil
-	}, length, scheduled, dead, pending, lag, consumers)
+	}, length, scheduled, dead, pending, lag, consumers, canceled)
 }
 
 // statsCache holds the last Stats of one queue.

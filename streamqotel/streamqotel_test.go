@@ -288,6 +288,7 @@ func TestQueueGauges(t *testing.T) {
 	for i := range 7 {
 		require.NoError(t, p.Enqueue(ctx, fmt.Sprint(i), "x"))
 	}
+	require.NoError(t, p.Enqueue(ctx, "later", "x", streamq.After(time.Hour)))
 	c, err := streamq.NewConsumer(rdb, q, func(ctx context.Context, msg *streamq.Message[string]) (string, error) { return "", nil }, nil)
 	require.NoError(t, err)
 	_ = c // not run: the group does not exist yet, so lag and pending are not reported
@@ -301,15 +302,24 @@ func TestQueueGauges(t *testing.T) {
 	require.NoError(t, err)
 	defer reg.Unregister()
 
+	require.NoError(t, a.Cancel(ctx, "later"))
 	st, err := a.Stats(ctx)
 	require.NoError(t, err)
+	require.EqualValues(t, 1, st.Canceled)
 	var rm metricdata.ResourceMetrics
 	require.NoError(t, reader.Collect(ctx, &rm))
 	got := map[string]int64{}
 	for _, sm := range rm.ScopeMetrics {
 		for _, mm := range sm.Metrics {
-			for _, dp := range mm.Data.(metricdata.Gauge[int64]).DataPoints {
-				got[mm.Name] += dp.Value
+			switch d := mm.Data.(type) {
+			case metricdata.Gauge[int64]:
+				for _, dp := range d.DataPoints {
+					got[mm.Name] += dp.Value
+				}
+			case metricdata.Sum[int64]: // streamq.queue.canceled, a counter
+				for _, dp := range d.DataPoints {
+					got[mm.Name] += dp.Value
+				}
 			}
 		}
 	}
@@ -317,4 +327,7 @@ func TestQueueGauges(t *testing.T) {
 	require.Equal(t, st.Length, got["streamq.queue.length"])
 	require.Equal(t, st.DeadLetters, got["streamq.queue.dead_letters"])
 	require.Equal(t, st.Scheduled, got["streamq.queue.scheduled"])
+	_, exported := got["streamq.queue.canceled"]
+	require.True(t, exported, "streamq.queue.canceled is exported")
+	require.Equal(t, st.Canceled, got["streamq.queue.canceled"])
 }

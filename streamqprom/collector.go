@@ -64,6 +64,7 @@ func WithScrapeTimeout(d time.Duration) CollectorOption {
 //	streamq_queue_scheduled_entries{queue}                 delayed jobs and retries waiting
 //	streamq_queue_paused{queue}                            1 while paused
 //	streamq_dead_letter_entries{queue}                     entries in the dead-letter stream
+//	streamq_requests_canceled_total{queue}                 requests cancelled by Admin.Cancel (counter)
 //	streamq_group_pending_entries{queue,group}             delivered, not acknowledged
 //	streamq_group_lag_entries{queue,group}                 not yet delivered (omitted while unknown)
 //	streamq_group_consumers{queue,group}                   live consumers
@@ -77,7 +78,7 @@ type Collector struct {
 	cacheInterval time.Duration
 	timeout       time.Duration
 
-	queueEntries, scheduled, paused, dead *prometheus.Desc
+	queueEntries, scheduled, paused, dead, canceled *prometheus.Desc
 	pending, lag, consumers, oldest       *prometheus.Desc
 	scrapeDuration                        *prometheus.Desc
 	errors                                *prometheus.CounterVec
@@ -106,6 +107,7 @@ func NewCollector(admins []*streamq.Admin, opts ...CollectorOption) *Collector {
 	c.scheduled = prometheus.NewDesc("streamq_queue_scheduled_entries", "Delayed jobs and retries waiting in the queue's schedule.", q, nil)
 	c.paused = prometheus.NewDesc("streamq_queue_paused", "1 while the queue is paused, else 0.", q, nil)
 	c.dead = prometheus.NewDesc("streamq_dead_letter_entries", "Entries in the queue's dead-letter stream.", q, nil)
+	c.canceled = prometheus.NewDesc("streamq_requests_canceled_total", "Requests cancelled by Admin.Cancel since the queue was created.", q, nil)
 	c.pending = prometheus.NewDesc("streamq_group_pending_entries", "Entries delivered to the group and not yet acknowledged.", qg, nil)
 	c.lag = prometheus.NewDesc("streamq_group_lag_entries", "Entries not yet delivered to the group.", qg, nil)
 	c.consumers = prometheus.NewDesc("streamq_group_consumers", "Live consumers of the group.", qg, nil)
@@ -121,7 +123,7 @@ func NewCollector(admins []*streamq.Admin, opts ...CollectorOption) *Collector {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.queueEntries, c.scheduled, c.paused, c.dead, c.pending, c.lag,
+	for _, d := range []*prometheus.Desc{c.queueEntries, c.scheduled, c.paused, c.dead, c.canceled, c.pending, c.lag,
 		c.consumers, c.oldest, c.scrapeDuration} {
 		ch <- d
 	}
@@ -142,6 +144,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.queueEntries, float64(st.Length))
 		gauge(c.scheduled, float64(st.Scheduled))
 		gauge(c.dead, float64(st.DeadLetters))
+		ch <- prometheus.MustNewConstMetric(c.canceled, prometheus.CounterValue, float64(st.Canceled), q)
 		p := 0.0
 		if st.Paused {
 			p = 1

@@ -110,6 +110,7 @@ func TestCollectorEqualsStats(t *testing.T) {
 			require.NoError(t, p.Enqueue(ctx, fmt.Sprint(i), i))
 		}
 		require.NoError(t, p.Enqueue(ctx, "later", 1, streamq.After(time.Hour)))
+		require.NoError(t, p.Enqueue(ctx, "dropped", 1, streamq.After(time.Hour)))
 		// A consumer that takes 3 entries and stops without completing them
 		// (its handler blocks until shutdown): 3 pending, 9 lag.
 		started := make(chan struct{}, 3)
@@ -128,6 +129,7 @@ func TestCollectorEqualsStats(t *testing.T) {
 
 		a, err := streamq.NewAdmin(rdb, q, nil)
 		require.NoError(t, err)
+		require.NoError(t, a.Cancel(ctx, "dropped"))
 		col := streamqprom.NewCollector([]*streamq.Admin{a}, streamqprom.WithCacheInterval(time.Hour))
 		reg := prometheus.NewPedanticRegistry()
 		reg.MustRegister(col)
@@ -157,18 +159,22 @@ streamq_queue_paused{queue="%[1]s"} 0
 # HELP streamq_queue_scheduled_entries Delayed jobs and retries waiting in the queue's schedule.
 # TYPE streamq_queue_scheduled_entries gauge
 streamq_queue_scheduled_entries{queue="%[1]s"} %[7]d
+# HELP streamq_requests_canceled_total Requests cancelled by Admin.Cancel since the queue was created.
+# TYPE streamq_requests_canceled_total counter
+streamq_requests_canceled_total{queue="%[1]s"} %[8]d
 # HELP streamq_scrape_errors_total Reads of a queue's statistics that failed.
 # TYPE streamq_scrape_errors_total counter
 streamq_scrape_errors_total{queue="%[1]s"} 0
-`, q, st.DeadLetters, g.Consumers, g.Lag, g.Pending, st.Length, st.Scheduled)
+`, q, st.DeadLetters, g.Consumers, g.Lag, g.Pending, st.Length, st.Scheduled, st.Canceled)
 		require.EqualValues(t, 12, st.Length)
 		require.EqualValues(t, 1, st.Scheduled)
+		require.EqualValues(t, 1, st.Canceled)
 		require.EqualValues(t, 3, g.Pending)
 		// g.Lag is 9 on Redis; miniredis reports lag its own way. The gauge
 		// must equal whatever Stats says.
 		names := []string{"streamq_dead_letter_entries", "streamq_group_consumers", "streamq_group_lag_entries",
 			"streamq_group_pending_entries", "streamq_queue_entries", "streamq_queue_paused",
-			"streamq_queue_scheduled_entries", "streamq_scrape_errors_total"}
+			"streamq_queue_scheduled_entries", "streamq_requests_canceled_total", "streamq_scrape_errors_total"}
 		require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(expected), names...))
 
 		// Cached: a new entry is not seen until the interval has passed.
