@@ -79,9 +79,9 @@ type Collector struct {
 	timeout       time.Duration
 
 	queueEntries, scheduled, paused, dead, canceled *prometheus.Desc
-	pending, lag, consumers, oldest       *prometheus.Desc
-	scrapeDuration                        *prometheus.Desc
-	errors                                *prometheus.CounterVec
+	pending, lag, consumers, oldest                 *prometheus.Desc
+	scrapeDuration                                  *prometheus.Desc
+	errors                                          *prometheus.CounterVec
 
 	mu       sync.Mutex // serialises reads; guards the fields below
 	readAt   time.Time
