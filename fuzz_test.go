@@ -333,7 +333,8 @@ func FuzzParseDeadLetter(f *testing.F) {
 
 // The DeadLetterIDs that DeadLetters builds for a sharded queue
 // ("<shard>/<stream id>") split back into their parts; anything else is
-// ErrNotFound, never a shard out of range.
+// ErrInvalidDeadLetterID (a bad shard prefix also ErrNotFound, as before),
+// never a shard out of range or a partial stream id.
 func FuzzSplitDeadLetterID(f *testing.F) {
 	f.Add("1/1796110074714-0", uint16(2))
 	f.Add("1796110074714-0", uint16(1))
@@ -344,9 +345,10 @@ func FuzzSplitDeadLetterID(f *testing.F) {
 		shards := int(n%keys.MaxShards) + 1
 		shard, rest, err := splitDeadLetterID(id, shards)
 		if err != nil {
-			require.ErrorIs(t, err, ErrNotFound)
+			require.ErrorIs(t, err, ErrInvalidDeadLetterID)
 			return
 		}
+		require.True(t, fullStreamID(rest), "%q split into the partial stream id %q", id, rest)
 		require.GreaterOrEqual(t, shard, 0)
 		require.Less(t, shard, shards)
 		if shards == 1 {
