@@ -168,9 +168,19 @@ var errGaveUp = errors.New("streamq: shutdown gave up recording")
 func (c *committer[Req, Resp]) loop() {
 	defer close(c.done)
 	for {
-		select {
-		case <-c.wake:
-		case <-c.r.bg.Done():
+		c.mu.Lock()
+		closing := c.closing
+		c.mu.Unlock()
+		switch {
+		case !closing:
+			<-c.wake // after shutdown's hard bound too: no spinning on bg
+		case c.r.bg.Err() == nil:
+			// Closing, with outcomes that may wait for a count: the hard
+			// bound must wake the loop to give up on them.
+			select {
+			case <-c.wake:
+			case <-c.r.bg.Done():
+			}
 		}
 		for {
 			lane := <-c.free
