@@ -12,6 +12,7 @@ package streamq
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -397,7 +398,10 @@ func (c *committer[Req, Resp]) tick(li int, starts []*startReq, outcomes []*comp
 			failed, failure = append(failed, results...), err
 		} else {
 			recorded = results
-			r.c.outcomes.countRecorded(results)
+			if _, plain := completeCmd.Val().(int64); !plain {
+				recorded = r.txCompleted(results, completeCmd.Val())
+			}
+			r.c.outcomes.countRecorded(recorded)
 		}
 	}
 	if failure == nil {
@@ -559,7 +563,9 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 	args := make([]any, len(fixed.args), len(fixed.args)+6*len(batch))
 	copy(args, fixed.args)
 	args[6] = time.Now().UnixMilli()
-	for _, cp := range batch {
+	var txArgs []any // the staged writes' section, when some item has one
+	var txKeys []string
+	for i, cp := range batch {
 		e := cp.s.entry
 		if e.ID != "" && !o.Fanout {
 			keyList = append(keyList, k.Record(e.ID))
@@ -573,9 +579,18 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 		} else if o.Fanout {
 			value = nil // a fan-out group records no result
 		}
+		if cp.tx != nil {
+			payload = e.Data // a refused staged write makes it a dead letter
+			txArgs, txKeys = cp.tx.appendArgs(txArgs, txKeys, i+1)
+		}
 		args = append(args, e.EntryID, e.ID, codeArg[cp.code], value, payload, e.Deliveries)
 	}
-	keyList = append(keyList, fixed.starts) // last: complete.lua drops start counts there
+	keyList = append(keyList, fixed.starts) // complete.lua drops start counts there
+	if txArgs != nil {
+		keyList = append(keyList, txKeys...)
+		args[8] = args[8].(string) + ":" + strconv.Itoa(len(txArgs))
+		args = append(args, txArgs...)
+	}
 	return keyList, args
 }
 

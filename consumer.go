@@ -42,6 +42,9 @@ type Message[Req any] struct {
 	ProducedAt, ReadAt, StartedAt time.Time
 	// Deadline is the request's deadline (see Deadline); zero when none.
 	Deadline time.Time
+
+	txShard *txShard // the shard's names, for Tx
+	tx      *Tx      // created by Tx
 }
 
 // Handler handles one request. Its context is cancelled when the consumer shuts
@@ -56,6 +59,7 @@ type Consumer[Req, Resp any] struct {
 	queue   string
 	shards  []keys.Keys
 	sharded bool // notices use sharded pub/sub (Redis Cluster)
+	tx      []*txShard
 	slots   *slotRefresher
 	metaOK  atomic.Bool
 	opts    ConsumerOptions
@@ -101,11 +105,13 @@ func NewConsumer[Req, Resp any](client redis.UniversalClient, queue string, hand
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidOptions, err)
 	}
+	cluster := isCluster(client)
 	return &Consumer[Req, Resp]{
 		client:  client,
 		queue:   queue,
 		shards:  shards,
-		sharded: isCluster(client),
+		sharded: cluster,
+		tx:      newTxShards(shards, cluster),
 		slots:   newSlotRefresher(client),
 		opts:    o,
 		handler: handler,

@@ -92,3 +92,22 @@ func TestChannelRule(t *testing.T) {
 	require.Equal(t, "&streamq:shard:{jobs/????.??????}:*", ChannelRule("jobs", 4))
 	require.Equal(t, `&streamq:{a\*b}:*`, ChannelRule("a*b", 1))
 }
+
+func TestKeySlotFollowsRedisHashTags(t *testing.T) {
+	// Known slots (CLUSTER KEYSLOT on redis-server 7.0).
+	require.Equal(t, 12182, KeySlot("foo"))
+	require.Equal(t, KeySlot("bar"), KeySlot("{bar}:x"))
+	require.Equal(t, KeySlot("{}x"), Slot("{}x"), "an empty tag hashes the whole key")
+	require.Equal(t, KeySlot("a{b}{c}"), Slot("b"), "the first tag counts")
+	k, err := New("orders")
+	require.NoError(t, err)
+	require.Equal(t, Slot("orders"), k.TagSlot())
+	require.Equal(t, k.TagSlot(), KeySlot(k.TxKey("total")))
+	require.Equal(t, "streamq:{orders}:tx:total", k.TxKey("total"))
+	ks, err := Shards("orders", 4)
+	require.NoError(t, err)
+	for i, s := range ks {
+		require.Equal(t, s.TagSlot(), KeySlot(s.TxKey("n")), "shard %d", i)
+		require.Equal(t, KeySlot(s.Stream), s.TagSlot())
+	}
+}

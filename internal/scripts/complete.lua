@@ -22,13 +22,32 @@
 -- A whole rerun (a lost reply) is harmless: the records hold this batch's
 -- outcomes, so every item counts as "already recorded" and nothing is added.
 --
+-- Staged writes (a handler's Tx, successful items only; see tx.go) ride in
+-- the call that records their item, after the items (ARGV[9] says how many
+-- ARGV they take, so a call without them reads exactly what it always did).
+-- An item with staged writes is checked before the first write of the call:
+--   - its entry must be pending for this consumer (XPENDING), else the item
+--     is dropped whole: no XACK, no record, no start-count HDEL, no writes
+--     (its lease was lost: the new owner runs it and applies its own writes;
+--     or a resent call already completed it);
+--   - its request must not have an outcome yet (the record holds P..., or
+--     nothing), else its writes are skipped and it completes as a duplicate;
+--   - every staged key must hold the type its command needs (or nothing),
+--     following what the call's earlier staged writes do to it; else the item
+--     becomes a dead letter and nothing of it is applied.
+-- Its writes run (redis.pcall) just before its record is written; a write
+-- that Redis refuses then (a value that is not a number, ...) stops the
+-- item's writes and makes it a dead letter whose error says how many ran:
+-- Lua does not roll back. Nothing is raised after the first write.
+--
 -- KEYS[1]          the stream
 -- KEYS[2]          the dead-letter stream (of this group when it is a fan-out group)
 -- KEYS[3]          the shard's fan-out marker: present once a fan-out group may
 --                  read the stream, and then entries are left to the trim
 -- KEYS[3+i]        the record key of item i; the dead-letter key when the item has no id
--- KEYS[#KEYS]      the group's start-count hash (see charge.lua): completed ids are
---                  removed from it
+-- KEYS[4+n]        the group's start-count hash (see charge.lua): completed ids are
+--                  removed from it (n: the number of items)
+-- KEYS[5+n ..]     the keys of the staged writes, if any (declared for a cluster)
 -- ARGV[1]          consumer group
 -- ARGV[2]          notification channel
 -- ARGV[3]          record TTL in milliseconds
@@ -40,30 +59,145 @@
 -- ARGV[9]          "1": a fan-out group (records nothing, publishes nothing, never
 --                  deletes entries; a final failure is a dead letter of the group
 --                  when this is the group's first completion of the entry); "0": the
---                  answering group
+--                  answering group; followed by ":<m>" when the last m ARGV are the
+--                  staged writes
 -- ARGV[10+6(i-1) .. 15+6(i-1)]  item i: entry id, request id, code, value, payload, deliveries
 --   code "R": value is the encoded response
 --   code "E": value is an error message
 --   code "L": value is an error message; the item is also appended to the dead-letter
 --             stream, unless the request already had an outcome
 --   code "S": acknowledge only (an entry requeued for another group)
+-- ARGV[10+6n ..]   staged writes, per item that has them: the item's index, its number
+--                  of commands, then per command: a header (the key type it needs: s
+--                  string, h hash, S set, l list, z zset, x stream, = any then string,
+--                  - any then none, . any unchanged; then where its keys are: F the
+--                  first argument, A all, P every other one), its argument count, and
+--                  its arguments (the command's name first)
 --
--- Returns the number of items; an error reply, before any write, when the
--- dead-letter key holds another type.
+-- Returns the number of items; with staged writes, one value per item instead:
+-- 0 completed as sent, 1 its staged writes skipped (the request already had an
+-- outcome), 2 dropped (not pending for this consumer: nothing done), or a string,
+-- the error that made it a dead letter (a staged write refused). An error reply,
+-- before any write, when the dead-letter key holds another type.
 local group, channel, ttl, store = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == "1"
-local starts = KEYS[#KEYS]
-local fanout = ARGV[9] == "1"
-local n = (#ARGV - 9) / 6
+local flag, txlen = ARGV[9], 0
+if #flag > 1 then
+  txlen = tonumber(string.sub(flag, 3))
+  flag = string.sub(flag, 1, 1)
+end
+local fanout = flag == "1"
+local n = (#ARGV - 9 - txlen) / 6
+local starts = KEYS[4 + n]
 
 local function item(i)
   local b = 10 + 6 * (i - 1)
   return b, ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
 end
 
+-- 0. Staged writes: tx[i] = {state, cmds = {{header, first ARGV, last ARGV}}};
+-- state "apply", "skip", "drop" or "dead" (err: why). nil without any.
+local tx, drop
+if txlen > 0 then
+  tx, drop = {}, {}
+  local p = 10 + 6 * n
+  while p <= #ARGV do
+    local i, c = tonumber(ARGV[p]), tonumber(ARGV[p + 1])
+    p = p + 2
+    local cmds = {}
+    for j = 1, c do
+      local m = tonumber(ARGV[p + 1])
+      cmds[j] = {ARGV[p], p + 2, p + 1 + m}
+      p = p + 2 + m
+    end
+    tx[i] = {state = "apply", cmds = cmds}
+  end
+end
+
+local typeNames = {s = "string", h = "hash", S = "set", l = "list", z = "zset", x = "stream"}
+
+-- txTypes checks the key types of one item's staged writes against types
+-- (key -> type after the writes checked so far, read with TYPE on first
+-- use); it returns an error message, or nil and the item's changes.
+local function txTypes(t, types)
+  local mine = {}
+  local function typeOf(key)
+    local v = mine[key] or types[key]
+    if not v then
+      v = redis.call("TYPE", key)
+      v = v["ok"] or v
+      types[key] = v
+    end
+    return v
+  end
+  for j, c in ipairs(t.cmds) do
+    local kind, where, b, e = string.sub(c[1], 1, 1), string.sub(c[1], 2, 2), c[2], c[3]
+    local step = 1
+    if where == "F" then
+      e = b + 1
+    elseif where == "P" then
+      step = 2
+    end
+    for a = b + 1, e, step do
+      local key = ARGV[a]
+      local want = typeNames[kind]
+      if want then
+        local cur = typeOf(key)
+        if cur ~= want and cur ~= "none" then
+          return "WRONGTYPE staged command " .. j .. " (" .. ARGV[b] .. ") needs a " .. want ..
+            " at key " .. key .. ", which holds a " .. cur .. ": nothing of this request's staged writes was applied"
+        end
+        mine[key] = want
+      elseif kind == "=" then
+        mine[key] = "string"
+      elseif kind == "-" then
+        mine[key] = "none"
+      end
+    end
+  end
+  return nil, mine
+end
+
 -- 1. Checks.
+if tx then
+  local me, seen, types = ARGV[6], {}, {}
+  for i = 1, n do
+    local _, eid, rid, code = item(i)
+    local t = tx[i]
+    if t then
+      local p = redis.call("XPENDING", KEYS[1], group, eid, eid, 1)
+      if not p[1] or p[1][2] ~= me then
+        t.state = "drop"
+        drop[i] = true
+      elseif not fanout and rid ~= "" then
+        local prev = seen[rid]
+        if not prev then
+          prev = redis.pcall("GET", KEYS[3 + i])
+          prev = type(prev) == "string" and string.sub(prev, 1, 1) ~= "P"
+        end
+        if prev then
+          t.state = "skip"
+        end
+      end
+      if t.state == "apply" then
+        local err, mine = txTypes(t, types)
+        if err then
+          t.state, t.err = "dead", err
+        else
+          for k, v in pairs(mine) do
+            types[k] = v
+          end
+        end
+      end
+    end
+    if rid ~= "" and code ~= "S" and not drop[i] then
+      seen[rid] = true -- this item records the request's outcome, or finds one
+    end
+  end
+end
+local deadCheck = tx ~= nil
 for i = 1, n do
   local _, _, _, code = item(i)
-  if code == "L" then
+  if code == "L" or deadCheck then
     local t = redis.call("TYPE", KEYS[2])
     t = t["ok"] or t
     if t ~= "stream" and t ~= "none" then
@@ -80,7 +214,9 @@ local ids = {}
 local firstAck = {}
 for i = 1, n do
   local _, eid, _, code = item(i)
-  if fanout and code == "L" then
+  if drop and drop[i] then
+    -- Not this consumer's entry (staged writes): left alone.
+  elseif fanout and code == "L" then
     firstAck[i] = redis.call("XACK", KEYS[1], group, eid) == 1
   else
     ids[#ids + 1] = eid
@@ -95,10 +231,14 @@ end
 for i = 1, n, 1000 do
   local chunk = {}
   for j = i, math.min(i + 999, n) do
-    local _, eid = item(j)
-    chunk[#chunk + 1] = eid
+    if not (drop and drop[j]) then
+      local _, eid = item(j)
+      chunk[#chunk + 1] = eid
+    end
   end
-  redis.call("HDEL", starts, unpack(chunk))
+  if #chunk > 0 then
+    redis.call("HDEL", starts, unpack(chunk))
+  end
 end
 -- Delete the entries only when no other group may still need them; with
 -- fan-out groups (the marker, set by their consumers before they create their
@@ -108,15 +248,19 @@ if not fanout and n > 0 and redis.call("EXISTS", KEYS[3]) == 0 then
   for i = 1, n, 1000 do
     local chunk = {}
     for j = i, math.min(i + 999, n) do
-      local _, eid = item(j)
-      chunk[#chunk + 1] = eid
+      if not (drop and drop[j]) then
+        local _, eid = item(j)
+        chunk[#chunk + 1] = eid
+      end
     end
-    redis.call("XDEL", KEYS[1], unpack(chunk))
+    if #chunk > 0 then
+      redis.call("XDEL", KEYS[1], unpack(chunk))
+    end
   end
 end
 
-local function deadLetter(i)
-  local b, eid, rid, _, value = item(i)
+local function deadLetter(i, value)
+  local b, eid, rid = item(i)
   redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[5], "*",
     "id", rid, "entry", eid, "p", ARGV[b + 4], "error", value,
     "deliveries", ARGV[b + 5], "consumer", ARGV[6], "at", ARGV[7])
@@ -134,13 +278,40 @@ local function isWrongType(reply)
   return false
 end
 
+-- txApply runs an item's staged writes; it returns an error message when
+-- Redis refused one (the writes before it stay: no rollback).
+local function txApply(t)
+  for j, c in ipairs(t.cmds) do
+    local r = redis.pcall(unpack(ARGV, c[2], c[3]))
+    if type(r) == "table" and r.err then
+      return "staged command " .. j .. " (" .. ARGV[c[2]] .. ") failed: " .. r.err .. "; " .. (j - 1) ..
+        " of the request's " .. #t.cmds .. " staged writes were applied"
+    end
+  end
+  return nil
+end
+
 -- 3. Outcomes.
 local notice = {}
 for i = 1, n do
   local _, eid, rid, code, value = item(i)
-  if fanout then
-    if code == "L" and firstAck[i] then
-      deadLetter(i)
+  local t = tx and tx[i]
+  if t then
+    if t.state == "apply" then
+      t.err = txApply(t)
+      if t.err then
+        t.state = "dead"
+      end
+    end
+    if t.state == "dead" then
+      code, value = "L", t.err
+    end
+  end
+  if t and t.state == "drop" then
+    -- Not this consumer's entry: nothing.
+  elseif fanout then
+    if code == "L" and (firstAck[i] or t) then
+      deadLetter(i, value)
     end
   elseif code ~= "S" then
     local outcome = code .. value
@@ -174,14 +345,14 @@ for i = 1, n do
       -- A duplicate that failed for good after another copy recorded an
       -- outcome is not a dead letter: the request already has its outcome.
       if code == "L" and first then
-        deadLetter(i)
+        deadLetter(i, value)
       end
       if code == "L" or not first then
         redis.call("SET", key, first and rec or prev, "PX", ttl)
       end
       notice[#notice + 1] = #rid .. ":" .. rid .. #outcome .. ":" .. outcome
     elseif code == "L" then
-      deadLetter(i)
+      deadLetter(i, value)
     end
   end
 end
@@ -191,4 +362,20 @@ if #notice > 0 then
   redis.call(ARGV[8], channel, table.concat(notice))
 end
 
+if tx then
+  local out = {}
+  for i = 1, n do
+    local t = tx[i]
+    if not t or t.state == "apply" then
+      out[i] = 0
+    elseif t.state == "skip" then
+      out[i] = 1
+    elseif t.state == "drop" then
+      out[i] = 2
+    else
+      out[i] = t.err
+    end
+  end
+  return out
+end
 return n

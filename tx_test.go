@@ -1,0 +1,309 @@
+package streamq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamq/streamq/internal/keys"
+	"github.com/streamq/streamq/internal/scripts"
+)
+
+// TestTxStagingRefusals checks what a Tx refuses at staging time, without
+// Redis: commands off the list, bad arity and arguments, the GET option,
+// staging after the handler returned; a refused command stages nothing.
+func TestTxStagingRefusals(t *testing.T) {
+	m := &Message[string]{}
+	tx := m.Tx()
+	require.Same(t, tx, m.Tx())
+	require.NoError(t, tx.IncrBy("total", 5))
+	for _, args := range [][]any{
+		{"GET", "k"}, {"BLPOP", "k", 0}, {"EVAL", "return 1", 0}, {"MULTI"}, {"FLUSHALL"},
+		{"MOVE", "k", 1}, {"SORT", "k", "STORE", "d"}, {"SUNIONSTORE", "d", "a"}, {"RENAME", "a", "b"},
+		{"INCRBY", "k"}, {"SET", "k", "v", "GET"}, {"HSET", "h", "f"}, {"MSET", "a", "1", "b"},
+		{"SET", "k", struct{}{}}, {42, "k"}, {}, {"SET", "", "v"},
+	} {
+		err := tx.Do(args...)
+		require.ErrorIs(t, err, ErrTxCommand, "%v", args)
+	}
+	require.ErrorIs(t, tx.Set("k", "v", -time.Second), ErrTxCommand)
+	require.ErrorIs(t, tx.Expire("k", 0), ErrTxCommand)
+	require.NoError(t, tx.Do("set", "k", []byte("v"), "px", 1500))
+	require.NoError(t, tx.XAdd("events", 100, "id", "a", "n", 1.5, "ok", true))
+	require.Equal(t, [][]string{
+		{"INCRBY", "total", "5"},
+		{"SET", "k", "v", "px", "1500"},
+		{"XADD", "events", "MAXLEN", "~", "100", "*", "id", "a", "n", "1.5", "ok", "1"},
+	}, tx.Commands())
+	require.Same(t, tx, tx.close())
+	require.ErrorIs(t, tx.Incr("total"), ErrTxClosed)
+	require.Equal(t, 3, tx.Len())
+	require.Nil(t, (&Message[string]{}).Tx().close(), "nothing staged: no Tx")
+}
+
+// TestTxSlotOnCluster checks the slot rule without a cluster: a Tx of a
+// cluster's consumer refuses a key of another slot, with a message naming
+// Tx.Key, and takes Key's names and names carrying the hash tag.
+func TestTxSlotOnCluster(t *testing.T) {
+	ks, err := keys.Shards("orders", 2)
+	require.NoError(t, err)
+	for i, sh := range newTxShards(ks, true) {
+		tx := (&Message[string]{txShard: sh}).Tx()
+		err := tx.IncrBy("total", 1)
+		require.ErrorIs(t, err, ErrTxSlot, "shard %d", i)
+		require.Contains(t, err.Error(), "Tx.Key")
+		require.NoError(t, tx.IncrBy(tx.Key("total"), 1))
+		require.NoError(t, tx.SAdd("my:"+tx.HashTag()+":done", "a"))
+		require.ErrorIs(t, tx.Del(tx.Key("a"), "b"), ErrTxSlot, "every key is checked")
+		require.Equal(t, 2, tx.Len())
+	}
+	// Not a cluster: any key.
+	tx := (&Message[string]{txShard: newTxShards(ks, false)[0]}).Tx()
+	require.NoError(t, tx.IncrBy("total", 1))
+}
+
+// txQueue runs a consumer of q whose handler is h, and returns a producer.
+func txQueue(t *testing.T, client *redis.Client, q string, o *ConsumerOptions,
+	h Handler[string, string]) *Producer[string, string] {
+	t.Helper()
+	if o == nil {
+		o = fastOpts(t, "c1", 2*time.Second)
+	}
+	c, err := NewConsumer(client, q, h, o)
+	require.NoError(t, err)
+	runConsumer(t, c)
+	return newStringProducer(t, client, q)
+}
+
+// TestTxAppliedOnceWithTheResult runs jobs that stage INCRBY and SADD: the
+// first attempt of some fails after staging (retried), some fail for good
+// (dead-lettered). Only successful deliveries apply their writes, once each.
+func TestTxAppliedOnceWithTheResult(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		k, _ := keys.New(q)
+		total, done := k.TxKey("total"), k.TxKey("done")
+		var runs atomic.Int64
+		p := txQueue(t, client, q, nil, func(_ context.Context, m *Message[string]) (string, error) {
+			runs.Add(1)
+			n, _ := strconv.Atoi(m.Payload)
+			tx := m.Tx()
+			if err := tx.IncrBy(tx.Key("total"), int64(n)); err != nil {
+				return "", err
+			}
+			if err := tx.SAdd(tx.Key("done"), m.ID); err != nil {
+				return "", err
+			}
+			switch {
+			case n%5 == 0 && m.Deliveries == 1:
+				return "", errors.New("fails once after staging")
+			case n%7 == 0:
+				return "", Permanent(errors.New("fails for good after staging"))
+			}
+			return "ok", nil
+		})
+		var prs []*Promise[string]
+		want, wantDone := 0, 0
+		for i := 1; i <= 40; i++ {
+			pr, err := p.Produce(ctx, fmt.Sprint("job-", i), strconv.Itoa(i))
+			require.NoError(t, err)
+			prs = append(prs, pr)
+			if i%7 != 0 {
+				want += i
+				wantDone++
+			}
+		}
+		for i, pr := range prs {
+			_, err := pr.Wait(waitCtx(t, 30*time.Second))
+			if (i+1)%7 == 0 {
+				require.ErrorIs(t, err, ErrDeadLettered)
+			} else {
+				require.NoError(t, err)
+			}
+		}
+		require.Equal(t, strconv.Itoa(want), client.Get(ctx, total).Val())
+		require.EqualValues(t, wantDone, client.SCard(ctx, done).Val())
+		require.False(t, client.SIsMember(ctx, done, "job-7").Val(), "a dead letter applied its writes")
+		require.Greater(t, runs.Load(), int64(40), "the failed attempts ran")
+	})
+}
+
+// TestTxRefusedWriteDeadLetters stages a write Redis refuses: a key of
+// another type is found before any write (nothing applied, the request
+// dead-lettered); a value that is not a number only while applying (the
+// writes before it stay, and the error says so).
+func TestTxRefusedWriteDeadLetters(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		k, _ := keys.New(q)
+		require.NoError(t, client.HSet(ctx, k.TxKey("hash"), "f", "v").Err())
+		require.NoError(t, client.Set(ctx, k.TxKey("word"), "abc", 0).Err())
+		p := txQueue(t, client, q, nil, func(_ context.Context, m *Message[string]) (string, error) {
+			tx := m.Tx()
+			require.NoError(t, tx.Incr(tx.Key("n-"+m.ID)))
+			switch m.ID {
+			case "type":
+				require.NoError(t, tx.Incr(tx.Key("hash")))
+			case "value":
+				require.NoError(t, tx.Incr(tx.Key("word")))
+			case "deleted-first":
+				// A type changed by an earlier staged write is followed.
+				require.NoError(t, tx.Del(tx.Key("hash")))
+				require.NoError(t, tx.Incr(tx.Key("hash")))
+			}
+			return "ok", nil
+		})
+		wait := func(id string) error {
+			pr, err := p.Produce(ctx, id, "x")
+			require.NoError(t, err)
+			_, err = pr.Wait(waitCtx(t, 30*time.Second))
+			return err
+		}
+		err := wait("type")
+		require.ErrorIs(t, err, ErrDeadLettered)
+		require.ErrorContains(t, err, "WRONGTYPE")
+		require.ErrorContains(t, err, "nothing of this request's staged writes was applied")
+		require.Zero(t, client.Exists(ctx, k.TxKey("n-type")).Val(), "a write applied")
+
+		err = wait("value")
+		require.ErrorIs(t, err, ErrDeadLettered)
+		require.ErrorContains(t, err, "1 of the request's 2 staged writes were applied")
+		require.Equal(t, "1", client.Get(ctx, k.TxKey("n-value")).Val())
+
+		require.NoError(t, wait("deleted-first"))
+		require.Equal(t, "1", client.Get(ctx, k.TxKey("hash")).Val())
+
+		admin, err := NewAdmin(client, q, nil)
+		require.NoError(t, err)
+		dls, err := admin.DeadLetters(ctx, "", 10)
+		require.NoError(t, err)
+		require.Len(t, dls, 2)
+		require.Equal(t, `"x"`, string(dls[0].Payload), "the dead letter keeps the (encoded) payload")
+		requireDrained(t, client, q)
+	})
+}
+
+// TestTxCompleteScriptOwnershipAndResend drives complete.lua directly: an
+// item with staged writes whose entry another consumer holds is dropped
+// whole (no ack, no record, start count kept, nothing applied); an owned one
+// is applied, and the same call run again (go-redis resending it after a
+// lost reply) applies nothing more; a second entry of the same request
+// finds the outcome and applies nothing.
+func TestTxCompleteScriptOwnershipAndResend(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		k, _ := keys.New(q)
+		require.NoError(t, client.XGroupCreateMkStream(ctx, k.Stream, DefaultGroup, "0").Err())
+		add := func(id string) string {
+			eid, err := client.XAdd(ctx, &redis.XAddArgs{Stream: k.Stream, Values: []any{"id", id, "p", "x"}}).Result()
+			require.NoError(t, err)
+			require.NoError(t, client.Set(ctx, k.Record(id), "P"+eid, time.Minute).Err())
+			return eid
+		}
+		read := func(consumer string) {
+			require.NoError(t, client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: DefaultGroup, Consumer: consumer,
+				Streams: []string{k.Stream, ">"}, Count: 1, Block: -1}).Err())
+		}
+		starts := k.Starts(DefaultGroup)
+		call := func(eid, id string) any {
+			tx := &Tx{}
+			require.NoError(t, tx.IncrBy(k.TxKey("total"), 7))
+			require.NoError(t, tx.SAdd(k.TxKey("done"), eid))
+			txArgs, txKeys := tx.appendArgs(nil, nil, 1)
+			ks := append([]string{k.Stream, k.DeadLetter, k.Fanout, k.Record(id), starts}, txKeys...)
+			args := append([]any{DefaultGroup, k.Channel, 60000, "1", 100, "me", 1, "PUBLISH", "0:" + strconv.Itoa(len(txArgs)),
+				eid, id, "R", `"ok"`, "x", 1}, txArgs...)
+			v, err := scripts.Complete.Run(ctx, client, ks, args...).Result()
+			require.NoError(t, err)
+			return v
+		}
+		// Held by another consumer (its lease was lost to it).
+		e1 := add("a")
+		read("thief")
+		require.NoError(t, client.HSet(ctx, starts, e1, 2).Err())
+		require.Equal(t, []any{int64(2)}, call(e1, "a"))
+		require.False(t, client.Exists(ctx, k.TxKey("total")).Val() > 0, "applied")
+		require.Equal(t, "P"+e1, client.Get(ctx, k.Record("a")).Val())
+		require.Equal(t, "2", client.HGet(ctx, starts, e1).Val(), "the new owner's start count")
+		pend, err := client.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: k.Stream, Group: DefaultGroup, Start: "-", End: "+", Count: 10}).Result()
+		require.NoError(t, err)
+		require.Len(t, pend, 1)
+		require.Equal(t, "thief", pend[0].Consumer)
+		// The thief's own completion was not checked here; clean its entry.
+		require.NoError(t, client.XAck(ctx, k.Stream, DefaultGroup, e1).Err())
+
+		// Owned: applied once, also when the call runs twice.
+		e2 := add("b")
+		read("me")
+		require.Equal(t, []any{int64(0)}, call(e2, "b"))
+		require.Equal(t, []any{int64(2)}, call(e2, "b"), "the resent call")
+		require.Equal(t, "7", client.Get(ctx, k.TxKey("total")).Val())
+		require.Equal(t, `R"ok"`, client.Get(ctx, k.Record("b")).Val())
+
+		// Another entry of the same request, owned, after the outcome.
+		e3, err := client.XAdd(ctx, &redis.XAddArgs{Stream: k.Stream, Values: []any{"id", "b", "p", "x"}}).Result()
+		require.NoError(t, err)
+		read("me")
+		require.Equal(t, []any{int64(1)}, call(e3, "b"))
+		require.Equal(t, "7", client.Get(ctx, k.TxKey("total")).Val())
+		require.EqualValues(t, 1, client.SCard(ctx, k.TxKey("done")).Val())
+		require.Zero(t, client.XLen(ctx, k.Stream).Val()-1, "only the thief's entry stays")
+		sum, err := client.XPending(ctx, k.Stream, DefaultGroup).Result()
+		require.NoError(t, err)
+		require.Zero(t, sum.Count)
+	})
+}
+
+// TestTxLostLeaseAppliesNothing: a delivery whose entry another consumer
+// claims while its handler runs completes anyway; its staged writes are not
+// applied. The entry comes back after MinIdle, and that delivery's writes
+// are applied once.
+func TestTxLostLeaseAppliesNothing(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	k, _ := keys.New(q)
+	staged := make(chan string, 1)
+	resume := make(chan struct{})
+	var once sync.Once
+	p := txQueue(t, client, q, fastOpts(t, "owner", 900*time.Millisecond), func(_ context.Context, m *Message[string]) (string, error) {
+		tx := m.Tx()
+		require.NoError(t, tx.IncrBy(tx.Key("total"), 5))
+		require.NoError(t, tx.SAdd(tx.Key("applied"), m.Deliveries))
+		first := false
+		once.Do(func() { first = true })
+		if first {
+			staged <- m.EntryID
+			<-resume // the context is ignored: the handler succeeds after losing its lease
+		}
+		return fmt.Sprint("delivery ", m.Deliveries), nil
+	})
+	pr, err := p.Produce(ctx, "contested", "x")
+	require.NoError(t, err)
+	eid := <-staged
+	claimed, err := client.XClaimJustID(ctx, &redis.XClaimArgs{
+		Stream: k.Stream, Group: DefaultGroup, Consumer: "thief", MinIdle: 0, Messages: []string{eid},
+	}).Result()
+	require.NoError(t, err)
+	require.Equal(t, []string{eid}, claimed)
+	close(resume)
+
+	got, err := pr.Wait(waitCtx(t, 30*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, "delivery 2", got, "the lost delivery's outcome was recorded")
+	require.Equal(t, "5", client.Get(ctx, k.TxKey("total")).Val())
+	require.Equal(t, []string{"2"}, client.SMembers(ctx, k.TxKey("applied")).Val())
+	requireDrained(t, client, q)
+}
