@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamq/streamq/internal/keys"
+	"github.com/streamq/streamq/internal/redistest"
 	"github.com/streamq/streamq/internal/scripts"
 )
 
@@ -306,4 +308,79 @@ func TestTxLostLeaseAppliesNothing(t *testing.T) {
 	require.Equal(t, "5", client.Get(ctx, k.TxKey("total")).Val())
 	require.Equal(t, []string{"2"}, client.SMembers(ctx, k.TxKey("applied")).Val())
 	requireDrained(t, client, q)
+}
+
+// TestTxCluster runs staged writes on a three-master cluster with a sharded
+// queue: each shard's writes land in its own slot (Tx.Key), a refused
+// command and a key of another slot fail at staging with errors saying
+// why, and nothing of them is applied.
+func TestTxCluster(t *testing.T) {
+	t.Parallel()
+	cl := redistest.StartCluster(t, 3, 0)
+	client := cl.Client(t)
+	ctx := context.Background()
+	q := queueName(t)
+	type verdict struct {
+		Command, Slot bool
+		SlotMsg       string
+		Key           string
+	}
+	verdicts := make(chan verdict, 100)
+	c, err := NewConsumer(client, q, func(_ context.Context, m *Message[string]) (string, error) {
+		tx := m.Tx()
+		errCmd := tx.Do("GET", tx.Key("total"))
+		other := "elsewhere"
+		for i := 0; keys.KeySlot(other) == keys.KeySlot(tx.Key("x")); i++ {
+			other = fmt.Sprint("elsewhere-", i)
+		}
+		errSlot := tx.IncrBy(other, 1)
+		verdicts <- verdict{Command: errors.Is(errCmd, ErrTxCommand), Slot: errors.Is(errSlot, ErrTxSlot),
+			SlotMsg: fmt.Sprint(errSlot), Key: other}
+		if err := tx.IncrBy(tx.Key("total"), 1); err != nil {
+			return "", err
+		}
+		if err := tx.SAdd("app:"+tx.HashTag()+":done", m.ID); err != nil {
+			return "", err
+		}
+		return "ok", nil
+	}, &ConsumerOptions{Shards: clusterShards, Workers: 4, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, c)
+	p, err := NewProducer[string, string](client, q, &ProducerOptions{Shards: clusterShards, Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	const n = 30
+	var prs []*Promise[string]
+	for i := range n {
+		pr, err := p.Produce(ctx, fmt.Sprint("job-", i), "x")
+		require.NoError(t, err)
+		prs = append(prs, pr)
+	}
+	for _, pr := range prs {
+		got, err := pr.Wait(waitCtx(t, 60*time.Second))
+		require.NoError(t, err)
+		require.Equal(t, "ok", got)
+	}
+	require.Len(t, verdicts, n)
+	for range n {
+		v := <-verdicts
+		require.True(t, v.Command, "GET was not refused with ErrTxCommand")
+		require.True(t, v.Slot, "a key of another slot was not refused: %s", v.SlotMsg)
+		require.Contains(t, v.SlotMsg, "Tx.Key")
+		require.Zero(t, client.Exists(ctx, v.Key).Val(), "a refused write was applied")
+	}
+	shards, err := keys.Shards(q, clusterShards)
+	require.NoError(t, err)
+	total, done := 0, int64(0)
+	for _, k := range shards {
+		v, err := client.Get(ctx, k.TxKey("total")).Int()
+		if !errors.Is(err, redis.Nil) {
+			require.NoError(t, err)
+		}
+		total += v
+		tag := k.Stream[strings.IndexByte(k.Stream, '{') : strings.IndexByte(k.Stream, '}')+1]
+		done += client.SCard(ctx, "app:"+tag+":done").Val()
+	}
+	require.Equal(t, n, total)
+	require.EqualValues(t, n, done)
 }
