@@ -384,3 +384,75 @@ func TestTxCluster(t *testing.T) {
 	require.Equal(t, n, total)
 	require.EqualValues(t, n, done)
 }
+
+// TestTxFanoutGroup: a fan-out group's handlers stage writes too; each is
+// applied once per entry with the group's acknowledgement, and a refused
+// write makes a dead letter of the group.
+func TestTxFanoutGroup(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		k, _ := keys.New(q)
+		require.NoError(t, client.HSet(ctx, k.TxKey("blocked"), "f", "v").Err())
+		p := txQueue(t, client, q, nil, func(_ context.Context, m *Message[string]) (string, error) {
+			return "ok", nil
+		})
+		var runs atomic.Int64
+		audit, err := NewConsumer(client, q, func(_ context.Context, m *Message[string]) (string, error) {
+			runs.Add(1)
+			tx := m.Tx()
+			require.NoError(t, tx.SAdd(tx.Key("audited"), m.ID))
+			if m.ID == "bad" {
+				require.NoError(t, tx.Incr(tx.Key("blocked")))
+			}
+			if m.Deliveries == 1 && m.ID == "flaky" {
+				return "", errors.New("once")
+			}
+			return "", nil
+		}, &ConsumerOptions{Group: "audit", Fanout: true, ReadBlock: 50 * time.Millisecond, RetryBackoff: 20 * time.Millisecond,
+			Logger: testLogger(t)})
+		require.NoError(t, err)
+		runConsumer(t, audit)
+		ids := []string{"a", "b", "flaky", "bad"}
+		for _, id := range ids {
+			pr, err := p.Produce(ctx, id, "x")
+			require.NoError(t, err)
+			_, err = pr.Wait(waitCtx(t, 30*time.Second))
+			require.NoError(t, err)
+		}
+		eventually(t, 30*time.Second, func() bool {
+			return client.XLen(ctx, k.GroupDeadLetter("audit")).Val() == 1
+		}, "no dead letter of the fan-out group")
+		eventually(t, 30*time.Second, func() bool {
+			sum, err := client.XPending(ctx, k.Stream, "audit").Result()
+			return err == nil && sum.Count == 0 && client.SCard(ctx, k.TxKey("audited")).Val() == 3
+		}, "fan-out writes not applied")
+		require.ElementsMatch(t, []string{"a", "b", "flaky"}, client.SMembers(ctx, k.TxKey("audited")).Val())
+		require.EqualValues(t, 5, runs.Load())
+	})
+}
+
+// TestTxPlainCallUnchanged: a completion batch without staged writes has
+// exactly the keys and arguments it always had (nothing extra per job).
+func TestTxPlainCallUnchanged(t *testing.T) {
+	client, _ := miniRedis(t)
+	c, err := NewConsumer(client, "q", func(context.Context, *Message[string]) (string, error) { return "", nil },
+		&ConsumerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	r := newRun(c)
+	fixed := r.completeFixedArgs(0)
+	batch := []*completion{
+		{s: &slot{entry: Entry{ID: "a", EntryID: "1-0"}}, code: recordResult, value: []byte("1")},
+		{s: &slot{entry: Entry{ID: "b", EntryID: "2-0"}}, code: recordResult, value: []byte("2")},
+	}
+	ks, args := r.completeArgs(0, &fixed, batch)
+	require.Len(t, ks, 3+len(batch)+1)
+	require.Len(t, args, 9+6*len(batch))
+	require.Equal(t, "0", args[8])
+	tx := &Tx{}
+	require.NoError(t, tx.Incr("n"))
+	batch[1].tx = tx
+	ks, args = r.completeArgs(0, &fixed, batch)
+	require.Equal(t, "n", ks[len(ks)-1])
+	require.Equal(t, "0:6", args[8], "item index, command count, header, argument count, INCR, n")
+}
