@@ -456,3 +456,63 @@ func TestTxPlainCallUnchanged(t *testing.T) {
 	require.Equal(t, "n", ks[len(ks)-1])
 	require.Equal(t, "0:6", args[8], "item index, command count, header, argument count, INCR, n")
 }
+
+// TestTxCompleteScriptMixedBatch: one complete.lua call with a plain item,
+// a staged item another consumer holds, and a staged item this consumer
+// holds: the dropped one is left alone (taken out of the call), the others
+// complete, each with its own record, and only the owned writes apply.
+func TestTxCompleteScriptMixedBatch(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		k, _ := keys.New(q)
+		require.NoError(t, client.XGroupCreateMkStream(ctx, k.Stream, DefaultGroup, "0").Err())
+		starts := k.Starts(DefaultGroup)
+		eids := map[string]string{}
+		for _, id := range []string{"plain", "held", "mine"} {
+			eid, err := client.XAdd(ctx, &redis.XAddArgs{Stream: k.Stream, Values: []any{"id", id, "p", "x"}}).Result()
+			require.NoError(t, err)
+			eids[id] = eid
+			require.NoError(t, client.Set(ctx, k.Record(id), "P"+eid, time.Minute).Err())
+			consumer := "me"
+			if id == "held" {
+				consumer = "thief"
+			}
+			require.NoError(t, client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: DefaultGroup, Consumer: consumer,
+				Streams: []string{k.Stream, ">"}, Count: 1, Block: -1}).Err())
+			require.NoError(t, client.HSet(ctx, starts, eid, 1).Err())
+		}
+		ks := []string{k.Stream, k.DeadLetter, k.Fanout}
+		args := []any{DefaultGroup, k.Channel, 60000, "1", 100, "me", 1, "PUBLISH", "0"}
+		var txArgs []any
+		var txKeys []string
+		for i, id := range []string{"plain", "held", "mine"} {
+			ks = append(ks, k.Record(id))
+			args = append(args, eids[id], id, "R", `"`+id+`"`, "x", 1)
+			if id != "plain" {
+				tx := &Tx{}
+				require.NoError(t, tx.RPush(k.TxKey("log"), id))
+				txArgs, txKeys = tx.appendArgs(txArgs, txKeys, i+1)
+			}
+		}
+		ks = append(append(ks, starts), txKeys...)
+		args[8] = "0:" + strconv.Itoa(len(txArgs))
+		args = append(args, txArgs...)
+		v, err := scripts.Complete.Run(ctx, client, ks, args...).Result()
+		require.NoError(t, err)
+		require.Equal(t, []any{int64(0), int64(2), int64(0)}, v)
+		require.Equal(t, []string{"mine"}, client.LRange(ctx, k.TxKey("log"), 0, -1).Val())
+		require.Equal(t, `R"plain"`, client.Get(ctx, k.Record("plain")).Val())
+		require.Equal(t, `R"mine"`, client.Get(ctx, k.Record("mine")).Val())
+		require.Equal(t, "P"+eids["held"], client.Get(ctx, k.Record("held")).Val())
+		require.Equal(t, map[string]string{eids["held"]: "1"}, client.HGetAll(ctx, starts).Val())
+		msgs, err := client.XRange(ctx, k.Stream, "-", "+").Result()
+		require.NoError(t, err)
+		require.Len(t, msgs, 1)
+		require.Equal(t, eids["held"], msgs[0].ID)
+		pend, err := client.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: k.Stream, Group: DefaultGroup, Start: "-", End: "+", Count: 10}).Result()
+		require.NoError(t, err)
+		require.Len(t, pend, 1)
+		require.Equal(t, "thief", pend[0].Consumer)
+	})
+}

@@ -35,10 +35,13 @@
 --   - every staged key must hold the type its command needs (or nothing),
 --     following what the call's earlier staged writes do to it; else the item
 --     becomes a dead letter and nothing of it is applied.
--- Its writes run (redis.pcall) just before its record is written; a write
--- that Redis refuses then (a value that is not a number, ...) stops the
--- item's writes and makes it a dead letter whose error says how many ran:
--- Lua does not roll back. Nothing is raised after the first write.
+-- A dropped item is taken out of the call (ARGV and KEYS compacted), and a
+-- dead one gets code "L", so the phases below run unchanged and a call
+-- without staged writes runs exactly what it always did. The writes run
+-- (redis.pcall) after the XACKs, before the records; a write that Redis
+-- refuses then (a value that is not a number, ...) stops the item's writes
+-- and makes it a dead letter whose error says how many ran: Lua does not
+-- roll back. Nothing is raised after the first write.
 --
 -- KEYS[1]          the stream
 -- KEYS[2]          the dead-letter stream (of this group when it is a fan-out group)
@@ -94,11 +97,16 @@ local function item(i)
   return b, ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
 end
 
--- 0. Staged writes: tx[i] = {state, cmds = {{header, first ARGV, last ARGV}}};
--- state "apply", "skip", "drop" or "dead" (err: why). nil without any.
-local tx, drop
+-- 0. Staged writes (none in most calls: then this costs nothing more).
+-- tx[i] = {state, cmds = {{header, first ARGV, last ARGV}}, err} by the
+-- item's index as sent; state "apply", "skip", "drop" or "dead". Checked
+-- here, before any write: an item whose writes cannot apply becomes a dead
+-- letter (its code and value in ARGV are rewritten to "L" and the reason),
+-- and dropped items are taken out of the item list (ARGV and KEYS
+-- compacted), so the phases below run as for any call.
+local tx, txApply
 if txlen > 0 then
-  tx, drop = {}, {}
+  tx = {}
   local p = 10 + 6 * n
   while p <= #ARGV do
     local i, c = tonumber(ARGV[p]), tonumber(ARGV[p + 1])
@@ -111,16 +119,10 @@ if txlen > 0 then
     end
     tx[i] = {state = "apply", cmds = cmds}
   end
-end
 
-local typeNames = {s = "string", h = "hash", S = "set", l = "list", z = "zset", x = "stream"}
-
--- txTypes checks the key types of one item's staged writes against types
--- (key -> type after the writes checked so far, read with TYPE on first
--- use); it returns an error message, or nil and the item's changes.
-local function txTypes(t, types)
-  local mine = {}
-  local function typeOf(key)
+  local typeNames = {s = "string", h = "hash", S = "set", l = "list", z = "zset", x = "stream"}
+  local types = {} -- key -> its type after the staged writes checked so far
+  local function typeOf(mine, key)
     local v = mine[key] or types[key]
     if not v then
       v = redis.call("TYPE", key)
@@ -129,45 +131,46 @@ local function txTypes(t, types)
     end
     return v
   end
-  for j, c in ipairs(t.cmds) do
-    local kind, where, b, e = string.sub(c[1], 1, 1), string.sub(c[1], 2, 2), c[2], c[3]
-    local step = 1
-    if where == "F" then
-      e = b + 1
-    elseif where == "P" then
-      step = 2
-    end
-    for a = b + 1, e, step do
-      local key = ARGV[a]
-      local want = typeNames[kind]
-      if want then
-        local cur = typeOf(key)
-        if cur ~= want and cur ~= "none" then
-          return "WRONGTYPE staged command " .. j .. " (" .. ARGV[b] .. ") needs a " .. want ..
-            " at key " .. key .. ", which holds a " .. cur .. ": nothing of this request's staged writes was applied"
+  -- txTypes checks the key types one item's writes need; it returns an error
+  -- message, or nil and what the item's writes make of the keys.
+  local function txTypes(t)
+    local mine = {}
+    for j, c in ipairs(t.cmds) do
+      local kind, where, b, e = string.sub(c[1], 1, 1), string.sub(c[1], 2, 2), c[2], c[3]
+      local step = 1
+      if where == "F" then
+        e = b + 1
+      elseif where == "P" then
+        step = 2
+      end
+      for a = b + 1, e, step do
+        local key = ARGV[a]
+        local want = typeNames[kind]
+        if want then
+          local cur = typeOf(mine, key)
+          if cur ~= want and cur ~= "none" then
+            return "WRONGTYPE staged command " .. j .. " (" .. ARGV[b] .. ") needs a " .. want .. " at key " ..
+              key .. ", which holds a " .. cur .. ": nothing of this request's staged writes was applied"
+          end
+          mine[key] = want
+        elseif kind == "=" then
+          mine[key] = "string"
+        elseif kind == "-" then
+          mine[key] = "none"
         end
-        mine[key] = want
-      elseif kind == "=" then
-        mine[key] = "string"
-      elseif kind == "-" then
-        mine[key] = "none"
       end
     end
+    return nil, mine
   end
-  return nil, mine
-end
 
--- 1. Checks.
-if tx then
-  local me, seen, types = ARGV[6], {}, {}
+  local me, seen, dropped = ARGV[6], {}, false
   for i = 1, n do
-    local _, eid, rid, code = item(i)
+    local b, eid, rid, code = item(i)
     local t = tx[i]
     if t then
-      local p = redis.call("XPENDING", KEYS[1], group, eid, eid, 1)
-      if not p[1] or p[1][2] ~= me then
-        t.state = "drop"
-        drop[i] = true
+      local pend = redis.call("XPENDING", KEYS[1], group, eid, eid, 1)
+      if not pend[1] or pend[1][2] ~= me then
+        t.state, dropped = "drop", true
       elseif not fanout and rid ~= "" then
         local prev = seen[rid]
         if not prev then
@@ -179,9 +182,10 @@ if tx then
         end
       end
       if t.state == "apply" then
-        local err, mine = txTypes(t, types)
+        local err, mine = txTypes(t)
         if err then
           t.state, t.err = "dead", err
+          ARGV[b + 2], ARGV[b + 3] = "L", err
         else
           for k, v in pairs(mine) do
             types[k] = v
@@ -189,15 +193,78 @@ if tx then
         end
       end
     end
-    if rid ~= "" and code ~= "S" and not drop[i] then
+    if rid ~= "" and code ~= "S" and not (t and t.state == "drop") then
       seen[rid] = true -- this item records the request's outcome, or finds one
     end
   end
+
+  -- Any item may turn into a dead letter while its writes run.
+  local dt = redis.call("TYPE", KEYS[2])
+  dt = dt["ok"] or dt
+  if dt ~= "stream" and dt ~= "none" then
+    return redis.error_reply("WRONGTYPE dead-letter key " .. KEYS[2] .. " holds a " .. dt ..
+      ", not a stream: rename or delete it (outcomes are retried until then)")
+  end
+
+  -- Take dropped items out: no XACK, HDEL, XDEL, record or notice for them.
+  tx.sent = n
+  if dropped then
+    local kept, keys = {}, {}
+    for i = 1, n do
+      local t = tx[i]
+      if not (t and t.state == "drop") then
+        local b = 10 + 6 * (i - 1)
+        for f = 0, 5 do
+          kept[#kept + 1] = ARGV[b + f]
+        end
+        keys[#keys + 1] = KEYS[3 + i]
+        if t then
+          t.at = #keys
+        end
+      end
+    end
+    for f = 1, #kept do
+      ARGV[9 + f] = kept[f]
+    end
+    for k = 1, #keys do
+      KEYS[3 + k] = keys[k]
+    end
+    n = #keys
+  end
+  for i, t in pairs(tx) do
+    if type(i) == "number" and t.at == nil then
+      t.at = i
+    end
+  end
+
+  -- txApply runs the writes of the items to apply (after the XACKs: the
+  -- call's first write stays XACK). A write Redis refuses stops its item's
+  -- writes (those before it stay: no rollback) and makes it a dead letter.
+  txApply = function(firstAck)
+    for i = 1, tx.sent do
+      local t = tx[i]
+      if t and t.state == "apply" then
+        for j, c in ipairs(t.cmds) do
+          local r = redis.pcall(unpack(ARGV, c[2], c[3]))
+          if type(r) == "table" and r.err then
+            t.state = "dead"
+            t.err = "staged command " .. j .. " (" .. ARGV[c[2]] .. ") failed: " .. r.err .. "; " .. (j - 1) ..
+              " of the request's " .. #t.cmds .. " staged writes were applied"
+            local b = 10 + 6 * (t.at - 1)
+            ARGV[b + 2], ARGV[b + 3] = "L", t.err
+            firstAck[t.at] = true -- acknowledged by this call, and owned: the group's first
+            break
+          end
+        end
+      end
+    end
+  end
 end
-local deadCheck = tx ~= nil
+
+-- 1. Checks.
 for i = 1, n do
   local _, _, _, code = item(i)
-  if code == "L" or deadCheck then
+  if code == "L" then
     local t = redis.call("TYPE", KEYS[2])
     t = t["ok"] or t
     if t ~= "stream" and t ~= "none" then
@@ -214,9 +281,7 @@ local ids = {}
 local firstAck = {}
 for i = 1, n do
   local _, eid, _, code = item(i)
-  if drop and drop[i] then
-    -- Not this consumer's entry (staged writes): left alone.
-  elseif fanout and code == "L" then
+  if fanout and code == "L" then
     firstAck[i] = redis.call("XACK", KEYS[1], group, eid) == 1
   else
     ids[#ids + 1] = eid
@@ -231,14 +296,10 @@ end
 for i = 1, n, 1000 do
   local chunk = {}
   for j = i, math.min(i + 999, n) do
-    if not (drop and drop[j]) then
-      local _, eid = item(j)
-      chunk[#chunk + 1] = eid
-    end
+    local _, eid = item(j)
+    chunk[#chunk + 1] = eid
   end
-  if #chunk > 0 then
-    redis.call("HDEL", starts, unpack(chunk))
-  end
+  redis.call("HDEL", starts, unpack(chunk))
 end
 -- Delete the entries only when no other group may still need them; with
 -- fan-out groups (the marker, set by their consumers before they create their
@@ -248,19 +309,19 @@ if not fanout and n > 0 and redis.call("EXISTS", KEYS[3]) == 0 then
   for i = 1, n, 1000 do
     local chunk = {}
     for j = i, math.min(i + 999, n) do
-      if not (drop and drop[j]) then
-        local _, eid = item(j)
-        chunk[#chunk + 1] = eid
-      end
+      local _, eid = item(j)
+      chunk[#chunk + 1] = eid
     end
-    if #chunk > 0 then
-      redis.call("XDEL", KEYS[1], unpack(chunk))
-    end
+    redis.call("XDEL", KEYS[1], unpack(chunk))
   end
 end
 
-local function deadLetter(i, value)
-  local b, eid, rid = item(i)
+if txApply then
+  txApply(firstAck)
+end
+
+local function deadLetter(i)
+  local b, eid, rid, _, value = item(i)
   redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[5], "*",
     "id", rid, "entry", eid, "p", ARGV[b + 4], "error", value,
     "deliveries", ARGV[b + 5], "consumer", ARGV[6], "at", ARGV[7])
@@ -278,40 +339,13 @@ local function isWrongType(reply)
   return false
 end
 
--- txApply runs an item's staged writes; it returns an error message when
--- Redis refused one (the writes before it stay: no rollback).
-local function txApply(t)
-  for j, c in ipairs(t.cmds) do
-    local r = redis.pcall(unpack(ARGV, c[2], c[3]))
-    if type(r) == "table" and r.err then
-      return "staged command " .. j .. " (" .. ARGV[c[2]] .. ") failed: " .. r.err .. "; " .. (j - 1) ..
-        " of the request's " .. #t.cmds .. " staged writes were applied"
-    end
-  end
-  return nil
-end
-
 -- 3. Outcomes.
 local notice = {}
 for i = 1, n do
   local _, eid, rid, code, value = item(i)
-  local t = tx and tx[i]
-  if t then
-    if t.state == "apply" then
-      t.err = txApply(t)
-      if t.err then
-        t.state = "dead"
-      end
-    end
-    if t.state == "dead" then
-      code, value = "L", t.err
-    end
-  end
-  if t and t.state == "drop" then
-    -- Not this consumer's entry: nothing.
-  elseif fanout then
-    if code == "L" and (firstAck[i] or t) then
-      deadLetter(i, value)
+  if fanout then
+    if code == "L" and firstAck[i] then
+      deadLetter(i)
     end
   elseif code ~= "S" then
     local outcome = code .. value
@@ -345,14 +379,14 @@ for i = 1, n do
       -- A duplicate that failed for good after another copy recorded an
       -- outcome is not a dead letter: the request already has its outcome.
       if code == "L" and first then
-        deadLetter(i, value)
+        deadLetter(i)
       end
       if code == "L" or not first then
         redis.call("SET", key, first and rec or prev, "PX", ttl)
       end
       notice[#notice + 1] = #rid .. ":" .. rid .. #outcome .. ":" .. outcome
     elseif code == "L" then
-      deadLetter(i, value)
+      deadLetter(i)
     end
   end
 end
@@ -364,7 +398,7 @@ end
 
 if tx then
   local out = {}
-  for i = 1, n do
+  for i = 1, tx.sent do
     local t = tx[i]
     if not t or t.state == "apply" then
       out[i] = 0
