@@ -579,9 +579,9 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 		} else if o.Fanout {
 			value = nil // a fan-out group records no result
 		}
-		if cp.tx != nil {
+		if cp.s.tx != nil && cp.code == recordResult {
 			payload = e.Data // a refused staged write makes it a dead letter
-			txArgs, txKeys = cp.tx.appendArgs(txArgs, txKeys, i+1)
+			txArgs, txKeys = cp.s.tx.appendArgs(txArgs, txKeys, i+1)
 		}
 		args = append(args, e.EntryID, e.ID, codeArg[cp.code], value, payload, e.Deliveries)
 	}

@@ -43,8 +43,9 @@ type Message[Req any] struct {
 	// Deadline is the request's deadline (see Deadline); zero when none.
 	Deadline time.Time
 
-	txShard *txShard // the shard's names, for Tx
-	tx      *Tx      // created by Tx
+	// tx is the shard's template (a Consumer's message that staged nothing)
+	// or the Tx that Tx made.
+	tx *Tx
 }
 
 // Handler handles one request. Its context is cancelled when the consumer shuts
@@ -58,8 +59,8 @@ type Consumer[Req, Resp any] struct {
 	client  redis.UniversalClient
 	queue   string
 	shards  []keys.Keys
-	sharded bool // notices use sharded pub/sub (Redis Cluster)
-	tx      []*txShard
+	sharded bool  // notices use sharded pub/sub (Redis Cluster)
+	tx      []*Tx // per shard, the template Tx of its messages
 	slots   *slotRefresher
 	metaOK  atomic.Bool
 	opts    ConsumerOptions

@@ -170,6 +170,10 @@ type slot struct {
 	fetchFailures int
 
 	outcome <-chan struct{} // set by the worker at hand-off: closed when recorded
+	// tx holds the writes a successful handler staged, applied with its
+	// outcome (complete.lua); nil when none. Set by the worker before the
+	// hand-off.
+	tx *Tx
 	// handedOff is set at hand-off: the entry leaves the pending list when its
 	// outcome is recorded, which the lease loop must not take for a loss.
 	handedOff atomic.Bool

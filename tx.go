@@ -69,7 +69,8 @@ const (
 // A Tx is safe for use by several goroutines of its handler; staging after
 // the handler returned fails with ErrTxClosed.
 type Tx struct {
-	shard *txShard
+	shard    *txShard
+	template bool // a shard's shared template: never staged into
 
 	mu     sync.Mutex
 	cmds   []txCmd
@@ -92,10 +93,13 @@ type txShard struct {
 	strict bool
 }
 
-func newTxShards(shards []keys.Keys, cluster bool) []*txShard {
-	out := make([]*txShard, len(shards))
+// newTxShards returns per shard the template Tx a worker puts in each
+// Message (one pointer, no allocation per job); Message.Tx replaces it with
+// a Tx of its own on first use.
+func newTxShards(shards []keys.Keys, cluster bool) []*Tx {
+	out := make([]*Tx, len(shards))
 	for i, k := range shards {
-		out[i] = &txShard{k: k, slot: k.TagSlot(), strict: cluster}
+		out[i] = &Tx{shard: &txShard{k: k, slot: k.TagSlot(), strict: cluster}, template: true}
 	}
 	return out
 }
@@ -106,8 +110,11 @@ func newTxShards(shards []keys.Keys, cluster bool) []*txShard {
 // stages and validates, allows any key, and is never applied: read it back
 // with Commands.
 func (m *Message[Req]) Tx() *Tx {
-	if m.tx == nil {
-		m.tx = &Tx{shard: m.txShard}
+	switch {
+	case m.tx == nil:
+		m.tx = &Tx{}
+	case m.tx.template:
+		m.tx = &Tx{shard: m.tx.shard}
 	}
 	return m.tx
 }
@@ -357,7 +364,7 @@ func (t *Tx) checkKey(k string) error {
 
 // close ends staging and returns what was staged (nil when nothing was).
 func (t *Tx) close() *Tx {
-	if t == nil {
+	if t == nil || t.template {
 		return nil
 	}
 	t.mu.Lock()

@@ -58,7 +58,7 @@ func TestTxSlotOnCluster(t *testing.T) {
 	ks, err := keys.Shards("orders", 2)
 	require.NoError(t, err)
 	for i, sh := range newTxShards(ks, true) {
-		tx := (&Message[string]{txShard: sh}).Tx()
+		tx := (&Message[string]{tx: sh}).Tx()
 		err := tx.IncrBy("total", 1)
 		require.ErrorIs(t, err, ErrTxSlot, "shard %d", i)
 		require.Contains(t, err.Error(), "Tx.Key")
@@ -68,7 +68,7 @@ func TestTxSlotOnCluster(t *testing.T) {
 		require.Equal(t, 2, tx.Len())
 	}
 	// Not a cluster: any key.
-	tx := (&Message[string]{txShard: newTxShards(ks, false)[0]}).Tx()
+	tx := (&Message[string]{tx: newTxShards(ks, false)[0]}).Tx()
 	require.NoError(t, tx.IncrBy("total", 1))
 }
 
@@ -409,7 +409,7 @@ func TestTxFanoutGroup(t *testing.T) {
 				return "", errors.New("once")
 			}
 			return "", nil
-		}, &ConsumerOptions{Group: "audit", Fanout: true, ReadBlock: 50 * time.Millisecond, RetryBackoff: 20 * time.Millisecond,
+		}, &ConsumerOptions{Group: "audit", Fanout: true, ReadBlock: 50 * time.Millisecond, RetryBackoff: 20 * time.Millisecond, ClaimInterval: 100 * time.Millisecond,
 			Logger: testLogger(t)})
 		require.NoError(t, err)
 		runConsumer(t, audit)
@@ -426,7 +426,7 @@ func TestTxFanoutGroup(t *testing.T) {
 		eventually(t, 30*time.Second, func() bool {
 			sum, err := client.XPending(ctx, k.Stream, "audit").Result()
 			return err == nil && sum.Count == 0 && client.SCard(ctx, k.TxKey("audited")).Val() == 3
-		}, "fan-out writes not applied")
+		}, "fan-out writes not applied: %v", client.SMembers(ctx, k.TxKey("audited")).Val())
 		require.ElementsMatch(t, []string{"a", "b", "flaky"}, client.SMembers(ctx, k.TxKey("audited")).Val())
 		require.EqualValues(t, 5, runs.Load())
 	})
@@ -451,7 +451,7 @@ func TestTxPlainCallUnchanged(t *testing.T) {
 	require.Equal(t, "0", args[8])
 	tx := &Tx{}
 	require.NoError(t, tx.Incr("n"))
-	batch[1].tx = tx
+	batch[1].s.tx = tx
 	ks, args = r.completeArgs(0, &fixed, batch)
 	require.Equal(t, "n", ks[len(ks)-1])
 	require.Equal(t, "0:6", args[8], "item index, command count, header, argument count, INCR, n")

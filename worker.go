@@ -161,7 +161,7 @@ func (r *run[Req, Resp]) process(s *slot, flush func()) (owed bool) {
 	hctx, stop := r.bound(ctx, s.meta.deadline)
 	msg := &Message[Req]{ID: s.entry.ID, EntryID: s.entry.EntryID, Payload: req, Deliveries: s.entry.Deliveries,
 		Headers: s.meta.headers, ProducedAt: entryTime(s.entry.EntryID), ReadAt: s.meta.readAt, StartedAt: time.Now(),
-		Deadline: s.meta.deadline, txShard: r.c.tx[s.shard]}
+		Deadline: s.meta.deadline, tx: r.c.tx[s.shard]}
 	resp, err := r.call(hctx, s, msg)
 	tx := msg.tx.close() // nil unless the handler staged writes
 	stop()
@@ -181,7 +181,8 @@ func (r *run[Req, Resp]) process(s *slot, flush func()) (owed bool) {
 		r.fail(s, Permanent(err))
 		return true
 	}
-	r.handOff(&completion{s: s, code: recordResult, value: payload, tx: tx})
+	s.tx = tx
+	r.handOff(&completion{s: s, code: recordResult, value: payload})
 	return true
 }
 
@@ -195,7 +196,7 @@ func (r *run[Req, Resp]) handOff(cp *completion) {
 	cp.s.handedOff.Store(true)
 	r.ring.settle() // no longer read-ahead: the feeder may read in its place
 	cp.s.data = nil // the fetched payload
-	if _, inline := r.c.opts.Fetcher.(InlineFetcher); inline && cp.code != recordDead && cp.code != recordRetry && cp.tx == nil {
+	if _, inline := r.c.opts.Fetcher.(InlineFetcher); inline && cp.code != recordDead && cp.code != recordRetry && cp.s.tx == nil {
 		cp.s.entry.Data = nil // the payload itself; dead letters and retries keep it
 	}
 	r.committers[cp.s.shard].add(cp)
@@ -347,7 +348,4 @@ type completion struct {
 	code  byte
 	value []byte
 	done  chan struct{} // closed once the outcome is recorded, or given up on
-	// tx holds the writes the handler staged (a result only), applied with
-	// the outcome; nil when none (the common case costs nothing more).
-	tx *Tx
 }
