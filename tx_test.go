@@ -516,3 +516,42 @@ func TestTxCompleteScriptMixedBatch(t *testing.T) {
 		require.Equal(t, "thief", pend[0].Consumer)
 	})
 }
+
+// TestTxResentCompletionAppliesOnce: the reply to the complete.lua call
+// carrying staged writes is lost, and the call is sent again (by go-redis,
+// or the committer's retry): the writes are applied once.
+func TestTxResentCompletionAppliesOnce(t *testing.T) {
+	t.Parallel()
+	raw, proxied, proxy := resendSetup(t)
+	ctx := context.Background()
+	q := queueName(t)
+	k, _ := keys.New(q)
+	require.NoError(t, scripts.Complete.Load(ctx, raw).Err())
+	proxy.DropReplyTo([]byte(scripts.Complete.Hash()))
+	var runs atomic.Int64
+	c, err := NewConsumer(proxied, q, func(_ context.Context, m *Message[string]) (string, error) {
+		runs.Add(1)
+		tx := m.Tx()
+		if err := tx.IncrBy(tx.Key("total"), 10); err != nil {
+			return "", err
+		}
+		if err := tx.RPush(tx.Key("log"), m.ID); err != nil {
+			return "", err
+		}
+		return "ok", nil
+	}, fastOpts(t, "resent", resendMinIdle))
+	require.NoError(t, err)
+	runConsumer(t, c)
+	ids := seqIDs("job", 5)
+	prs := produceAll(t, newStringProducer(t, raw, q), ids)
+	requireDropped(t, proxy)
+	for _, pr := range prs {
+		got, err := pr.Wait(waitCtx(t, 30*time.Second))
+		require.NoError(t, err)
+		require.Equal(t, "ok", got)
+	}
+	require.Equal(t, "50", raw.Get(ctx, k.TxKey("total")).Val())
+	require.ElementsMatch(t, ids, raw.LRange(ctx, k.TxKey("log"), 0, -1).Val())
+	require.EqualValues(t, 5, runs.Load(), "no handler ran twice")
+	requireDrained(t, raw, q)
+}
