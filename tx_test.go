@@ -394,9 +394,6 @@ func TestTxFanoutGroup(t *testing.T) {
 		q := queueName(t)
 		k, _ := keys.New(q)
 		require.NoError(t, client.HSet(ctx, k.TxKey("blocked"), "f", "v").Err())
-		p := txQueue(t, client, q, nil, func(_ context.Context, m *Message[string]) (string, error) {
-			return "ok", nil
-		})
 		var runs atomic.Int64
 		audit, err := NewConsumer(client, q, func(_ context.Context, m *Message[string]) (string, error) {
 			runs.Add(1)
@@ -412,7 +409,13 @@ func TestTxFanoutGroup(t *testing.T) {
 		}, &ConsumerOptions{Group: "audit", Fanout: true, ReadBlock: 50 * time.Millisecond, RetryBackoff: 20 * time.Millisecond, ClaimInterval: 100 * time.Millisecond,
 			Logger: testLogger(t)})
 		require.NoError(t, err)
+		// The fan-out group exists before the first request (or the answering
+		// group could complete and delete it first).
 		runConsumer(t, audit)
+		eventually(t, 10*time.Second, func() bool { return client.Exists(ctx, k.Stream).Val() == 1 }, "fan-out group created")
+		p := txQueue(t, client, q, nil, func(_ context.Context, m *Message[string]) (string, error) {
+			return "ok", nil
+		})
 		ids := []string{"a", "b", "flaky", "bad"}
 		for _, id := range ids {
 			pr, err := p.Produce(ctx, id, "x")
