@@ -14,7 +14,9 @@
 // handler is retried with back-off until MaxDeliveries handler starts, then
 // its request is dead-lettered (Permanent skips the retries). Delivery counts
 // are handler starts, kept by streamq itself, the same on every Redis 7.0+
-// server and on miniredis. README.md and RELIABILITY.md state the limits.
+// server and on miniredis. A handler's Redis writes staged with
+// [Message.Tx] are applied exactly once per request, atomically with its
+// recorded outcome. README.md and RELIABILITY.md state the limits.
 //
 // # Where to start
 //
