@@ -558,3 +558,41 @@ func TestTxResentCompletionAppliesOnce(t *testing.T) {
 	require.EqualValues(t, 5, runs.Load(), "no handler ran twice")
 	requireDrained(t, raw, q)
 }
+
+// FuzzTxDo: whatever the arguments, Do stages the command or refuses it
+// with ErrTxCommand or ErrTxSlot, never panics, and a refused command
+// stages nothing.
+func FuzzTxDo(f *testing.F) {
+	f.Add("SET", "k", "v", "PX", int64(5), true)
+	f.Add("hset", "h", "f", "", int64(0), false)
+	f.Add("MSET", "a", "1", "b", int64(2), true)
+	f.Add("XADD", "s", "MAXLEN", "~", int64(10), true)
+	f.Add("GET", "k", "", "", int64(0), false)
+	f.Add("DEL", "", "b", "c", int64(0), false)
+	ks, err := keys.Shards("fz", 2)
+	require.NoError(f, err)
+	shards := newTxShards(ks, true)
+	f.Fuzz(func(t *testing.T, name, a1, a2, a3 string, n int64, cluster bool) {
+		m := &Message[string]{}
+		if cluster {
+			m.tx = shards[int(n&1)]
+		}
+		tx := m.Tx()
+		var args []any
+		for _, a := range []any{name, a1, a2, a3, n} {
+			if s, ok := a.(string); ok && s == "" && len(args) > 2 {
+				break
+			}
+			args = append(args, a)
+		}
+		err := tx.Do(args...)
+		if err != nil {
+			require.True(t, errors.Is(err, ErrTxCommand) || errors.Is(err, ErrTxSlot), "%v", err)
+			require.Zero(t, tx.Len())
+			return
+		}
+		cmds := tx.Commands()
+		require.Len(t, cmds, 1)
+		require.Len(t, cmds[0], len(args))
+	})
+}
