@@ -66,8 +66,9 @@ const (
 // of range) leaves the earlier writes of the same message applied, since
 // Redis does not roll back: the dead letter's error says how many.
 //
-// A Tx is safe for use by several goroutines of its handler; staging after
-// the handler returned fails with ErrTxClosed.
+// A Tx is safe for use by several goroutines of its handler (call
+// Message.Tx once before sharing it: Message.Tx itself is not); staging
+// after the handler returned fails with ErrTxClosed.
 type Tx struct {
 	shard    *txShard
 	template bool // a shard's shared template: never staged into
