@@ -58,13 +58,15 @@ const (
 // Redis any key may be used, and the writes are atomic with the outcome all
 // the same (one script).
 //
-// A staged write that Redis refuses when it is applied (a key holding
-// another type, a value that is not a number for INCRBY, ...) dead-letters
-// the request instead of recording its result. Key types are checked before
-// anything is written, so such a refusal applies nothing; a refusal that
-// only shows while applying (a non-numeric value, an overflow, an index out
-// of range) leaves the earlier writes of the same message applied, since
-// Redis does not roll back: the dead letter's error says how many.
+// A staged write that Redis would refuse (a key holding another type, a
+// counter that is not a number for INCRBY or HINCRBY, ...) dead-letters the
+// request instead of recording its result. Key types and the values of
+// counters are checked before anything is written, so such a refusal
+// applies nothing; a refusal that only shows while applying (a counter the
+// request's own earlier staged write made non-numeric, an overflow, an
+// index out of range, an explicit XADD id) leaves the earlier writes of the
+// same message applied, since Redis does not roll back: the dead letter's
+// error says how many.
 //
 // A Tx is safe for use by several goroutines of its handler (call
 // Message.Tx once before sharing it: Message.Tx itself is not); staging

@@ -139,10 +139,11 @@ func TestTxAppliedOnceWithTheResult(t *testing.T) {
 	})
 }
 
-// TestTxRefusedWriteDeadLetters stages a write Redis refuses: a key of
-// another type is found before any write (nothing applied, the request
-// dead-lettered); a value that is not a number only while applying (the
-// writes before it stay, and the error says so).
+// TestTxRefusedWriteDeadLetters stages writes Redis would refuse: a key of
+// another type and a counter that is not a number are found before any
+// write (nothing applied, the request dead-lettered); a counter made
+// non-numeric by the request's own earlier staged write fails only while
+// applying (the writes before it stay, and the error says so).
 func TestTxRefusedWriteDeadLetters(t *testing.T) {
 	backends(t, func(t *testing.T, client *redis.Client) {
 		ctx := context.Background()
@@ -158,6 +159,12 @@ func TestTxRefusedWriteDeadLetters(t *testing.T) {
 				require.NoError(t, tx.Incr(tx.Key("hash")))
 			case "value":
 				require.NoError(t, tx.Incr(tx.Key("word")))
+			case "field":
+				require.NoError(t, tx.HIncrBy(tx.Key("hash"), "n", 1))
+				require.NoError(t, tx.HIncrBy(tx.Key("hash"), "f", 1))
+			case "runtime":
+				require.NoError(t, tx.Set(tx.Key("later"), "abc", 0))
+				require.NoError(t, tx.Incr(tx.Key("later")))
 			case "deleted-first":
 				// A type changed by an earlier staged write is followed.
 				require.NoError(t, tx.Del(tx.Key("hash")))
@@ -179,8 +186,20 @@ func TestTxRefusedWriteDeadLetters(t *testing.T) {
 
 		err = wait("value")
 		require.ErrorIs(t, err, ErrDeadLettered)
-		require.ErrorContains(t, err, "1 of the request's 2 staged writes were applied")
-		require.Equal(t, "1", client.Get(ctx, k.TxKey("n-value")).Val())
+		require.ErrorContains(t, err, `needs an integer at key `+k.TxKey("word")+`, which holds "abc"`)
+		require.Zero(t, client.Exists(ctx, k.TxKey("n-value")).Val(), "a write applied")
+
+		err = wait("field")
+		require.ErrorIs(t, err, ErrDeadLettered)
+		require.ErrorContains(t, err, `needs an integer at field f of key `+k.TxKey("hash")+`, which holds "v"`)
+		require.Zero(t, client.Exists(ctx, k.TxKey("n-field")).Val(), "a write applied")
+		require.False(t, client.HExists(ctx, k.TxKey("hash"), "n").Val(), "a write applied")
+
+		err = wait("runtime")
+		require.ErrorIs(t, err, ErrDeadLettered)
+		require.ErrorContains(t, err, "2 of the request's 3 staged writes were applied")
+		require.Equal(t, "1", client.Get(ctx, k.TxKey("n-runtime")).Val())
+		require.Equal(t, "abc", client.Get(ctx, k.TxKey("later")).Val())
 
 		require.NoError(t, wait("deleted-first"))
 		require.Equal(t, "1", client.Get(ctx, k.TxKey("hash")).Val())
@@ -189,7 +208,7 @@ func TestTxRefusedWriteDeadLetters(t *testing.T) {
 		require.NoError(t, err)
 		dls, err := admin.DeadLetters(ctx, "", 10)
 		require.NoError(t, err)
-		require.Len(t, dls, 2)
+		require.Len(t, dls, 4)
 		require.Equal(t, `"x"`, string(dls[0].Payload), "the dead letter keeps the (encoded) payload")
 		requireDrained(t, client, q)
 	})

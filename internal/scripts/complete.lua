@@ -33,8 +33,10 @@
 --   - its request must not have an outcome yet (the record holds P..., or
 --     nothing), else its writes are skipped and it completes as a duplicate;
 --   - every staged key must hold the type its command needs (or nothing),
---     following what the call's earlier staged writes do to it; else the item
---     becomes a dead letter and nothing of it is applied.
+--     following what the call's earlier staged writes do to it, and a counter
+--     that INCRBY (HINCRBY, ...) increments must hold a number unless a
+--     staged write of the call touched it first; else the item becomes a
+--     dead letter and nothing of it is applied.
 -- A dropped item is taken out of the call (ARGV and KEYS compacted), and a
 -- dead one gets code "L", so the phases below run unchanged and a call
 -- without staged writes runs exactly what it always did. The writes run
@@ -131,10 +133,25 @@ if txlen > 0 then
     end
     return v
   end
-  -- txTypes checks the key types one item's writes need; it returns an error
-  -- message, or nil and what the item's writes make of the keys.
+  -- Counters whose current value is checked too (an INCRBY on "abc" would
+  -- fail while applying, after the item's earlier writes), unless a staged
+  -- write of this call touched the key (or the hash field) before.
+  local counters = {INCR = "i", INCRBY = "i", DECR = "i", DECRBY = "i", INCRBYFLOAT = "f",
+    HINCRBY = "I", HINCRBYFLOAT = "F"}
+  local written = {} -- keys ("key" or "key\0field") staged writes of this call touch
+  local function badCounter(kind, v)
+    if not v then
+      return false
+    elseif kind == "i" or kind == "I" then
+      return not (v == "0" or (#v <= 20 and string.match(v, "^-?[1-9]%d*$")))
+    end
+    return tonumber(v) == nil
+  end
+  -- txTypes checks the key types one item's writes need (and the values of
+  -- the counters it increments); it returns an error message, or nil and
+  -- what the item's writes make of the keys.
   local function txTypes(t)
-    local mine = {}
+    local mine, touched = {}, {}
     for j, c in ipairs(t.cmds) do
       local kind, where, b, e = string.sub(c[1], 1, 1), string.sub(c[1], 2, 2), c[2], c[3]
       local step = 1
@@ -152,15 +169,39 @@ if txlen > 0 then
             return "WRONGTYPE staged command " .. j .. " (" .. ARGV[b] .. ") needs a " .. want .. " at key " ..
               key .. ", which holds a " .. cur .. ": nothing of this request's staged writes was applied"
           end
+          local counter, at = counters[ARGV[b]], key
+          if counter == "I" or counter == "F" then
+            at = key .. "\0" .. ARGV[b + 2]
+          end
+          if counter and cur == want and not (touched[key] or written[key] or touched[at] or written[at]) then
+            local v
+            if at == key then
+              v = redis.call("GET", key)
+            else
+              v = redis.call("HGET", key, ARGV[b + 2])
+            end
+            if badCounter(counter, v) then
+              local what, place = "an integer", "key " .. key
+              if counter == "f" or counter == "F" then
+                what = "a number"
+              end
+              if at ~= key then
+                place = "field " .. ARGV[b + 2] .. " of key " .. key
+              end
+              return "staged command " .. j .. " (" .. ARGV[b] .. ") needs " .. what .. " at " .. place .. ', which holds "' ..
+                string.sub(v, 1, 40) .. '": nothing of this request\'s staged writes was applied'
+            end
+          end
+          touched[at] = true -- the field for HINCRBY, else the whole key
           mine[key] = want
         elseif kind == "=" then
-          mine[key] = "string"
+          mine[key], touched[key] = "string", true
         elseif kind == "-" then
-          mine[key] = "none"
+          mine[key], touched[key] = "none", true
         end
       end
     end
-    return nil, mine
+    return nil, mine, touched
   end
 
   local me, seen, dropped = ARGV[6], {}, false
@@ -182,13 +223,16 @@ if txlen > 0 then
         end
       end
       if t.state == "apply" then
-        local err, mine = txTypes(t)
+        local err, mine, touched = txTypes(t)
         if err then
           t.state, t.err = "dead", err
           ARGV[b + 2], ARGV[b + 3] = "L", err
         else
           for k, v in pairs(mine) do
             types[k] = v
+          end
+          for k in pairs(touched) do
+            written[k] = true
           end
         end
       end
