@@ -179,7 +179,7 @@ func (t *Tx) Set(key string, value any, ttl time.Duration) error {
 }
 
 // Del stages DEL keys...
-func (t *Tx) Del(keys ...string) error { return t.Do(append([]any{"DEL"}, strs(keys)...)...) }
+func (t *Tx) Del(keys ...string) error { return t.Do(append([]any{"DEL"}, txStrs(keys)...)...) }
 
 // Incr stages INCR key.
 func (t *Tx) Incr(key string) error { return t.Do("INCR", key) }
@@ -200,7 +200,7 @@ func (t *Tx) HIncrBy(key, field string, n int64) error { return t.Do("HINCRBY", 
 
 // HDel stages HDEL key fields...
 func (t *Tx) HDel(key string, fields ...string) error {
-	return t.Do(append([]any{"HDEL", key}, strs(fields)...)...)
+	return t.Do(append([]any{"HDEL", key}, txStrs(fields)...)...)
 }
 
 // SAdd stages SADD key members...
@@ -421,7 +421,7 @@ func txArg(a any) (string, error) {
 
 func ttlMillis(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
 
-func strs(ss []string) []any {
+func txStrs(ss []string) []any {
 	out := make([]any, len(ss))
 	for i, s := range ss {
 		out[i] = s
@@ -444,29 +444,29 @@ type txSpec struct {
 // list, z zset, x stream (the key must hold that type or nothing, and holds
 // it afterwards); = any type, a string afterwards (SET); - any type, nothing
 // afterwards (DEL); . any type, unchanged (EXPIRE).
-func spec(min, max int, keys byte, typ byte) txSpec {
+func txSpecOf(min, max int, keys byte, typ byte) txSpec {
 	return txSpec{min: min, max: max, keys: keys, hdr: string([]byte{typ, keys})}
 }
 
 var txCommands = map[string]txSpec{
-	"SET": spec(3, 0, 'F', '='), "SETEX": spec(4, 4, 'F', '='), "PSETEX": spec(4, 4, 'F', '='),
-	"MSET":   spec(3, 0, 'P', '='),
-	"APPEND": spec(3, 3, 'F', 's'), "INCR": spec(2, 2, 'F', 's'), "INCRBY": spec(3, 3, 'F', 's'),
-	"INCRBYFLOAT": spec(3, 3, 'F', 's'), "DECR": spec(2, 2, 'F', 's'), "DECRBY": spec(3, 3, 'F', 's'),
-	"SETRANGE": spec(4, 4, 'F', 's'), "SETBIT": spec(4, 4, 'F', 's'), "PFADD": spec(2, 0, 'F', 's'),
-	"DEL": spec(2, 0, 'A', '-'), "UNLINK": spec(2, 0, 'A', '-'),
-	"EXPIRE": spec(3, 4, 'F', '.'), "PEXPIRE": spec(3, 4, 'F', '.'), "EXPIREAT": spec(3, 4, 'F', '.'),
-	"PEXPIREAT": spec(3, 4, 'F', '.'), "PERSIST": spec(2, 2, 'F', '.'),
-	"HSET": spec(4, 0, 'F', 'h'), "HMSET": spec(4, 0, 'F', 'h'), "HSETNX": spec(4, 4, 'F', 'h'),
-	"HINCRBY": spec(4, 4, 'F', 'h'), "HINCRBYFLOAT": spec(4, 4, 'F', 'h'), "HDEL": spec(3, 0, 'F', 'h'),
-	"SADD": spec(3, 0, 'F', 'S'), "SREM": spec(3, 0, 'F', 'S'),
-	"LPUSH": spec(3, 0, 'F', 'l'), "RPUSH": spec(3, 0, 'F', 'l'), "LPUSHX": spec(3, 0, 'F', 'l'),
-	"RPUSHX": spec(3, 0, 'F', 'l'), "LTRIM": spec(4, 4, 'F', 'l'), "LSET": spec(4, 4, 'F', 'l'),
-	"LREM": spec(4, 4, 'F', 'l'), "LPOP": spec(2, 3, 'F', 'l'), "RPOP": spec(2, 3, 'F', 'l'),
-	"ZADD": spec(4, 0, 'F', 'z'), "ZINCRBY": spec(4, 4, 'F', 'z'), "ZREM": spec(3, 0, 'F', 'z'),
-	"ZREMRANGEBYSCORE": spec(4, 4, 'F', 'z'), "ZREMRANGEBYRANK": spec(4, 4, 'F', 'z'),
-	"ZREMRANGEBYLEX": spec(4, 4, 'F', 'z'),
-	"XADD":           spec(5, 0, 'F', 'x'), "XTRIM": spec(4, 0, 'F', 'x'), "XDEL": spec(3, 0, 'F', 'x'),
+	"SET": txSpecOf(3, 0, 'F', '='), "SETEX": txSpecOf(4, 4, 'F', '='), "PSETEX": txSpecOf(4, 4, 'F', '='),
+	"MSET":   txSpecOf(3, 0, 'P', '='),
+	"APPEND": txSpecOf(3, 3, 'F', 's'), "INCR": txSpecOf(2, 2, 'F', 's'), "INCRBY": txSpecOf(3, 3, 'F', 's'),
+	"INCRBYFLOAT": txSpecOf(3, 3, 'F', 's'), "DECR": txSpecOf(2, 2, 'F', 's'), "DECRBY": txSpecOf(3, 3, 'F', 's'),
+	"SETRANGE": txSpecOf(4, 4, 'F', 's'), "SETBIT": txSpecOf(4, 4, 'F', 's'), "PFADD": txSpecOf(2, 0, 'F', 's'),
+	"DEL": txSpecOf(2, 0, 'A', '-'), "UNLINK": txSpecOf(2, 0, 'A', '-'),
+	"EXPIRE": txSpecOf(3, 4, 'F', '.'), "PEXPIRE": txSpecOf(3, 4, 'F', '.'), "EXPIREAT": txSpecOf(3, 4, 'F', '.'),
+	"PEXPIREAT": txSpecOf(3, 4, 'F', '.'), "PERSIST": txSpecOf(2, 2, 'F', '.'),
+	"HSET": txSpecOf(4, 0, 'F', 'h'), "HMSET": txSpecOf(4, 0, 'F', 'h'), "HSETNX": txSpecOf(4, 4, 'F', 'h'),
+	"HINCRBY": txSpecOf(4, 4, 'F', 'h'), "HINCRBYFLOAT": txSpecOf(4, 4, 'F', 'h'), "HDEL": txSpecOf(3, 0, 'F', 'h'),
+	"SADD": txSpecOf(3, 0, 'F', 'S'), "SREM": txSpecOf(3, 0, 'F', 'S'),
+	"LPUSH": txSpecOf(3, 0, 'F', 'l'), "RPUSH": txSpecOf(3, 0, 'F', 'l'), "LPUSHX": txSpecOf(3, 0, 'F', 'l'),
+	"RPUSHX": txSpecOf(3, 0, 'F', 'l'), "LTRIM": txSpecOf(4, 4, 'F', 'l'), "LSET": txSpecOf(4, 4, 'F', 'l'),
+	"LREM": txSpecOf(4, 4, 'F', 'l'), "LPOP": txSpecOf(2, 3, 'F', 'l'), "RPOP": txSpecOf(2, 3, 'F', 'l'),
+	"ZADD": txSpecOf(4, 0, 'F', 'z'), "ZINCRBY": txSpecOf(4, 4, 'F', 'z'), "ZREM": txSpecOf(3, 0, 'F', 'z'),
+	"ZREMRANGEBYSCORE": txSpecOf(4, 4, 'F', 'z'), "ZREMRANGEBYRANK": txSpecOf(4, 4, 'F', 'z'),
+	"ZREMRANGEBYLEX": txSpecOf(4, 4, 'F', 'z'),
+	"XADD":           txSpecOf(5, 0, 'F', 'x'), "XTRIM": txSpecOf(4, 0, 'F', 'x'), "XDEL": txSpecOf(3, 0, 'F', 'x'),
 }
 
 // appendArgs appends the message's staged writes to complete.lua's
