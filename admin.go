@@ -184,6 +184,9 @@ type GroupStats struct {
 	Lag int64 `json:"lag"`
 	// OldestPendingAge is the idle time of the longest-idle pending entry.
 	OldestPendingAge time.Duration `json:"oldest_pending_age_ns"`
+	// DeadLetters is the number of entries in this group's dead-letter
+	// stream, summed over the shards.
+	DeadLetters int64 `json:"dead_letters"`
 }
 
 // Stats returns the queue's statistics, summed over its shards; a consumer
