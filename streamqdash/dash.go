@@ -43,6 +43,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -192,6 +193,8 @@ func New(client redis.UniversalClient, opts *Options) (*Handler, error) {
 	mux.HandleFunc("GET /queue", h.queue)
 	mux.HandleFunc("GET /job", h.job)
 	mux.HandleFunc("GET /api/stats", h.apiStats)
+	mux.HandleFunc("GET /api/queue", h.apiQueue)
+	mux.HandleFunc("GET /api/history", h.apiHistory)
 	mux.HandleFunc("POST /action", h.action)
 	mux.HandleFunc("GET /static/app.js", h.static.ServeHTTP)
 	mux.HandleFunc("GET /static/style.css", h.static.ServeHTTP)
@@ -311,7 +314,7 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if status >= 500 {
 		h.opts.Logger.Error("streamqdash: request failed", "path", r.URL.Path, "err", err)
 	}
-	if r.URL.Path == "/api/stats" {
+	if strings.HasPrefix(r.URL.Path, "/api/") {
 		writeJSON(w, status, map[string]string{"error": err.Error()})
 		return
 	}
