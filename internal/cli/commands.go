@@ -301,7 +301,7 @@ func (r *runner) printStats(s streamq.Stats, prev *streamq.Stats, elapsed time.D
 		return nil
 	}
 	tw := r.table()
-	head := "GROUP\tCONSUMERS\tSTALE\tPENDING\tLAG\tOLDEST PENDING\tSUCCEEDED\tFAILED"
+	head := "GROUP\tCONSUMERS\tSTALE\tPENDING\tLAG\tOLDEST PENDING\tDEAD LETTERS\tSUCCEEDED\tFAILED"
 	if elapsed > 0 {
 		head += "\tSUCCEEDED/S\tFAILED/S"
 	}
@@ -311,8 +311,8 @@ func (r *runner) printStats(s streamq.Stats, prev *streamq.Stats, elapsed time.D
 		if g.Lag < 0 {
 			lag = "unknown"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%d\t%d", g.Name, g.Consumers, g.StaleConsumers, g.Pending, lag,
-			fmtDuration(g.OldestPendingAge), g.Succeeded, g.Failed)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%d\t%d\t%d", g.Name, g.Consumers, g.StaleConsumers, g.Pending, lag,
+			fmtDuration(g.OldestPendingAge), g.DeadLetters, g.Succeeded, g.Failed)
 		if elapsed > 0 {
 			var ps, pf int64
 			for _, p := range prev.Groups {
