@@ -457,8 +457,8 @@ func TestOptions(t *testing.T) {
 }
 
 // TestManyDeadLetters: with 100,000 dead letters the pages stay fast: the
-// queue page reads one page (XRANGE with COUNT from a cursor), wherever the
-// cursor is. Times are logged; the bound asserted is generous.
+// queue page reads one page of its tab (Admin.Jobs from a cursor), forward
+// and back. Times are logged; the bound asserted is generous.
 func TestManyDeadLetters(t *testing.T) {
 	if testing.Short() {
 		t.Skip("writes 100,000 dead letters")
