@@ -196,6 +196,7 @@ func New(client redis.UniversalClient, opts *Options) (*Handler, error) {
 	mux.HandleFunc("GET /{$}", h.overview)
 	mux.HandleFunc("GET /queue", h.queue)
 	mux.HandleFunc("GET /job", h.job)
+	mux.HandleFunc("GET /deadletter", h.deadLetter)
 	mux.HandleFunc("GET /api/stats", h.apiStats)
 	mux.HandleFunc("GET /api/queue", h.apiQueue)
 	mux.HandleFunc("GET /api/history", h.apiHistory)

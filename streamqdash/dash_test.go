@@ -178,6 +178,15 @@ func TestPages(t *testing.T) {
 	code, _, _ = b.get("queue?q=orders&tab=nope")
 	require.Equal(t, http.StatusBadRequest, code)
 
+	dls, err := admin.DeadLetters(ctx, "", 10)
+	require.NoError(t, err)
+	code, body, _ = b.get("deadletter?q=orders&id=" + url.QueryEscape(dls[0].DeadLetterID))
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, `<pre id="payload">&#34;order bad-1&#34;</pre>`)
+	require.Contains(t, body, "card declined")
+	code, _, _ = b.get("deadletter?q=orders&id=1-1")
+	require.Equal(t, http.StatusNotFound, code)
+
 	code, body, _ = b.get("job?q=orders&id=bad-1")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, `id="job-state">dead-lettered<`)

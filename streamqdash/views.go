@@ -297,6 +297,37 @@ func (h *Handler) job(w http.ResponseWriter, r *http.Request) {
 	h.renderStatus(w, status, "job.html", data)
 }
 
+// deadLetter shows one dead letter with its payload (Admin.DeadLetter).
+func (h *Handler) deadLetter(w http.ResponseWriter, r *http.Request) {
+	name, id, group := r.FormValue("q"), r.FormValue("id"), r.FormValue("group")
+	ctx, cancel := context.WithTimeout(r.Context(), h.opts.Timeout)
+	defer cancel()
+	a, err := h.admin(ctx, name, group)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	d, err := a.DeadLetter(ctx, id)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	data := struct {
+		page
+		Queue, Group string
+		Back         template.URL
+		DL           streamq.DeadLetter
+		Payload      string
+		Binary       bool
+	}{page: h.page(w, r, "Dead letter "+id), Queue: name, Group: group, DL: d, Payload: string(d.Payload)}
+	data.Poll = 0
+	data.Back = listQuery{Queue: name, Group: group}.TabLink(defaultTab)
+	if !utf8.Valid(d.Payload) {
+		data.Payload, data.Binary = base64.StdEncoding.EncodeToString(d.Payload), true
+	}
+	h.render(w, "deadletter.html", data)
+}
+
 // statsResponse is the body of GET api/stats.
 type statsResponse struct {
 	// Time is when the counts were read, Unix milliseconds.
