@@ -572,7 +572,7 @@ func TestFanoutGroupDeadLetters(t *testing.T) {
 	b := newBrowser(t, mount(t, h))
 	code, body, _ := b.get("queue?q=events")
 	require.Equal(t, http.StatusOK, code)
-	require.Contains(t, body, `id="no-dead"`, "the answering group has none")
+	require.Contains(t, body, `id="no-jobs"`, "the answering group has none")
 	require.Contains(t, body, `<select name="group" id="group">`, "a group selector")
 	require.Contains(t, body, `<option>audit</option>`)
 	code, body, _ = b.get("queue?q=events&group=audit")
