@@ -203,6 +203,38 @@
   // ---- The chart ----------------------------------------------------------
   var chart = document.getElementById("chart");
   var history = null; // the last api/history body
+  var span = 1440; // minutes shown: the last 24 h, 6 h or 1 h of the history
+  var SPANS = { 1440: ["24 hours", "24 h", 3 * 60], 360: ["6 hours", "6 h", 60], 60: ["hour", "1 h", 10] };
+
+  document.addEventListener("click", function (e) {
+    var b = e.target.closest ? e.target.closest("#spans button") : null;
+    if (!b) {
+      return;
+    }
+    setSpan(parseInt(b.getAttribute("data-span"), 10));
+    try {
+      window.localStorage.setItem("streamqdash.span", String(span));
+    } catch (err) {
+      // storage off: the choice lasts for this page
+    }
+    draw();
+  });
+
+  function setSpan(minutes) {
+    if (!SPANS[minutes]) {
+      return;
+    }
+    span = minutes;
+    var all = document.querySelectorAll("#spans button");
+    for (var i = 0; i < all.length; i++) {
+      all[i].className = all[i].getAttribute("data-span") === String(span) ? "on" : "";
+    }
+  }
+  try {
+    setSpan(parseInt(window.localStorage.getItem("streamqdash.span"), 10));
+  } catch (err) {
+    // storage off: 24 hours
+  }
 
   function el(name, attrs, text) {
     var e = document.createElementNS(SVG, name);
@@ -250,7 +282,7 @@
     if (!chart || !history) {
       return;
     }
-    var pts = history.points || [];
+    var pts = (history.points || []).slice(-span);
     var W = Math.max(320, Math.round(chart.getBoundingClientRect().width) || 1000);
     var H = 220;
     var L = 64;
@@ -272,7 +304,7 @@
     top = niceCeil(top);
     var now = history.time;
     var end = pts.length ? Date.parse(pts[pts.length - 1].minute) + 60000 : now;
-    var start = end - 24 * 3600 * 1000;
+    var start = end - span * 60000;
     function x(ms) {
       return L + ((ms - start) / (end - start)) * (W - L - R);
     }
@@ -287,8 +319,8 @@
     }
     chart.appendChild(el("text", { x: 14, y: T + (H - T - B) / 2, class: "unit", "text-anchor": "middle",
       transform: "rotate(-90 14 " + (T + (H - T - B) / 2) + ")" }, "jobs / minute"));
-    // Time axis: a tick every 3 hours on the UTC hour.
-    var step = 3 * 3600 * 1000;
+    // Time axis: a tick every 3 hours (1 hour, 10 minutes) on the UTC clock.
+    var step = SPANS[span][2] * 60000;
     for (var t = Math.ceil(start / step) * step; t <= end; t += step) {
       var d = new Date(t);
       chart.appendChild(el("line", { x1: x(t), x2: x(t), y1: T, y2: H - B + 4, class: "grid" }));
@@ -296,7 +328,7 @@
         pad(d.getUTCHours()) + ":" + pad(d.getUTCMinutes())));
     }
     chart.appendChild(el("text", { x: W - R, y: H - 4, class: "unit", "text-anchor": "end" }, "time (UTC), one point per minute"));
-    chart.appendChild(el("text", { x: L, y: H - 4, class: "unit" }, "24 h ago"));
+    chart.appendChild(el("text", { x: L, y: H - 4, class: "unit" }, SPANS[span][1] + " ago"));
     function line(key, cls) {
       var s = pts.map(function (p) {
         return x(Date.parse(p.minute)).toFixed(1) + "," + y(p[key]).toFixed(1);
@@ -304,12 +336,16 @@
       var pl = el("polyline", { points: s, class: cls, id: "chart-" + key });
       chart.appendChild(pl);
     }
-    line("processed", "ok");
+    // Failed first: processed counts the failures too, so it is never
+    // below, and where both are 0 the processed line shows.
     line("failed", "bad");
+    line("processed", "ok");
     chart.setAttribute("data-points", String(pts.length));
     chart.setAttribute("data-max", String(top));
     document.getElementById("hist-processed").textContent = String(sumP);
     document.getElementById("hist-failed").textContent = String(sumF);
+    document.getElementById("chart-span").textContent = SPANS[span][0];
+    document.getElementById("hist-over").textContent = "in " + SPANS[span][1];
   }
 
   function loadHistory() {
@@ -336,7 +372,8 @@
     Promise.all(work)
       .then(function () {
         if (note) {
-          note.textContent = "· updated " + new Date().toLocaleTimeString();
+          var d = new Date();
+          note.textContent = "· updated " + pad(d.getUTCHours()) + ":" + pad(d.getUTCMinutes()) + ":" + pad(d.getUTCSeconds()) + " UTC";
         }
       })
       .catch(function (err) {
