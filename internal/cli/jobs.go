@@ -165,9 +165,9 @@ func jobsAct(ctx context.Context, r *runner, verb string, act func(*streamq.Admi
 		case err == nil:
 			fmt.Fprintf(r.stdout, "%s %s\n", id, done)
 		case errors.Is(err, streamq.ErrNotScheduled):
-			failed = append(failed, fmt.Errorf("%s: not %s: it is not waiting in the schedule (already queued, running or completed; see 'streamq job %s %s'): %w", id, verb, r.args[0], id, err))
+			failed = append(failed, wrapped{fmt.Sprintf("%s not %s (see 'streamq job %s %s')", id, verb, r.args[0], id), err})
 		default:
-			failed = append(failed, fmt.Errorf("%s: %w", id, err))
+			failed = append(failed, wrapped{fmt.Sprintf("%s not %s", id, verb), err})
 		}
 	}
 	switch len(failed) {
@@ -245,3 +245,16 @@ func fmtSpan(d time.Duration) string {
 	}
 	return fmt.Sprintf("%dm", d/time.Minute)
 }
+
+// wrapped is err with what failed in front, and err's own "streamq: "
+// prefix dropped (Main adds one).
+type wrapped struct {
+	what string
+	err  error
+}
+
+func (w wrapped) Error() string {
+	return w.what + ": " + strings.TrimPrefix(w.err.Error(), "streamq: ")
+}
+
+func (w wrapped) Unwrap() error { return w.err }
