@@ -471,16 +471,21 @@ func TestBrowserActions(t *testing.T) {
 		chromedp.Click(chromedp.CSS(row("sched-1")+` input[type=checkbox]`)),
 		chromedp.Click(chromedp.CSS(row(longID)+` input[type=checkbox]`)),
 		until(`document.getElementById("sel-count").textContent === "2" && !document.getElementById("sel-cancel").disabled`))
-	// The list refreshes meanwhile and keeps the selection.
-	before := c.eval(`document.getElementById("jobs").getAttribute("data-time")`)
-	c.step("refresh keeps the selection", 15*time.Second,
-		until(`document.getElementById("jobs").getAttribute("data-time") !== "`+before+`"`))
-	require.Equal(t, "2", c.eval(`document.querySelectorAll("#list tbody input:checked").length`))
+	// A job scheduled meanwhile shows at the next poll; the list is
+	// replaced and keeps the selection.
+	p, err := streamq.NewProducer[string, string](client, "orders", &streamq.ProducerOptions{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	_, err = p.Produce(ctx, "sched-4", "x", streamq.After(5*time.Hour))
+	require.NoError(t, err)
+	c.step("the new job is listed", 15*time.Second, until(`!!document.querySelector('`+row("sched-4")+`')`))
+	require.Equal(t, "2", c.eval(`document.querySelectorAll("#list tbody input:checked").length`), "the selection survives the refresh")
+	require.Equal(t, "2", c.text("sel-count"))
 	c.step("cancel the selection", 15*time.Second, chromedp.Click(chromedp.ID("sel-cancel")),
-		chromedp.WaitVisible(chromedp.ID("no-jobs")))
+		until(`!!document.getElementById("flash") && `+rows+` === 1`))
 	require.Equal(t, "Cancelled 2 job(s).", c.text("flash"))
 	require.Equal(t, streamq.JobCanceled, state("sched-1"))
 	require.Equal(t, streamq.JobCanceled, state(longID))
+	require.Equal(t, streamq.JobScheduled, state("sched-4"), "not selected")
 	agree("cancel a selection")
 
 	// Retries: Cancel one, Run the other now with a selection (select all).
@@ -534,8 +539,6 @@ func TestBrowserActions(t *testing.T) {
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- bad.Run(rctx) }()
-	p, err := streamq.NewProducer[string, string](client, "orders", &streamq.ProducerOptions{Logger: log})
-	require.NoError(t, err)
 	for _, id := range []string{"again-1", "again-2"} {
 		require.NoError(t, p.Enqueue(ctx, id, "x"))
 	}

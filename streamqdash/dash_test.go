@@ -381,6 +381,7 @@ func TestAPIQueue(t *testing.T) {
 		code, body, hdr := b.get("api/queue?" + query)
 		require.Equal(t, http.StatusOK, code, body)
 		require.Equal(t, "application/json", hdr.Get("Content-Type"))
+		require.Empty(t, hdr.Values("Set-Cookie"), "api/queue sets no cookie (it would be scoped to api/)")
 		var r queueResponse
 		require.NoError(t, json.Unmarshal([]byte(body), &r))
 		return r
@@ -399,6 +400,22 @@ func TestAPIQueue(t *testing.T) {
 	require.EqualValues(t, 2, r.Queue.DeadLetters)
 	require.EqualValues(t, 2, r.Page.Total)
 	require.Equal(t, 2, strings.Count(r.HTML, `data-dl="`))
+	// The page and a poll of an unchanged list agree on its digest, so the
+	// page keeps its rows.
+	_, page, _ := b.get("queue?q=orders&tab=dead") // the page sets the cookie of its directory
+	r = read("q=orders&tab=dead")
+	require.Contains(t, page, `data-digest="`+r.Digest+`"`)
+	// A first visit (no cookie yet) gets one cookie, and every form of the
+	// page its token. (The list's forms had a token of a second cookie.)
+	fresh := newBrowser(t, b.base)
+	code, page, hdr := fresh.get("queue?q=orders")
+	require.Equal(t, http.StatusOK, code)
+	require.Len(t, hdr.Values("Set-Cookie"), 1)
+	tokens := map[string]bool{}
+	for _, m := range csrfField.FindAllStringSubmatch(page, -1) {
+		tokens[m[1]] = true
+	}
+	require.Len(t, tokens, 1, "one token on the page")
 	r = read("q=orders&tab=queued")
 	require.EqualValues(t, 1, r.Queue.Length)
 	require.Len(t, r.Page.Jobs, 1)

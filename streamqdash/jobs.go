@@ -2,11 +2,14 @@ package streamqdash
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"html/template"
 	"net/http"
 	"net/url"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -167,7 +170,7 @@ type queueRead struct {
 	List    jobList
 }
 
-func (h *Handler) readQueue(ctx context.Context, w http.ResponseWriter, r *http.Request, q listQuery) (*streamq.Admin, queueRead, error) {
+func (h *Handler) readQueue(ctx context.Context, q listQuery) (*streamq.Admin, queueRead, error) {
 	var out queueRead
 	a, err := h.admin(ctx, q.Queue, q.Group)
 	if err != nil {
@@ -190,10 +193,9 @@ func (h *Handler) readQueue(ctx context.Context, w http.ResponseWriter, r *http.
 	if page.Jobs == nil {
 		page.Jobs = []streamq.JobSummary{}
 	}
+	// The caller sets List.CSRF: one token per response (a browser without
+	// the cookie gets one cookie, and every form of the page its token).
 	out.List = jobList{listQuery: q, Tabs: tabs, Page: page, ReadOnly: h.opts.ReadOnly, PageSize: h.opts.PageSize}
-	if !h.opts.ReadOnly {
-		out.List.CSRF = h.csrf.token(w, r)
-	}
 	return a, out, nil
 }
 
@@ -210,6 +212,23 @@ type queueResponse struct {
 	// HTML is the tab's list as the page shows it (the table and its
 	// pager), rendered by the same template as the page.
 	HTML string `json:"html"`
+	// Digest identifies HTML without its relative times: the page keeps
+	// its list while the digest stays the same.
+	Digest string `json:"digest"`
+}
+
+// relSpan matches a relative time of the list ("in 3m"), which changes
+// every second while the list does not.
+var relSpan = regexp.MustCompile(`<span class="rel"[^>]*>[^<]*</span>`)
+
+// renderList renders a tab's list and its digest.
+func (h *Handler) renderList(l jobList) (template.HTML, string, error) {
+	var b strings.Builder
+	if err := h.pages.ExecuteTemplate(&b, "jobs", l); err != nil {
+		return "", "", err
+	}
+	sum := sha256.Sum256([]byte(relSpan.ReplaceAllString(b.String(), "")))
+	return template.HTML(b.String()), hex.EncodeToString(sum[:12]), nil
 }
 
 func (h *Handler) apiQueue(w http.ResponseWriter, r *http.Request) {
@@ -220,17 +239,21 @@ func (h *Handler) apiQueue(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), h.opts.Timeout)
 	defer cancel()
-	_, read, err := h.readQueue(ctx, w, r, q)
+	_, read, err := h.readQueue(ctx, q)
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
-	var b strings.Builder
-	if err := h.pages.ExecuteTemplate(&b, "jobs", read.List); err != nil {
+	if !h.opts.ReadOnly {
+		read.List.CSRF = h.csrf.existing(r)
+	}
+	list, digest, err := h.renderList(read.List)
+	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, queueResponse{Time: time.Now().UnixMilli(), Queue: read.Summary, Tab: q.Tab.Name, Page: read.List.Page, HTML: b.String()})
+	writeJSON(w, http.StatusOK, queueResponse{Time: time.Now().UnixMilli(), Queue: read.Summary, Tab: q.Tab.Name,
+		Page: read.List.Page, HTML: string(list), Digest: digest})
 }
 
 // relTime says when t is from now: "in 3m", "2m ago".

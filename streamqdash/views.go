@@ -177,12 +177,19 @@ func (h *Handler) queue(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), h.opts.Timeout)
 	defer cancel()
-	a, read, err := h.readQueue(ctx, w, r, q)
+	a, read, err := h.readQueue(ctx, q)
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
 	cs, err := a.Consumers(ctx)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	pg := h.page(w, r, "Queue "+q.Queue)
+	read.List.CSRF = pg.CSRF
+	list, digest, err := h.renderList(read.List)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -194,9 +201,11 @@ func (h *Handler) queue(w http.ResponseWriter, r *http.Request) {
 		Stats     streamq.Stats
 		Consumers []streamq.ConsumerInfo
 		List      jobList
+		ListHTML  template.HTML // List rendered by the "jobs" template
+		Digest    string
 		Done      string
 		Group     string // whose dead letters: "" for the answering group
-	}{h.page(w, r, "Queue "+q.Queue), q.Queue, read.Summary, read.Stats, cs, read.List, doneMessage(r.URL.Query()), q.Group})
+	}{pg, q.Queue, read.Summary, read.Stats, cs, read.List, list, digest, doneMessage(r.URL.Query()), q.Group})
 }
 
 // doneMessage says what the action before a redirect did (fixed texts
@@ -580,6 +589,13 @@ var funcs = template.FuncMap{
 	},
 	"add":  func(a, b int) int { return a + b },
 	"rel":  relTime,
+	"ms": func(t time.Time) int64 {
+		if t.IsZero() {
+			return 0
+		}
+		return t.UnixMilli()
+	},
+	"agoMs": func(d time.Duration) int64 { return time.Now().Add(-d).UnixMilli() },
 	"dur2": coarse,
 	"utcTitle": func(t time.Time) string {
 		if t.IsZero() {

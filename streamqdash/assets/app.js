@@ -141,12 +141,59 @@
     });
   }
 
-  // replaceList swaps the list for the one just read, keeping what was
-  // selected (by value) where it is still listed.
-  function replaceList(html) {
-    if (Date.now() - touched < 1500) {
-      return; // not under the user's pointer: the next poll replaces it
+  var skew = 0; // the server's clock minus the browser's, ms
+  var shown = null; // the list's HTML without its relative times
+
+  // coarse and relText say what relTime in the Go code says.
+  function coarse(ms) {
+    var s = Math.round(ms / 1000);
+    function two(a, au, b, bu) {
+      return b === 0 ? a + au : a + au + " " + b + bu;
     }
+    if (s < 60) {
+      return s + "s";
+    }
+    if (s < 3600) {
+      return two(Math.floor(s / 60), "m", s % 60, "s");
+    }
+    if (s < 86400) {
+      return two(Math.floor(s / 3600), "h", Math.floor((s % 3600) / 60), "m");
+    }
+    return two(Math.floor(s / 86400), "d", Math.floor((s % 86400) / 3600), "h");
+  }
+
+  function relText(t) {
+    var d = t - (Date.now() + skew);
+    return d >= 0 ? "in " + coarse(d) : coarse(-d) + " ago";
+  }
+
+  // ageTimes rewrites the relative times ("in 3m", "2m ago") for now.
+  function ageTimes() {
+    var all = jobs.querySelectorAll(".rel[data-t]");
+    for (var i = 0; i < all.length; i++) {
+      var t = +all[i].getAttribute("data-t");
+      if (t > 0) {
+        var text = relText(t);
+        if (all[i].textContent !== text) {
+          all[i].textContent = text;
+        }
+      }
+    }
+  }
+
+  // replaceList swaps the list for the one just read, keeping what was
+  // selected (by value) where it is still listed. A list that changed only
+  // in its relative times is kept (its times are aged in place), so a
+  // refresh does not replace the rows under the user's pointer for nothing.
+  function replaceList(html, digest) {
+    if (shown === null) {
+      shown = jobs.getAttribute("data-digest");
+    }
+    if (digest === shown || Date.now() - touched < 1500) {
+      ageTimes();
+      return; // the same list, or under the user's pointer: the next poll replaces it
+    }
+    shown = digest;
     var keep = {};
     var all = boxes();
     for (var i = 0; i < all.length; i++) {
@@ -180,11 +227,12 @@
   function refresh() {
     if (jobs) {
       return getJSON("api/queue?" + jobs.getAttribute("data-query")).then(function (body) {
+        skew = body.time - Date.now();
         counts(body.time, body.queue);
         var totals = {};
         totals[body.queue.name] = [body.queue.succeeded, body.queue.failed];
         prev = { time: body.time, totals: totals };
-        replaceList(body.html);
+        replaceList(body.html, body.digest);
         jobs.setAttribute("data-time", String(body.time));
       });
     }
