@@ -587,8 +587,8 @@ var funcs = template.FuncMap{
 		}
 		return strconv.FormatInt(n, 10)
 	},
-	"add":  func(a, b int) int { return a + b },
-	"rel":  relTime,
+	"add": func(a, b int) int { return a + b },
+	"rel": relTime,
 	"ms": func(t time.Time) int64 {
 		if t.IsZero() {
 			return 0
@@ -596,7 +596,7 @@ var funcs = template.FuncMap{
 		return t.UnixMilli()
 	},
 	"agoMs": func(d time.Duration) int64 { return time.Now().Add(-d).UnixMilli() },
-	"dur2": coarse,
+	"dur2":  coarse,
 	"utcTitle": func(t time.Time) string {
 		if t.IsZero() {
 			return ""
