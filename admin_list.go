@@ -466,7 +466,9 @@ func (a *Admin) readParts(ctx context.Context, q JobsQuery, t deadTarget, shards
 		}
 		_, _ = pipe.Exec(ctx) // each reply's error is read below
 	}
-	run(func(pipe redis.Pipeliner, c call) *redis.Cmd { return scripts.Jobs.EvalSha(ctx, pipe, c.keys, c.args...) })
+	run(func(pipe redis.Pipeliner, c call) *redis.Cmd {
+		return scripts.Jobs.EvalSha(ctx, pipe, c.keys, c.args...)
+	})
 	if isNoScript(calls[0].cmd) {
 		// The server lost its scripts (a restart, SCRIPT FLUSH): once more
 		// with the source.
