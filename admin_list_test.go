@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -421,14 +422,8 @@ func TestAdminJobsStates(t *testing.T) {
 		require.ErrorIs(t, err, ErrInvalidOptions)
 		_, err = a.Jobs(ctx, JobsQuery{State: JobQueued, Cursor: "garbage!"})
 		require.ErrorIs(t, err, ErrInvalidCursor)
-		page, err := a.Jobs(ctx, JobsQuery{State: JobScheduled, Limit: 1})
-		require.NoError(t, err)
-		_ = page
-		pq, err := a.Jobs(ctx, JobsQuery{State: JobQueued})
-		require.NoError(t, err)
 		_, err = a.Jobs(ctx, JobsQuery{State: JobScheduled, Cursor: (jobsCursor{state: JobQueued, hasKey: true, str: "1-1"}).encode()})
 		require.ErrorIs(t, err, ErrInvalidCursor, "a cursor of another state")
-		_ = pq
 	})
 }
 
@@ -466,4 +461,206 @@ func TestAdminJobsErrorFilterWindow(t *testing.T) {
 		fwd, _, _ = walk(t, a, JobsQuery{State: JobDeadLettered, Limit: 4, ID: s.dead[77]})
 		require.Equal(t, []string{s.dead[77]}, fwd, "the id search goes through the window")
 	})
+}
+
+// TestAdminRunNow: RunNow appends a delayed job at once and the caller
+// waiting on its id gets the result; a waiting retry runs again at once with
+// its start count (the handler sees its second delivery); asking again
+// succeeds and runs nothing twice; an unknown id is ErrNotFound, a completed
+// one ErrNotScheduled. Cancel removes a waiting retry from the retry set.
+func TestAdminRunNow(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		p := newStringProducer(t, client, q)
+		var mu sync.Mutex
+		deliveries := map[string][]int{}
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+			mu.Lock()
+			deliveries[m.ID] = append(deliveries[m.ID], m.Deliveries)
+			mu.Unlock()
+			if strings.HasPrefix(m.ID, "r-") && m.Deliveries == 1 {
+				return "", RetryAfter(errors.New("later"), time.Hour)
+			}
+			return "done:" + m.Payload, nil
+		}, &ConsumerOptions{Name: "w", ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+		require.NoError(t, err)
+		runConsumer(t, c)
+		a, err := NewAdmin(client, q, nil)
+		require.NoError(t, err)
+
+		pr, err := p.Produce(ctx, "later", "x", After(time.Hour))
+		require.NoError(t, err)
+		require.NoError(t, a.RunNow(ctx, "later"))
+		require.NoError(t, a.RunNow(ctx, "later"), "asked again: done already")
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		got, err := pr.Wait(wctx)
+		require.NoError(t, err)
+		require.Equal(t, "done:x", got)
+		require.Empty(t, jobsOf(t, a, JobsQuery{State: JobScheduled}))
+
+		for _, id := range []string{"r-1", "r-2"} {
+			require.NoError(t, p.Enqueue(ctx, id, "y"))
+		}
+		eventually(t, 10*time.Second, func() bool { return len(jobsOf(t, a, JobsQuery{State: JobRetrying})) == 2 }, "two retries wait")
+		pr2, err := p.Produce(ctx, "r-1", "y")
+		require.NoError(t, err, "the waiting retry's id attaches")
+		require.NoError(t, a.RunNow(ctx, "r-1"))
+		got, err = pr2.Wait(wctx)
+		require.NoError(t, err)
+		require.Equal(t, "done:y", got)
+		mu.Lock()
+		require.Equal(t, []int{1, 2}, deliveries["r-1"], "the start count went on")
+		require.Equal(t, []int{1}, deliveries["later"])
+		mu.Unlock()
+
+		require.NoError(t, a.Cancel(ctx, "r-2"))
+		require.Empty(t, jobsOf(t, a, JobsQuery{State: JobRetrying}))
+		info, err := a.Job(ctx, "r-2")
+		require.NoError(t, err)
+		require.Equal(t, JobCanceled, info.State)
+		require.ErrorIs(t, a.RunNow(ctx, "r-2"), ErrNotScheduled)
+		require.ErrorIs(t, a.RunNow(ctx, "nobody"), ErrNotFound)
+		require.NoError(t, a.RunNow(ctx, "later"), "still within the marker's life")
+		_, err = p.Produce(ctx, "now", "z")
+		require.NoError(t, err)
+		eventually(t, 10*time.Second, func() bool {
+			info, err := a.Job(ctx, "now")
+			return err == nil && info.State == JobSucceeded
+		}, "now ran")
+		require.ErrorIs(t, a.RunNow(ctx, "now"), ErrNotScheduled)
+	})
+}
+
+// TestAdminHistory: after a run with a known number of successes, dead
+// letters and retries, the history (read by a new Admin, so from Redis)
+// counts exactly those: processed = all three, failed = dead letters and
+// retries; every minute is there, oldest first.
+func TestAdminHistory(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		p, err := NewProducer[string, string](client, q, &ProducerOptions{Shards: 2, Logger: testLogger(t)})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = p.Close() })
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+			switch {
+			case strings.HasPrefix(m.ID, "r-"):
+				return "", RetryAfter(errors.New("later"), time.Hour)
+			case strings.HasPrefix(m.ID, "d-"):
+				return "", Permanent(errors.New("bad"))
+			}
+			return "ok", nil
+		}, &ConsumerOptions{Shards: 2, ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+		require.NoError(t, err)
+		runConsumer(t, c)
+		const ok, dead, retries = 17, 5, 4
+		var promises []*Promise[string]
+		for i := range ok + dead {
+			id := fmt.Sprintf("ok-%d", i)
+			if i >= ok {
+				id = fmt.Sprintf("d-%d", i)
+			}
+			pr, err := p.Produce(ctx, id, "x")
+			require.NoError(t, err)
+			promises = append(promises, pr)
+		}
+		for i := range retries {
+			require.NoError(t, p.Enqueue(ctx, fmt.Sprintf("r-%d", i), "x"))
+		}
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		for _, pr := range promises {
+			_, _ = pr.Wait(wctx)
+		}
+		a, err := NewAdmin(client, q, nil)
+		require.NoError(t, err)
+		eventually(t, 10*time.Second, func() bool { return len(jobsOf(t, a, JobsQuery{State: JobRetrying})) == retries }, "retries wait")
+
+		fresh, err := NewAdmin(client, q, nil)
+		require.NoError(t, err)
+		hist, err := fresh.History(ctx, 10*time.Minute)
+		require.NoError(t, err)
+		require.Len(t, hist, 10)
+		var processed, failed int64
+		for i, h := range hist {
+			processed += h.Processed
+			failed += h.Failed
+			if i > 0 {
+				require.Equal(t, time.Minute, h.Minute.Sub(hist[i-1].Minute))
+			}
+		}
+		require.WithinDuration(t, time.Now().Truncate(time.Minute), hist[len(hist)-1].Minute, time.Minute)
+		require.EqualValues(t, ok+dead+retries, processed)
+		require.EqualValues(t, dead+retries, failed)
+		day, err := fresh.History(ctx, 0)
+		require.NoError(t, err)
+		require.Len(t, day, 24*60)
+		// The hour hashes expire.
+		n, err := queueShards(ctx, client, q)
+		require.NoError(t, err)
+		ks, err := keys.Shards(q, n)
+		require.NoError(t, err)
+		for _, k := range ks {
+			ttl, err := client.PTTL(ctx, k.History(time.Now().UnixMilli()/msPerHour)).Result()
+			require.NoError(t, err)
+			require.Greater(t, ttl, 24*time.Hour, "every shard completed something this hour")
+		}
+	})
+}
+
+// TestAdminStatsFanoutDeadLetters: each group's dead letters count in its
+// GroupStats: the fan-out group's own stream, the answering group's stream.
+func TestAdminStatsFanoutDeadLetters(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	client := realRedis(t)
+	q := queueName(t)
+	b, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		return "", Permanent(errors.New("audit refused it"))
+	}, &ConsumerOptions{Group: "audit", Fanout: true, Shards: 2, ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, b)
+	a, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		if m.ID == "bad" {
+			return "", Permanent(errors.New("no"))
+		}
+		return "ok", nil
+	}, &ConsumerOptions{Shards: 2, ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+	require.NoError(t, err)
+	eventually(t, 10*time.Second, func() bool {
+		ks, _ := keys.Shards(q, 2)
+		n, err := client.Exists(ctx, ks[0].Stream, ks[1].Stream).Result()
+		return err == nil && n == 2
+	}, "fan-out group created")
+	runConsumer(t, a)
+	p, err := NewProducer[string, string](client, q, &ProducerOptions{Shards: 2, Logger: testLogger(t)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	for i := range 6 {
+		require.NoError(t, p.Enqueue(ctx, fmt.Sprintf("j%d", i), "x"))
+	}
+	require.NoError(t, p.Enqueue(ctx, "bad", "x"))
+	admin, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	var st Stats
+	eventually(t, 10*time.Second, func() bool {
+		st, err = admin.Stats(ctx)
+		if err != nil {
+			return false
+		}
+		for _, g := range st.Groups {
+			if g.Name == "audit" && g.DeadLetters == 7 {
+				return true
+			}
+		}
+		return false
+	}, "7 dead letters of audit: %+v", st)
+	for _, g := range st.Groups {
+		if g.Name == DefaultGroup {
+			require.EqualValues(t, 1, g.DeadLetters)
+		}
+	}
+	require.EqualValues(t, 1, st.DeadLetters, "Stats.DeadLetters stays the answering group's")
 }
