@@ -650,17 +650,48 @@ func TestAdminStatsFanoutDeadLetters(t *testing.T) {
 		if err != nil {
 			return false
 		}
+		found := 0
 		for _, g := range st.Groups {
-			if g.Name == "audit" && g.DeadLetters == 7 {
-				return true
+			if (g.Name == "audit" && g.DeadLetters == 7) || (g.Name == DefaultGroup && g.DeadLetters == 1) {
+				found++
 			}
 		}
-		return false
-	}, "7 dead letters of audit: %+v", st)
-	for _, g := range st.Groups {
-		if g.Name == DefaultGroup {
-			require.EqualValues(t, 1, g.DeadLetters)
-		}
-	}
+		return found == 2
+	}, "7 dead letters of audit, 1 of the answering group: %+v", st)
 	require.EqualValues(t, 1, st.DeadLetters, "Stats.DeadLetters stays the answering group's")
+}
+
+// TestLegacyRetryInTheScheduleStillPromotes: a retry scheduled by an older
+// version (in the schedule, its data without an error) is still appended at
+// its due time with its start count, and listed with the scheduled jobs.
+func TestLegacyRetryInTheScheduleStillPromotes(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		k, err := keys.New(q)
+		require.NoError(t, err)
+		require.NoError(t, client.Set(ctx, k.Record("old"), "P@1", time.Hour).Err())
+		require.NoError(t, client.ZAdd(ctx, k.Schedule, redis.Z{Score: 1, Member: "rold"}).Err())
+		require.NoError(t, client.HSet(ctx, k.ScheduleData, "rold",
+			encParts(k.Record("old"), k.Starts(DefaultGroup), "2", encParts("id", "old", "p", `"x"`, "g", DefaultGroup))).Err())
+		a, err := NewAdmin(client, q, nil)
+		require.NoError(t, err)
+		sch := jobsOf(t, a, JobsQuery{State: JobScheduled})
+		require.Len(t, sch, 1)
+		require.Equal(t, "old", sch[0].ID)
+		require.Equal(t, 2, sch[0].Deliveries)
+		got := make(chan int, 1)
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+			got <- m.Deliveries
+			return "ok", nil
+		}, &ConsumerOptions{ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+		require.NoError(t, err)
+		runConsumer(t, c)
+		select {
+		case n := <-got:
+			require.Equal(t, 3, n, "the third start")
+		case <-time.After(10 * time.Second):
+			t.Fatal("the old retry was not promoted")
+		}
+	})
 }
