@@ -303,13 +303,8 @@ if mode == "s" then
       scanned = scanned + 1
       out[4] = e[1]
       local f = e[2] or {}
-      local kept = {}
       local id, err = "", ""
       for j = 1, #f, 2 do
-        if f[j] ~= "p" then
-          kept[#kept + 1] = f[j]
-          kept[#kept + 1] = f[j + 1]
-        end
         if f[j] == "id" then
           id = f[j + 1]
         elseif f[j] == "error" then
@@ -317,6 +312,13 @@ if mode == "s" then
         end
       end
       if (only == "" or id == only) and (needle == "" or string.find(err, needle, 1, true)) then
+        local kept = {}
+        for j = 1, #f, 2 do
+          if f[j] ~= "p" then
+            kept[#kept + 1] = f[j]
+            kept[#kept + 1] = f[j + 1]
+          end
+        end
         out[#out + 1] = {e[1], kept}
         found = found + 1
         if found >= want then
