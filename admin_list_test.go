@@ -381,7 +381,11 @@ func TestAdminJobsStates(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, info.EntryID, run.EntryID)
 
+		require.Equal(t, `"x"`, string(sch[0].Payload))
+		require.Equal(t, `"x"`, string(rty.Payload))
+		require.Equal(t, `"x"`, string(run.Payload))
 		dead := jobsOf(t, a, JobsQuery{State: JobDeadLettered})[0]
+		require.Equal(t, `"x"`, string(dead.Payload))
 		require.Equal(t, "d-1", dead.ID)
 		require.Contains(t, dead.LastError, "bad input")
 		require.Equal(t, "w", dead.Consumer)
@@ -410,6 +414,7 @@ func TestAdminJobsStates(t *testing.T) {
 		que := jobsOf(t, a, JobsQuery{State: JobQueued})
 		require.Len(t, que, 1)
 		require.Equal(t, "q-1", que[0].ID)
+		require.Equal(t, `"x"`, string(que[0].Payload))
 		require.NotEmpty(t, que[0].EntryID)
 		require.Len(t, jobsOf(t, a, JobsQuery{State: JobQueued, ID: "q-1"}), 1)
 
