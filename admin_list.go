@@ -83,6 +83,10 @@ type JobSummary struct {
 	DeadLetterID string `json:"dead_letter_id,omitempty"`
 	// At is when a dead job was dead-lettered.
 	At time.Time `json:"at,omitzero"`
+	// Payload is the job's encoded request, cut to its first 4096 bytes
+	// (Admin.DeadLetter returns a dead letter's whole payload). In JSON it
+	// is base64.
+	Payload []byte `json:"payload,omitempty"`
 }
 
 // HistoryPoint is one minute of Admin.History.
@@ -466,7 +470,9 @@ func (a *Admin) readParts(ctx context.Context, q JobsQuery, t deadTarget, shards
 		}
 		_, _ = pipe.Exec(ctx) // each reply's error is read below
 	}
-	run(func(pipe redis.Pipeliner, c call) *redis.Cmd { return scripts.Jobs.EvalSha(ctx, pipe, c.keys, c.args...) })
+	run(func(pipe redis.Pipeliner, c call) *redis.Cmd {
+		return scripts.Jobs.EvalSha(ctx, pipe, c.keys, c.args...)
+	})
 	if isNoScript(calls[0].cmd) {
 		// The server lost its scripts (a restart, SCRIPT FLUSH): once more
 		// with the source.
@@ -535,6 +541,14 @@ func asInt(v any) int64 {
 	return 0
 }
 
+// payloadBytes returns a payload reply, nil when empty.
+func payloadBytes(v any) []byte {
+	if s := asString(v); s != "" {
+		return []byte(s)
+	}
+	return nil
+}
+
 // parsePart parses one shard's jobs.lua reply.
 func (a *Admin) parsePart(state JobState, shard, nShards int, res []any) (shardPart, error) {
 	var p shardPart
@@ -571,6 +585,9 @@ func (a *Admin) parsePart(state JobState, shard, nShards int, res []any) (shardP
 			if ms := asInt(row[4]); ms > 0 {
 				s.ProducedAt = time.UnixMilli(ms)
 			}
+			if len(row) > 5 {
+				s.Payload = payloadBytes(row[5])
+			}
 		case JobRunning:
 			if len(row) < 6 {
 				return p, fmt.Errorf("streamq: list %s jobs of %s: unexpected row %v", state, a.queue, row)
@@ -582,6 +599,9 @@ func (a *Admin) parsePart(state JobState, shard, nShards int, res []any) (shardP
 			s.ID = asString(row[4])
 			s.Deliveries = int(asInt(row[5]))
 			s.ProducedAt = time.UnixMilli(int64(it.ms))
+			if len(row) > 6 {
+				s.Payload = payloadBytes(row[6])
+			}
 		default:
 			if len(row) < 2 {
 				return p, fmt.Errorf("streamq: list %s jobs of %s: unexpected row %v", state, a.queue, row)
@@ -594,6 +614,9 @@ func (a *Admin) parsePart(state JobState, shard, nShards int, res []any) (shardP
 				f[asString(fields[j])] = asString(fields[j+1])
 			}
 			s.ID = f["id"]
+			if p, ok := f["p"]; ok {
+				s.Payload = []byte(p)
+			}
 			if state == JobQueued {
 				s.EntryID = eid
 				s.Group = f["g"]

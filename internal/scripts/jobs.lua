@@ -16,7 +16,8 @@
 --   ARGV[8] only members whose error (data part 5) contains this; "" for all
 --   ARGV[9] only this member ("": any); the cursor is then ignored
 --   Returns {total, behind, more, frontier score, frontier member, then per
---   match: member, score, start count, error, production time (ms or "")}.
+--   match: member, score, start count, error, production time (ms or ""),
+--   payload (its first 4096 bytes)}.
 --   behind: 1 when members lie on the other side of the cursor; more: 1 when
 --   members lie beyond the last one scanned; the frontier is the last member
 --   scanned ("" when none).
@@ -34,7 +35,8 @@
 --           entry (a dead-letter stream)
 --   Returns {total, behind, more, frontier id, "", then per match: entry id,
 --   then its fields as a flat list of names and values, field "p" (payload)
---   left out}, each match as one nested array {id, fields}. total: the
+--   cut to its first 4096 bytes}, each match as one nested array {id,
+--   fields}. total: the
 --   group's lag (-1 when Redis does not know it) or the stream's length.
 --
 -- "p": a group's pending entries (XPENDING), by entry id.
@@ -42,13 +44,14 @@
 --   ARGV[2..4], ARGV[6] as for "s"; ARGV[10] the consumer group.
 --   Returns {total, behind, more, frontier id, "", then per match: {entry
 --   id, consumer, idle ms, Redis delivery count, request id or false, start
---   count or false}}. Scanning down (XPENDING only reads up) bisects the
+--   count or false, payload (its first 4096 bytes)}}. Scanning down (XPENDING only reads up) bisects the
 --   id space for the start of the last matches: at most about 110 XPENDING
 --   calls of ARGV[6] entries each.
 local mode = ARGV[1]
 local up = ARGV[2] == "1"
 local want = tonumber(ARGV[6])
 local window = tonumber(ARGV[7])
+local cap = 4096 -- payload bytes returned per job
 
 -- less compares strings as bytes (Lua's < follows the server's locale).
 local function less(a, b)
@@ -86,7 +89,14 @@ if mode == "z" then
   local needle = ARGV[8]
   local function row(member, score)
     local d = dec(redis.call("HGET", data, member) or "")
-    return {member, score, d[3] or "0", d[5] or "", d[6] or ""}
+    local f = dec(d[4] or "")
+    local payload = ""
+    for j = 1, #f, 2 do
+      if f[j] == "p" then
+        payload = string.sub(f[j + 1] or "", 1, cap)
+      end
+    end
+    return {member, score, d[3] or "0", d[5] or "", d[6] or "", payload}
   end
   if ARGV[9] ~= "" then
     local score = redis.call("ZSCORE", set, ARGV[9])
@@ -303,13 +313,8 @@ if mode == "s" then
       scanned = scanned + 1
       out[4] = e[1]
       local f = e[2] or {}
-      local kept = {}
       local id, err = "", ""
       for j = 1, #f, 2 do
-        if f[j] ~= "p" then
-          kept[#kept + 1] = f[j]
-          kept[#kept + 1] = f[j + 1]
-        end
         if f[j] == "id" then
           id = f[j + 1]
         elseif f[j] == "error" then
@@ -317,6 +322,15 @@ if mode == "s" then
         end
       end
       if (only == "" or id == only) and (needle == "" or string.find(err, needle, 1, true)) then
+        local kept = {}
+        for j = 1, #f, 2 do
+          kept[#kept + 1] = f[j]
+          if f[j] == "p" then
+            kept[#kept + 1] = string.sub(f[j + 1], 1, cap)
+          else
+            kept[#kept + 1] = f[j + 1]
+          end
+        end
         out[#out + 1] = {e[1], kept}
         found = found + 1
         if found >= want then
@@ -448,16 +462,18 @@ else
 end
 for _, p in ipairs(rows) do
   local e = redis.call("XRANGE", stream, p[1], p[1])
-  local rid = false
+  local rid, payload = false, ""
   if e[1] and e[1][2] then
     local f = e[1][2]
     for j = 1, #f, 2 do
       if f[j] == "id" then
         rid = f[j + 1]
+      elseif f[j] == "p" then
+        payload = string.sub(f[j + 1], 1, cap)
       end
     end
   end
-  out[#out + 1] = {p[1], p[2], p[3], p[4], rid, redis.call("HGET", starts, p[1])}
+  out[#out + 1] = {p[1], p[2], p[3], p[4], rid, redis.call("HGET", starts, p[1]), payload}
   out[4] = p[1]
 end
 if #rows >= want then
