@@ -168,6 +168,7 @@ func TestPages(t *testing.T) {
 	require.Equal(t, 3, strings.Count(body, `data-dl="`), "the dead tab opens first")
 	require.Equal(t, 3, strings.Count(body, `class="requeue"`))
 	require.Contains(t, body, `id="sel-requeue"`, "a selection action")
+	require.Contains(t, body, `<td class="payload"><span class="mono" title="&#34;order bad-1&#34;">&#34;order bad-1&#34;</span></td>`)
 	for _, tab := range []string{"scheduled", "retrying", "queued", "running", "dead"} {
 		code, body, _ = b.get("queue?q=orders&tab=" + tab)
 		require.Equal(t, http.StatusOK, code, "%s: %s", tab, body)
@@ -430,6 +431,9 @@ func TestAPIQueue(t *testing.T) {
 	code, body, _ := b.get("api/queue?q=orders&tab=nope")
 	require.Equal(t, http.StatusBadRequest, code)
 	require.Contains(t, body, `"error"`)
+	code, body, _ = b.get("api/queue?q=orders&tab=dead&cursor=bogus")
+	require.Equal(t, http.StatusBadRequest, code, "a cursor Admin.Jobs did not issue")
+	require.Contains(t, body, "invalid cursor")
 	code, _, _ = b.get("api/queue?q=ordrs")
 	require.Equal(t, http.StatusNotFound, code)
 

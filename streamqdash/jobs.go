@@ -153,7 +153,7 @@ func (l jobList) Actions() []string {
 // readJobs reads one page of the tab.
 func (h *Handler) readJobs(ctx context.Context, a *streamq.Admin, q listQuery) (streamq.JobsPage, error) {
 	p, err := a.Jobs(ctx, streamq.JobsQuery{State: q.Tab.State, Limit: h.opts.PageSize, Cursor: q.Cursor, ID: q.ID, ErrorContains: q.Error})
-	if err != nil && errors.Is(err, streamq.ErrInvalidOptions) {
+	if err != nil && (errors.Is(err, streamq.ErrInvalidOptions) || errors.Is(err, streamq.ErrInvalidCursor)) {
 		err = fmt.Errorf("%w: %w", errBadRequest, err)
 	}
 	return p, err

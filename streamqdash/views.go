@@ -596,7 +596,15 @@ var funcs = template.FuncMap{
 		return t.UnixMilli()
 	},
 	"agoMs": func(d time.Duration) int64 { return time.Now().Add(-d).UnixMilli() },
-	"dur2":  coarse,
+	"utf8":  func(b []byte) bool { return utf8.Valid(b) },
+	// payload is a job's payload as text: itself when UTF-8, else base64.
+	"payload": func(b []byte) string {
+		if utf8.Valid(b) {
+			return string(b)
+		}
+		return base64.StdEncoding.EncodeToString(b)
+	},
+	"dur2": coarse,
 	"utcTitle": func(t time.Time) string {
 		if t.IsZero() {
 			return ""

@@ -97,8 +97,10 @@ record of the id (never produced, expired, or forgotten).`,
   dead       dead letters, newest first (--group for a fan-out group's)
 --limit at a time; the line under the table gives the cursors of the next
 and the previous page (--cursor). --id keeps one request id; --error keeps
-retrying and dead jobs whose last error contains the text. Each page costs a
-bounded number of round trips, whatever the queue's size.`,
+retrying and dead jobs whose last error contains the text (a filtered page
+scans a bounded number of jobs, so it may hold fewer matches than --limit:
+follow its next cursor for more). Each page costs a bounded number of round
+trips, whatever the queue's size. A cursor not printed by jobs ls exits 2.`,
 			flags: jobsFlags, run: jobsList},
 		{name: "jobs cancel", args: "<queue> <request-id>...", summary: "cancel scheduled jobs or waiting retries",
 			help: `Cancels jobs waiting in the schedule (delayed, or a retry waiting for its

@@ -56,7 +56,7 @@ func jobsList(ctx context.Context, r *runner) error {
 		return err
 	}
 	p, err := a.Jobs(ctx, streamq.JobsQuery{State: state, Limit: int(r.o.limit), Cursor: r.o.cursor, ID: r.o.id, ErrorContains: r.o.errorContains})
-	if errors.Is(err, streamq.ErrInvalidOptions) {
+	if errors.Is(err, streamq.ErrInvalidOptions) || errors.Is(err, streamq.ErrInvalidCursor) {
 		return usagef("%v", err)
 	}
 	if err != nil {
@@ -72,10 +72,17 @@ func jobsList(ctx context.Context, r *runner) error {
 		}
 		return r.printJSON(p)
 	}
-	if len(p.Jobs) == 0 {
+	switch {
+	case len(p.Jobs) == 0 && p.Next != "":
+		// A filtered page scans a bounded number of jobs per shard.
+		fmt.Fprintf(r.stdout, "no match among the %s jobs scanned so far; the scan goes on with --cursor %s\n", r.o.state, p.Next)
+		return nil
+	case len(p.Jobs) == 0:
 		fmt.Fprintf(r.stdout, "no %s jobs\n", r.o.state)
-	} else if err := r.printJobs(state, p.Jobs); err != nil {
-		return err
+	default:
+		if err := r.printJobs(state, p.Jobs); err != nil {
+			return err
+		}
 	}
 	var more []string
 	if p.Total >= 0 {

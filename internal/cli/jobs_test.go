@@ -112,6 +112,7 @@ func TestCLIJobs(t *testing.T) {
 	s.golden("jobs-ls-bad-state", ExitUsage, "jobs", "ls", "orders", "--state", "pending")
 	s.golden("jobs-ls-error-queued", ExitUsage, "jobs", "ls", "orders", "--state", "queued", "--error", "x")
 	s.golden("jobs-ls-unknown-queue", ExitNotFound, "jobs", "ls", "ordrs", "--state", "dead")
+	s.golden("jobs-ls-bad-cursor", ExitUsage, "jobs", "ls", "orders", "--state", "dead", "--cursor", "bogus")
 	s.golden("job-retrying", 0, "job", "orders", "flaky-1")
 
 	// Paging both ways, one dead letter a page: newest first.
