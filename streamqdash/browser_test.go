@@ -303,9 +303,11 @@ func TestBrowserTabs(t *testing.T) {
 	srv := redistest.Start(t)
 	client := srv.Client(t)
 	fill(t, client)
+	began := time.Now()
 	st := seedStates(t, client)
 	defer st.release()
-	h, err := New(client, &Options{PollInterval: time.Second, Logger: slog.New(slog.DiscardHandler)})
+	t.Logf("seeded in %v", time.Since(began).Round(time.Millisecond))
+	h, err := New(client, &Options{PollInterval: 500 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	base := mount(t, h)
 
@@ -384,13 +386,14 @@ func TestBrowserTabs(t *testing.T) {
 			require.Equal(t, "60", c.eval(`document.getElementById("chart").getAttribute("data-points")`), "the span chosen on the first tab")
 		}
 		c.screenshot("dashboard-" + tc.tab + ".png")
+		t.Logf("tab %s checked after %v", tc.tab, time.Since(began).Round(time.Millisecond))
 		if tc.tab == defaultTab {
 			c.screenshot("dashboard.png")
 		}
 	}
 
 	// Paging both ways: a page of 2 on the scheduled tab.
-	small, err := New(client, &Options{PageSize: 2, PollInterval: time.Second, Logger: slog.New(slog.DiscardHandler)})
+	small, err := New(client, &Options{PageSize: 2, PollInterval: 500 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	sbase := mount(t, small)
 	c.step("first page", 15*time.Second, chromedp.Navigate(sbase+"queue?q=orders&tab=scheduled"), until(rows+` === 2`))
@@ -568,7 +571,7 @@ func TestBrowserReadOnly(t *testing.T) {
 	st := seedStates(t, client)
 	defer st.release()
 	key := []byte("0123456789abcdef0123456789abcdef")
-	ro, err := New(client, &Options{ReadOnly: true, CSRFKey: key, PollInterval: time.Second, Logger: slog.New(slog.DiscardHandler)})
+	ro, err := New(client, &Options{ReadOnly: true, CSRFKey: key, PollInterval: 500 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	base := mount(t, ro)
 	for _, tab := range []string{"scheduled", "retrying", "queued", "running", "dead"} {
