@@ -700,3 +700,19 @@ func TestLegacyRetryInTheScheduleStillPromotes(t *testing.T) {
 		}
 	})
 }
+
+// TestAdminJobsAfterScriptFlush: a server that lost its scripts (a restart,
+// SCRIPT FLUSH) is sent the script's source: the page still comes back.
+func TestAdminJobsAfterScriptFlush(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	q := queueName(t)
+	seedJobs(t, client, q, 2, 20)
+	a, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, client.ScriptFlush(ctx).Err())
+	page, err := a.Jobs(ctx, JobsQuery{State: JobScheduled})
+	require.NoError(t, err)
+	require.Len(t, page.Jobs, 20)
+}
