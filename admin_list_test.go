@@ -716,3 +716,58 @@ func TestAdminJobsAfterScriptFlush(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, page.Jobs, 20)
 }
+
+// TestAdminJobsFanoutRetry: a fan-out group's retry is listed with its
+// group, found by id through an Admin of that group, and run at once by it
+// (with its start count); the answering group's Admin does not find it.
+func TestAdminJobsFanoutRetry(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	client := realRedis(t)
+	q := queueName(t)
+	starts := make(chan int, 4)
+	b, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		starts <- m.Deliveries
+		if m.Deliveries == 1 {
+			return "", RetryAfter(errors.New("audit busy"), time.Hour)
+		}
+		return "", nil
+	}, &ConsumerOptions{Group: "audit", Fanout: true, ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, b)
+	a, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		return "ok", nil
+	}, &ConsumerOptions{ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+	require.NoError(t, err)
+	eventually(t, 10*time.Second, func() bool {
+		n, err := client.Exists(ctx, "streamq:{"+q+"}:stream").Result()
+		return err == nil && n == 1
+	}, "fan-out group created")
+	runConsumer(t, a)
+	p := newStringProducer(t, client, q)
+	require.NoError(t, p.Enqueue(ctx, "f-1", "x"))
+	require.Equal(t, 1, <-starts)
+	answering, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	audit, err := NewAdmin(client, q, &AdminOptions{Group: "audit"})
+	require.NoError(t, err)
+	var rty []JobSummary
+	eventually(t, 10*time.Second, func() bool {
+		rty = jobsOf(t, answering, JobsQuery{State: JobRetrying})
+		return len(rty) == 1
+	}, "the audit retry waits")
+	require.Equal(t, "f-1", rty[0].ID)
+	require.Equal(t, "audit", rty[0].Group)
+	require.Contains(t, rty[0].LastError, "audit busy")
+	require.Len(t, jobsOf(t, audit, JobsQuery{State: JobRetrying, ID: "f-1"}), 1)
+	require.Empty(t, jobsOf(t, answering, JobsQuery{State: JobRetrying, ID: "f-1"}))
+	require.NoError(t, audit.RunNow(ctx, "f-1"))
+	select {
+	case n := <-starts:
+		require.Equal(t, 2, n)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the audit retry did not run")
+	}
+	require.Empty(t, jobsOf(t, answering, JobsQuery{State: JobRetrying}))
+	require.ErrorIs(t, audit.RunNow(ctx, "nobody"), ErrNotScheduled, "a fan-out group has no records to tell")
+}
