@@ -668,7 +668,8 @@ func TestAdminStatsFanoutDeadLetters(t *testing.T) {
 
 // TestLegacyRetryInTheScheduleStillPromotes: a retry scheduled by an older
 // version (in the schedule, its data without an error) is still appended at
-// its due time with its start count, and listed with the scheduled jobs.
+// its due time with its start count, listed with the scheduled jobs (the
+// list reads one set), and reported retrying by Admin.Job.
 func TestLegacyRetryInTheScheduleStillPromotes(t *testing.T) {
 	backends(t, func(t *testing.T, client *redis.Client) {
 		ctx := context.Background()
@@ -685,6 +686,10 @@ func TestLegacyRetryInTheScheduleStillPromotes(t *testing.T) {
 		require.Len(t, sch, 1)
 		require.Equal(t, "old", sch[0].ID)
 		require.Equal(t, 2, sch[0].Deliveries)
+		info, err := a.Job(ctx, "old")
+		require.NoError(t, err)
+		require.Equal(t, JobRetrying, info.State, "a retry, whichever set it waits in")
+		require.Equal(t, 2, info.Deliveries)
 		got := make(chan int, 1)
 		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
 			got <- m.Deliveries
