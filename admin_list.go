@@ -463,20 +463,24 @@ func (a *Admin) readParts(ctx context.Context, q JobsQuery, t deadTarget, shards
 		}
 		calls[i] = c
 	}
-	run := func(eval func(pipe redis.Pipeliner, c call) *redis.Cmd) {
-		pipe := a.client.Pipeline()
-		for i := range calls {
-			calls[i].cmd = eval(pipe, calls[i])
-		}
-		_, _ = pipe.Exec(ctx) // each reply's error is read below
+	pipe := a.client.Pipeline()
+	for i := range calls {
+		calls[i].cmd = scripts.Jobs.EvalSha(ctx, pipe, calls[i].keys, calls[i].args...)
 	}
-	run(func(pipe redis.Pipeliner, c call) *redis.Cmd {
-		return scripts.Jobs.EvalSha(ctx, pipe, c.keys, c.args...)
-	})
-	if isNoScript(calls[0].cmd) {
-		// The server lost its scripts (a restart, SCRIPT FLUSH): once more
-		// with the source.
-		run(func(pipe redis.Pipeliner, c call) *redis.Cmd { return scripts.Jobs.Eval(ctx, pipe, c.keys, c.args...) })
+	_, _ = pipe.Exec(ctx) // each reply's error is read below
+	// A server that lacks the script (restarted, SCRIPT FLUSH, or a cluster
+	// node that never ran it): those calls once more with the source.
+	var again redis.Pipeliner
+	for i := range calls {
+		if isNoScript(calls[i].cmd) {
+			if again == nil {
+				again = a.client.Pipeline()
+			}
+			calls[i].cmd = scripts.Jobs.Eval(ctx, again, calls[i].keys, calls[i].args...)
+		}
+	}
+	if again != nil {
+		_, _ = again.Exec(ctx)
 	}
 	parts := make([]shardPart, len(which))
 	for i, c := range calls {

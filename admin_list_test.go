@@ -668,7 +668,8 @@ func TestAdminStatsFanoutDeadLetters(t *testing.T) {
 
 // TestLegacyRetryInTheScheduleStillPromotes: a retry scheduled by an older
 // version (in the schedule, its data without an error) is still appended at
-// its due time with its start count, and listed with the scheduled jobs.
+// its due time with its start count, listed with the scheduled jobs (the
+// list reads one set), and reported retrying by Admin.Job.
 func TestLegacyRetryInTheScheduleStillPromotes(t *testing.T) {
 	backends(t, func(t *testing.T, client *redis.Client) {
 		ctx := context.Background()
@@ -685,6 +686,10 @@ func TestLegacyRetryInTheScheduleStillPromotes(t *testing.T) {
 		require.Len(t, sch, 1)
 		require.Equal(t, "old", sch[0].ID)
 		require.Equal(t, 2, sch[0].Deliveries)
+		info, err := a.Job(ctx, "old")
+		require.NoError(t, err)
+		require.Equal(t, JobRetrying, info.State, "a retry, whichever set it waits in")
+		require.Equal(t, 2, info.Deliveries)
 		got := make(chan int, 1)
 		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
 			got <- m.Deliveries
@@ -699,4 +704,75 @@ func TestLegacyRetryInTheScheduleStillPromotes(t *testing.T) {
 			t.Fatal("the old retry was not promoted")
 		}
 	})
+}
+
+// TestAdminJobsAfterScriptFlush: a server that lost its scripts (a restart,
+// SCRIPT FLUSH) is sent the script's source: the page still comes back.
+func TestAdminJobsAfterScriptFlush(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	q := queueName(t)
+	seedJobs(t, client, q, 2, 20)
+	a, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, client.ScriptFlush(ctx).Err())
+	page, err := a.Jobs(ctx, JobsQuery{State: JobScheduled})
+	require.NoError(t, err)
+	require.Len(t, page.Jobs, 20)
+}
+
+// TestAdminJobsFanoutRetry: a fan-out group's retry is listed with its
+// group, found by id through an Admin of that group, and run at once by it
+// (with its start count); the answering group's Admin does not find it.
+func TestAdminJobsFanoutRetry(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	client := realRedis(t)
+	q := queueName(t)
+	starts := make(chan int, 4)
+	b, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		starts <- m.Deliveries
+		if m.Deliveries == 1 {
+			return "", RetryAfter(errors.New("audit busy"), time.Hour)
+		}
+		return "", nil
+	}, &ConsumerOptions{Group: "audit", Fanout: true, ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, b)
+	a, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		return "ok", nil
+	}, &ConsumerOptions{ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+	require.NoError(t, err)
+	eventually(t, 10*time.Second, func() bool {
+		n, err := client.Exists(ctx, "streamq:{"+q+"}:stream").Result()
+		return err == nil && n == 1
+	}, "fan-out group created")
+	runConsumer(t, a)
+	p := newStringProducer(t, client, q)
+	require.NoError(t, p.Enqueue(ctx, "f-1", "x"))
+	require.Equal(t, 1, <-starts)
+	answering, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	audit, err := NewAdmin(client, q, &AdminOptions{Group: "audit"})
+	require.NoError(t, err)
+	var rty []JobSummary
+	eventually(t, 10*time.Second, func() bool {
+		rty = jobsOf(t, answering, JobsQuery{State: JobRetrying})
+		return len(rty) == 1
+	}, "the audit retry waits")
+	require.Equal(t, "f-1", rty[0].ID)
+	require.Equal(t, "audit", rty[0].Group)
+	require.Contains(t, rty[0].LastError, "audit busy")
+	require.Len(t, jobsOf(t, audit, JobsQuery{State: JobRetrying, ID: "f-1"}), 1)
+	require.Empty(t, jobsOf(t, answering, JobsQuery{State: JobRetrying, ID: "f-1"}))
+	require.NoError(t, audit.RunNow(ctx, "f-1"))
+	select {
+	case n := <-starts:
+		require.Equal(t, 2, n)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the audit retry did not run")
+	}
+	require.Empty(t, jobsOf(t, answering, JobsQuery{State: JobRetrying}))
+	require.ErrorIs(t, audit.RunNow(ctx, "nobody"), ErrNotScheduled, "a fan-out group has no records to tell")
 }

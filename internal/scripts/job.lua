@@ -16,8 +16,9 @@
 -- false}. The rest are read only while the request is in flight: for
 -- "P<entry id>", present says the entry is in the stream; for "P@<due>"
 -- (scheduled), present is 1 when the request is in the schedule (a delayed
--- request, or a retry scheduled before the retry set existed), 2 when it is
--- in the retry set, and starts is the start count its schedule data carries
+-- request), 2 when it is in the retry set, or in the schedule with a
+-- start-count key in its data (a retry scheduled before the retry set
+-- existed), and starts is the start count its schedule data carries
 -- (a retry's starts so far; "0" for a delayed request), the last error the
 -- error message a retry's data keeps.
 local member = "r" .. ARGV[2]
@@ -52,7 +53,9 @@ if string.sub(rec, 2, 2) == "@" then
         break
       end
       i = i + 1
-      if i == 3 then
+      if i == 2 and len > 0 and present == 1 then
+        present = 2 -- a retry an older version left in the schedule
+      elseif i == 3 then
         starts = string.sub(raw, colon + 1, colon + len)
       elseif i == 5 then
         lastErr = string.sub(raw, colon + 1, colon + len)

@@ -24,29 +24,33 @@
 --
 -- "s": a stream: the queued entries of a group (those after its
 --   last-delivered-id), or a dead-letter stream.
---   KEYS[1] the stream.
+--   KEYS[1] the stream, KEYS[2] unused (the caller sends the group's
+--   start-count hash, as for "p").
 --   ARGV[2] "1": scan up (oldest first), "0": down
 --   ARGV[3] the entry id to start from ("" for the first/last), ARGV[4] "1"
---           when it is exclusive
+--           when it is exclusive; ARGV[5] unused
 --   ARGV[6] the most matches, ARGV[7] the most entries to scan
 --   ARGV[8] only entries whose field "error" contains this; "" for all
 --   ARGV[9] only entries whose field "id" is this; "" for all
 --   ARGV[10] the consumer group whose unread entries to list; "" for every
 --           entry (a dead-letter stream)
---   Returns {total, behind, more, frontier id, "", then per match: entry id,
---   then its fields as a flat list of names and values, field "p" (payload)
---   cut to its first 4096 bytes}, each match as one nested array {id,
---   fields}. total: the
---   group's lag (-1 when Redis does not know it) or the stream's length.
+--   Returns {total, behind, more, frontier id, "", then per match {entry id,
+--   its fields as a flat list of names and values, field "p" (payload) cut
+--   to its first 4096 bytes}}. total: the group's lag (-1 when Redis does
+--   not know it; the stream's length when the group does not exist yet), or
+--   the stream's length.
 --
 -- "p": a group's pending entries (XPENDING), by entry id.
 --   KEYS[1] the stream, KEYS[2] the group's start-count hash.
---   ARGV[2..4], ARGV[6] as for "s"; ARGV[10] the consumer group.
---   Returns {total, behind, more, frontier id, "", then per match: {entry
---   id, consumer, idle ms, Redis delivery count, request id or false, start
---   count or false, payload (its first 4096 bytes)}}. Scanning down (XPENDING only reads up) bisects the
---   id space for the start of the last matches: at most about 110 XPENDING
---   calls of ARGV[6] entries each.
+--   ARGV[2..6] as for "s"; ARGV[7..9] unused; ARGV[10] the consumer group.
+--   Returns {total (the group's pending count), behind, more, frontier id,
+--   "", then per match {entry id, consumer, idle ms, Redis delivery count,
+--   request id or false, start count or false, payload (its first 4096
+--   bytes)}}. XPENDING reads only upward and, on some servers, takes no
+--   exclusive bounds: bounds are made inclusive here, and scanning down
+--   bisects the id space (milliseconds, then sequence) for the start of the
+--   last ARGV[6] entries: at most about 110 XPENDING calls of ARGV[6]
+--   entries each.
 local mode = ARGV[1]
 local up = ARGV[2] == "1"
 local want = tonumber(ARGV[6])
