@@ -419,9 +419,7 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 	back := url.Values{"q": {name}}
 	if bq, err := url.ParseQuery(r.PostFormValue("back")); err == nil {
 		bq.Set("q", name)
-		if group != "" {
-			bq.Set("group", group)
-		}
+		bq.Set("group", group) // the group acted on, "" (dropped) for the answering one
 		if lq, err := parseListQuery(bq); err == nil {
 			back = lq.values(true)
 		}
