@@ -776,3 +776,24 @@ func TestAdminJobsFanoutRetry(t *testing.T) {
 	require.Empty(t, jobsOf(t, answering, JobsQuery{State: JobRetrying}))
 	require.ErrorIs(t, audit.RunNow(ctx, "nobody"), ErrNotScheduled, "a fan-out group has no records to tell")
 }
+
+// TestAdminJobsPayloadCut: a page carries at most 4096 bytes of a job's
+// payload, so a page of big jobs stays bounded.
+func TestAdminJobsPayloadCut(t *testing.T) {
+	client, _ := miniRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	p := newStringProducer(t, client, q)
+	big := strings.Repeat("b", 5000)
+	_, err := p.Produce(ctx, "big", big, After(time.Hour))
+	require.NoError(t, err)
+	require.NoError(t, p.Enqueue(ctx, "queued", big))
+	a, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	for _, st := range []JobState{JobScheduled, JobQueued} {
+		js := jobsOf(t, a, JobsQuery{State: st})
+		require.Len(t, js, 1)
+		require.Len(t, js[0].Payload, 4096, "%s", st)
+		require.Equal(t, `"`+big[:4095], string(js[0].Payload), "the payload's start, as encoded")
+	}
+}
