@@ -216,6 +216,12 @@ func TestAdminJobsPagingBothWays(t *testing.T) {
 			requireEachOnce(t, c.want, fwd, string(c.state)+" forward")
 			require.Equal(t, fwd, back, "%s: the same order both ways", c.state)
 			require.Equal(t, (len(c.want)+6)/7, pages, "%s: full pages", c.state)
+			// From the far end (the cursor of an empty last page): the last 7.
+			end, err := a.Jobs(context.Background(), JobsQuery{State: c.state, Limit: 7, Cursor: jobsCursor{state: c.state, back: true}.encode()})
+			require.NoError(t, err)
+			require.Equal(t, fwd[len(fwd)-7:], summaryIDs(end.Jobs), "%s: the last page", c.state)
+			require.Empty(t, end.Next)
+			require.NotEmpty(t, end.Prev)
 			switch c.state {
 			case JobScheduled, JobRetrying:
 				for i := 1; i < len(fwd); i++ {

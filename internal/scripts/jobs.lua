@@ -430,11 +430,8 @@ else
     local lom = parse(first[1][1])
     local him
     if scanFrom == "+" then
-      local last = redis.call("XREVRANGE", stream, "+", "-", "COUNT", 1)
-      him = lom
-      if last[1] then
-        him = parse(last[1][1])
-      end
+      -- Every pending id is at most the group's last-delivered id.
+      him = math.max(parse(floor), lom)
     else
       him = parse(scanFrom)
     end
