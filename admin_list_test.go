@@ -803,3 +803,43 @@ func TestAdminJobsPayloadCut(t *testing.T) {
 		require.Equal(t, `"`+big[:4095], string(js[0].Payload), "the payload's start, as encoded")
 	}
 }
+
+// TestAdminJobsCursorHoldsItsPlace: jobs added before a cursor, and jobs of
+// the page before it removed, neither shift nor repeat the next page (the
+// cursor holds the sort key, not an offset).
+func TestAdminJobsCursorHoldsItsPlace(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		seedJobs(t, client, q, 3, 60)
+		a, err := NewAdmin(client, q, nil)
+		require.NoError(t, err)
+		all := jobsOf(t, a, JobsQuery{State: JobScheduled})
+		first, err := a.Jobs(ctx, JobsQuery{State: JobScheduled, Limit: 10})
+		require.NoError(t, err)
+		require.Equal(t, summaryIDs(all[:10]), summaryIDs(first.Jobs))
+		p, err := NewProducer[string, string](client, q, &ProducerOptions{Shards: 3, Logger: testLogger(t)})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = p.Close() })
+		for i := range 5 {
+			_, err := p.Produce(ctx, fmt.Sprintf("early-%d", i), "x", After(time.Minute))
+			require.NoError(t, err)
+		}
+		// (The seeded jobs have no record: remove them by hand.)
+		n, err := queueShards(ctx, client, q)
+		require.NoError(t, err)
+		ks, err := keys.Shards(q, n)
+		require.NoError(t, err)
+		for _, j := range first.Jobs[:3] {
+			require.NoError(t, client.ZRem(ctx, ks[j.Shard].Schedule, "r"+j.ID).Err())
+		}
+		second, err := a.Jobs(ctx, JobsQuery{State: JobScheduled, Limit: 10, Cursor: first.Next})
+		require.NoError(t, err)
+		require.Equal(t, summaryIDs(all[10:20]), summaryIDs(second.Jobs))
+		back, err := a.Jobs(ctx, JobsQuery{State: JobScheduled, Limit: 10, Cursor: second.Prev})
+		require.NoError(t, err)
+		got := summaryIDs(back.Jobs)
+		require.Equal(t, summaryIDs(all[3:10]), got[len(got)-7:], "back: the page before, without the removed jobs")
+		require.Equal(t, []string{"early-2", "early-3", "early-4"}, got[:3], "and the latest of the jobs added before it")
+	})
+}
