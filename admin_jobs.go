@@ -85,8 +85,9 @@ type JobInfo struct {
 	TTL time.Duration `json:"ttl_ns"`
 }
 
-// Job looks up a request id: whether it is scheduled (until when), queued,
-// running (on which consumer, after how many starts), finished (with its stored result or
+// Job looks up a request id: whether it is scheduled (until when), a retry
+// waiting for its back-off (until when, after how many starts, why),
+// queued, running (on which consumer, after how many starts), finished (with its stored result or
 // error) or canceled, and how long Redis keeps its record. It returns ErrNotFound when
 // Redis holds no record of the id: never produced, expired (ResultTTL,
 // InflightTTL), or forgotten. The in-flight part is read for the Admin's

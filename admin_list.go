@@ -213,8 +213,9 @@ type shardPart struct {
 // Total counts the state's jobs in the queue, not the filter's matches: the
 // sets' and dead-letter streams' lengths, the group's pending entries, and
 // Redis's lag for queued entries (-1 when Redis does not know it); it is -1
-// for an ID search.
-// ErrorContains applies to JobRetrying and JobDeadLettered only.
+// for an ID search. ErrorContains applies to JobRetrying and JobDeadLettered
+// only (ErrInvalidOptions otherwise); a cursor of another state, or one Jobs
+// did not issue, is ErrInvalidCursor. An unknown queue has empty pages.
 func (a *Admin) Jobs(ctx context.Context, q JobsQuery) (JobsPage, error) {
 	mustContext(ctx, "Admin.Jobs")
 	page := JobsPage{Jobs: []JobSummary{}, Total: -1}

@@ -216,6 +216,12 @@ func TestAdminJobsPagingBothWays(t *testing.T) {
 			requireEachOnce(t, c.want, fwd, string(c.state)+" forward")
 			require.Equal(t, fwd, back, "%s: the same order both ways", c.state)
 			require.Equal(t, (len(c.want)+6)/7, pages, "%s: full pages", c.state)
+			// From the far end (the cursor of an empty last page): the last 7.
+			end, err := a.Jobs(context.Background(), JobsQuery{State: c.state, Limit: 7, Cursor: jobsCursor{state: c.state, back: true}.encode()})
+			require.NoError(t, err)
+			require.Equal(t, fwd[len(fwd)-7:], summaryIDs(end.Jobs), "%s: the last page", c.state)
+			require.Empty(t, end.Next)
+			require.NotEmpty(t, end.Prev)
 			switch c.state {
 			case JobScheduled, JobRetrying:
 				for i := 1; i < len(fwd); i++ {
@@ -775,4 +781,93 @@ func TestAdminJobsFanoutRetry(t *testing.T) {
 	}
 	require.Empty(t, jobsOf(t, answering, JobsQuery{State: JobRetrying}))
 	require.ErrorIs(t, audit.RunNow(ctx, "nobody"), ErrNotScheduled, "a fan-out group has no records to tell")
+}
+
+// TestAdminJobsPayloadCut: a page carries at most 4096 bytes of a job's
+// payload, so a page of big jobs stays bounded.
+func TestAdminJobsPayloadCut(t *testing.T) {
+	client, _ := miniRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	p := newStringProducer(t, client, q)
+	big := strings.Repeat("b", 5000)
+	_, err := p.Produce(ctx, "big", big, After(time.Hour))
+	require.NoError(t, err)
+	require.NoError(t, p.Enqueue(ctx, "queued", big))
+	a, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	for _, st := range []JobState{JobScheduled, JobQueued} {
+		js := jobsOf(t, a, JobsQuery{State: st})
+		require.Len(t, js, 1)
+		require.Len(t, js[0].Payload, 4096, "%s", st)
+		require.Equal(t, `"`+big[:4095], string(js[0].Payload), "the payload's start, as encoded")
+	}
+}
+
+// TestAdminJobsCursorHoldsItsPlace: jobs added before a cursor, and jobs of
+// the page before it removed, neither shift nor repeat the next page (the
+// cursor holds the sort key, not an offset).
+func TestAdminJobsCursorHoldsItsPlace(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		seedJobs(t, client, q, 3, 60)
+		a, err := NewAdmin(client, q, nil)
+		require.NoError(t, err)
+		all := jobsOf(t, a, JobsQuery{State: JobScheduled})
+		first, err := a.Jobs(ctx, JobsQuery{State: JobScheduled, Limit: 10})
+		require.NoError(t, err)
+		require.Equal(t, summaryIDs(all[:10]), summaryIDs(first.Jobs))
+		p, err := NewProducer[string, string](client, q, &ProducerOptions{Shards: 3, Logger: testLogger(t)})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = p.Close() })
+		for i := range 5 {
+			_, err := p.Produce(ctx, fmt.Sprintf("early-%d", i), "x", After(time.Minute))
+			require.NoError(t, err)
+		}
+		// (The seeded jobs have no record: remove them by hand.)
+		n, err := queueShards(ctx, client, q)
+		require.NoError(t, err)
+		ks, err := keys.Shards(q, n)
+		require.NoError(t, err)
+		for _, j := range first.Jobs[:3] {
+			require.NoError(t, client.ZRem(ctx, ks[j.Shard].Schedule, "r"+j.ID).Err())
+		}
+		second, err := a.Jobs(ctx, JobsQuery{State: JobScheduled, Limit: 10, Cursor: first.Next})
+		require.NoError(t, err)
+		require.Equal(t, summaryIDs(all[10:20]), summaryIDs(second.Jobs))
+		back, err := a.Jobs(ctx, JobsQuery{State: JobScheduled, Limit: 10, Cursor: second.Prev})
+		require.NoError(t, err)
+		got := summaryIDs(back.Jobs)
+		require.Equal(t, summaryIDs(all[3:10]), got[len(got)-7:], "back: the page before, without the removed jobs")
+		require.Equal(t, []string{"early-2", "early-3", "early-4"}, got[:3], "and the latest of the jobs added before it")
+	})
+}
+
+// FuzzJobsCursor: any string given as a cursor (a dashboard passes them
+// through URLs) decodes to a cursor or ErrInvalidCursor, never a panic, and
+// every cursor Jobs issues decodes to itself.
+func FuzzJobsCursor(f *testing.F) {
+	f.Add(string(JobQueued), false, true, int64(2), "1796186471324-0", "")
+	f.Add(string(JobScheduled), true, true, int64(1796186471324), "rorder|17", "cmV0cnlpbmd8bmt8MHx4")
+	f.Add(string(JobDeadLettered), false, false, int64(0), "", "!!")
+	f.Fuzz(func(t *testing.T, state string, back, hasKey bool, num int64, str, raw string) {
+		for _, st := range []JobState{JobScheduled, JobRetrying, JobQueued, JobRunning, JobDeadLettered} {
+			if c, err := decodeJobsCursor(raw, st); err != nil {
+				require.ErrorIs(t, err, ErrInvalidCursor)
+			} else {
+				require.Equal(t, st, c.state)
+			}
+		}
+		c := jobsCursor{state: JobState(state), back: back, hasKey: hasKey, num: num, str: str}
+		if !zsetState(c.state) && hasKey && (!fullStreamID(str) || num < 0) {
+			return // never issued
+		}
+		got, err := decodeJobsCursor(c.encode(), c.state)
+		if strings.Contains(state, "|") {
+			return // a state name never holds the separator
+		}
+		require.NoError(t, err)
+		require.Equal(t, c, got)
+	})
 }

@@ -91,8 +91,12 @@ if mode == "z" then
   local set, data = KEYS[1], KEYS[2]
   local total = redis.call("ZCARD", set)
   local needle = ARGV[8]
+  -- row returns a member's reply, or nil when it does not match.
   local function row(member, score)
     local d = dec(redis.call("HGET", data, member) or "")
+    if needle ~= "" and not string.find(d[5] or "", needle, 1, true) then
+      return nil
+    end
     local f = dec(d[4] or "")
     local payload = ""
     for j = 1, #f, 2 do
@@ -106,10 +110,7 @@ if mode == "z" then
     local score = redis.call("ZSCORE", set, ARGV[9])
     local out = {total, 0, 0, "", ""}
     if score then
-      local r = row(ARGV[9], score)
-      if needle == "" or string.find(r[4], needle, 1, true) then
-        out[6] = r
-      end
+      out[6] = row(ARGV[9], score)
     end
     return out
   end
@@ -176,7 +177,7 @@ if mode == "z" then
       if up then rank = rank + 1 else rank = rank - 1 end
       out[4], out[5] = page[i + 1], page[i]
       local r = row(page[i], page[i + 1])
-      if needle == "" or string.find(r[4], needle, 1, true) then
+      if r then
         out[#out + 1] = r
         found = found + 1
         if found >= want then
@@ -429,11 +430,8 @@ else
     local lom = parse(first[1][1])
     local him
     if scanFrom == "+" then
-      local last = redis.call("XREVRANGE", stream, "+", "-", "COUNT", 1)
-      him = lom
-      if last[1] then
-        him = parse(last[1][1])
-      end
+      -- Every pending id is at most the group's last-delivered id.
+      him = math.max(parse(floor), lom)
     else
       him = parse(scanFrom)
     end
