@@ -558,11 +558,12 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 	o := &r.c.opts
 	k := r.c.shards[shard]
 	dead := fixed.dead
-	keyList := make([]string, 3, 4+len(batch))
+	keyList := make([]string, 3, 5+len(batch))
 	keyList[0], keyList[1], keyList[2] = k.Stream, dead, fixed.fanout
 	args := make([]any, len(fixed.args), len(fixed.args)+6*len(batch))
 	copy(args, fixed.args)
-	args[6] = time.Now().UnixMilli()
+	now := time.Now().UnixMilli()
+	args[6] = now
 	var txArgs []any // the staged writes' section, when some item has one
 	var txKeys []string
 	for i, cp := range batch {
@@ -585,8 +586,10 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 		}
 		args = append(args, e.EntryID, e.ID, codeArg[cp.code], value, payload, e.Deliveries)
 	}
-	keyList = append(keyList, fixed.starts) // complete.lua drops start counts there
+	keyList = append(keyList, k.History(now/msPerHour)) // the minute's history (complete.lua)
+	keyList = append(keyList, fixed.starts)             // complete.lua drops start counts there
 	if txArgs != nil {
+		// Staged writes: their keys after the start counts, their section after the items.
 		keyList = append(keyList, txKeys...)
 		args[8] = args[8].(string) + ":" + strconv.Itoa(len(txArgs))
 		args = append(args, txArgs...)

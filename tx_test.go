@@ -242,7 +242,7 @@ func TestTxCompleteScriptOwnershipAndResend(t *testing.T) {
 			require.NoError(t, tx.IncrBy(k.TxKey("total"), 7))
 			require.NoError(t, tx.SAdd(k.TxKey("done"), eid))
 			txArgs, txKeys := tx.appendArgs(nil, nil, 1)
-			ks := append([]string{k.Stream, k.DeadLetter, k.Fanout, k.Record(id), starts}, txKeys...)
+			ks := append([]string{k.Stream, k.DeadLetter, k.Fanout, k.Record(id), k.History(1), starts}, txKeys...)
 			args := append([]any{DefaultGroup, k.Channel, 60000, "1", 100, "me", 1, "PUBLISH", "0:" + strconv.Itoa(len(txArgs)),
 				eid, id, "R", `"ok"`, "x", 1}, txArgs...)
 			v, err := scripts.Complete.Run(ctx, client, ks, args...).Result()
@@ -468,7 +468,7 @@ func TestTxPlainCallUnchanged(t *testing.T) {
 		{s: &slot{entry: Entry{ID: "b", EntryID: "2-0"}}, code: recordResult, value: []byte("2")},
 	}
 	ks, args := r.completeArgs(0, &fixed, batch)
-	require.Len(t, ks, 3+len(batch)+1)
+	require.Len(t, ks, 3+len(batch)+2)
 	require.Len(t, args, 9+6*len(batch))
 	require.Equal(t, "0", args[8])
 	tx := &Tx{}
@@ -517,7 +517,7 @@ func TestTxCompleteScriptMixedBatch(t *testing.T) {
 				txArgs, txKeys = tx.appendArgs(txArgs, txKeys, i+1)
 			}
 		}
-		ks = append(append(ks, starts), txKeys...)
+		ks = append(append(ks, k.History(1), starts), txKeys...)
 		args[8] = "0:" + strconv.Itoa(len(txArgs))
 		args = append(args, txArgs...)
 		v, err := scripts.Complete.Run(ctx, client, ks, args...).Result()

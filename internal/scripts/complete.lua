@@ -18,7 +18,15 @@
 --      letters that follow run under memory pressure too;
 --   3. per item: the dead letter (before its record, so that a retry would
 --      write it again rather than never), then the record;
---   4. the notice.
+--   4. the notice;
+--   5. the history: one HINCRBY adds this call's completions to the field of
+--      the minute of ARGV[7] in the hour's history hash, as processed +
+--      failed<<32 (one command carries both counts); a PEXPIRE of 25 hours
+--      follows only when the reply equals the increment (the field was just
+--      created: at most once per minute and shard). Every item but "S"
+--      counts as processed, "E" and "L" also as failed (retry.lua counts the
+--      retries it schedules as both). With fan-out groups, every group's
+--      completions count.
 -- A whole rerun (a lost reply) is harmless: the records hold this batch's
 -- outcomes, so every item counts as "already recorded" and nothing is added.
 --
@@ -50,16 +58,17 @@
 -- KEYS[3]          the shard's fan-out marker: present once a fan-out group may
 --                  read the stream, and then entries are left to the trim
 -- KEYS[3+i]        the record key of item i; the dead-letter key when the item has no id
--- KEYS[4+n]        the group's start-count hash (see charge.lua): completed ids are
---                  removed from it (n: the number of items)
--- KEYS[5+n ..]     the keys of the staged writes, if any (declared for a cluster)
+-- KEYS[4+n]        the history hash of the hour of ARGV[7] (n: the number of items)
+-- KEYS[5+n]        the group's start-count hash (see charge.lua): completed ids are
+--                  removed from it
+-- KEYS[6+n ..]     the keys of the staged writes, if any (declared for a cluster)
 -- ARGV[1]          consumer group
 -- ARGV[2]          notification channel
 -- ARGV[3]          record TTL in milliseconds
 -- ARGV[4]          "1": store successful results; "0": store only a done marker "N"
 -- ARGV[5]          dead-letter stream length cap (approximate)
 -- ARGV[6]          consumer name (recorded in dead letters)
--- ARGV[7]          time in milliseconds (recorded in dead letters)
+-- ARGV[7]          time in milliseconds (recorded in dead letters; the history minute)
 -- ARGV[8]          "PUBLISH", or "SPUBLISH" on a cluster (sharded pub/sub)
 -- ARGV[9]          "1": a fan-out group (records nothing, publishes nothing, never
 --                  deletes entries; a final failure is a dead letter of the group
@@ -92,7 +101,7 @@ if #flag > 1 then
 end
 local fanout = flag == "1"
 local n = (#ARGV - 9 - txlen) / 6
-local starts = KEYS[4 + n]
+local history, starts = KEYS[4 + n], KEYS[5 + n]
 
 local function item(i)
   local b = 10 + 6 * (i - 1)
@@ -285,6 +294,7 @@ if txlen > 0 then
   -- call's first write stays XACK). A write Redis refuses stops its item's
   -- writes (those before it stay: no rollback) and makes it a dead letter.
   txApply = function(firstAck)
+    local dead = 0
     for i = 1, tx.sent do
       local t = tx[i]
       if t and t.state == "apply" then
@@ -297,11 +307,13 @@ if txlen > 0 then
             local b = 10 + 6 * (t.at - 1)
             ARGV[b + 2], ARGV[b + 3] = "L", t.err
             firstAck[t.at] = true -- acknowledged by this call, and owned: the group's first
+            dead = dead + 1
             break
           end
         end
       end
     end
+    return dead
   end
 end
 
@@ -323,8 +335,15 @@ end
 -- reply says whether this is the group's first completion of the entry.
 local ids = {}
 local firstAck = {}
+local processed, failed = 0, 0
 for i = 1, n do
   local _, eid, _, code = item(i)
+  if code ~= "S" then
+    processed = processed + 1
+    if code == "E" or code == "L" then
+      failed = failed + 1
+    end
+  end
   if fanout and code == "L" then
     firstAck[i] = redis.call("XACK", KEYS[1], group, eid) == 1
   else
@@ -361,7 +380,7 @@ if not fanout and n > 0 and redis.call("EXISTS", KEYS[3]) == 0 then
 end
 
 if txApply then
-  txApply(firstAck)
+  failed = failed + txApply(firstAck) -- the history counts these as failed too
 end
 
 local function deadLetter(i)
@@ -438,6 +457,16 @@ end
 -- 4. The notice.
 if #notice > 0 then
   redis.call(ARGV[8], channel, table.concat(notice))
+end
+
+-- 5. The history.
+if processed > 0 then
+  local hist = history
+  local inc = string.format("%.0f", processed + failed * 4294967296)
+  local minute = tostring(math.floor(tonumber(ARGV[7]) / 60000) % 60)
+  if redis.call("HINCRBY", hist, minute, inc) == tonumber(inc) then
+    redis.call("PEXPIRE", hist, 90000000)
+  end
 end
 
 if tx then
