@@ -41,10 +41,13 @@ const maxReadCount = 1000
 func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 	defer r.feeder.Done()
 	o := &r.c.opts
+	read := r.bg
+	if r.c.levelIndex(shard) != levelNormal && !r.awaitLevel(ctx, read, shard) {
+		return
+	}
 	// Each call asks for at most maxReadCount entries: Redis allocates for the
 	// whole COUNT of an XAUTOCLAIM up front, and bigger batches gain nothing.
-	share := min(max(1, o.Prefetch/len(r.c.shards)), maxReadCount)
-	read := r.bg
+	share := min(max(1, o.Prefetch/r.c.nShards), maxReadCount)
 	history, cursor := true, "-"
 	claimCursor, nextClaim := "0-0", time.Now()
 	nextAdopt := time.Now().Add(o.ClaimInterval)
@@ -93,6 +96,35 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 			continue
 		}
 		b = backoff{}
+	}
+}
+
+// awaitLevel is how the feeder of a priority level's stream starts: it
+// costs nothing but one EXISTS per ClaimInterval until the stream exists (a
+// producer appended, or scheduled, a request of that level), so a queue that
+// never uses a level never reads, claims or holds places for it. Then it
+// creates the group on the stream and joins the ring's feeders. It reports
+// false when ctx ended first.
+func (r *run[Req, Resp]) awaitLevel(ctx, read context.Context, shard int) bool {
+	o := &r.c.opts
+	stream := r.c.shards[shard].Stream
+	var b backoff
+	for {
+		n, err := r.c.client.Exists(read, stream).Result()
+		if err == nil && n == 1 {
+			if err = r.c.ensureGroup(read, shard); err == nil {
+				r.ring.addFeeder()
+				return true
+			}
+		}
+		wait := o.ClaimInterval
+		if err != nil {
+			r.c.log.WarnContext(r.runCtx, "streamq: checking a priority level's stream failed; retrying", "stream", stream, "err", err)
+			wait = b.next()
+		}
+		if sleepCtx(ctx, wait) != nil {
+			return false
+		}
 	}
 }
 

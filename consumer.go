@@ -42,6 +42,8 @@ type Message[Req any] struct {
 	ProducedAt, ReadAt, StartedAt time.Time
 	// Deadline is the request's deadline (see Deadline); zero when none.
 	Deadline time.Time
+	// Priority is the request's priority level (see Priority).
+	Priority PriorityLevel
 }
 
 // Handler handles one request. Its context is cancelled when the consumer shuts
@@ -54,7 +56,13 @@ type Handler[Req, Resp any] func(ctx context.Context, m *Message[Req]) (Resp, er
 type Consumer[Req, Resp any] struct {
 	client  redis.UniversalClient
 	queue   string
+	// shards holds the consumer's streams: for level l (see levelNames) and
+	// shard i, shards[l*nShards+i] names shard i's keys with the level's
+	// stream. The first nShards are the shards' own streams (the default
+	// level), so a slot's shard is an index into shards, one feeder and one
+	// committer each; realShard maps it to its shard.
 	shards  []keys.Keys
+	nShards int
 	sharded bool // notices use sharded pub/sub (Redis Cluster)
 	slots   *slotRefresher
 	metaOK  atomic.Bool
@@ -101,10 +109,17 @@ func NewConsumer[Req, Resp any](client redis.UniversalClient, queue string, hand
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidOptions, err)
 	}
+	streams := make([]keys.Keys, 0, numLevels*len(shards))
+	for _, name := range levelNames {
+		for _, k := range shards {
+			streams = append(streams, k.AtLevel(name))
+		}
+	}
 	return &Consumer[Req, Resp]{
 		client:  client,
 		queue:   queue,
-		shards:  shards,
+		shards:  streams,
+		nShards: len(shards),
 		sharded: isCluster(client),
 		slots:   newSlotRefresher(client),
 		opts:    o,
@@ -274,11 +289,13 @@ func (c *Consumer[Req, Resp]) checkAnswering(ctx context.Context) error {
 func (c *Consumer[Req, Resp]) ensureGroupRetry(ctx context.Context) error {
 	var b backoff
 	for {
-		err := checkShards(ctx, c.client, c.queue, len(c.shards), &c.metaOK, c.log)
+		err := checkShards(ctx, c.client, c.queue, c.nShards, &c.metaOK, c.log)
 		if err == nil {
 			err = c.checkAnswering(ctx)
 		}
-		for shard := range c.shards {
+		// The default level's streams; a level's feeder creates its group
+		// once the level's stream exists (levelFeed).
+		for shard := range c.nShards {
 			if err == nil {
 				err = c.ensureGroup(ctx, shard)
 			}
@@ -352,15 +369,19 @@ type run[Req, Resp any] struct {
 }
 
 func newRun[Req, Resp any](c *Consumer[Req, Resp]) *run[Req, Resp] {
-	ring := newRing(c.opts.Prefetch, len(c.shards))
+	ring := newRing(c.opts.Prefetch, c.nShards)
 	if c.opts.holdPrefetch {
 		ring.groupReads = false // tests of a full ring read whatever room there is
+	}
+	ring.strict = c.opts.StrictPriority
+	for l := range numLevels {
+		ring.weights[l] = c.opts.PriorityWeights[[numLevels]int{1, 0, 2}[l]]
 	}
 	return &run[Req, Resp]{
 		c:         c,
 		ring:      ring,
 		ahead:     newReadAhead(c.opts.Workers, c.opts.Prefetch, c.opts.holdPrefetch),
-		places:    newShardPlaces(c.opts.Prefetch, len(c.shards)),
+		places:    newShardPlaces(c.opts.Prefetch, c.nShards),
 		owned:     make(map[ownedKey]*slot),
 		pause:     newPauseGate(),
 		stopLoops: make(chan struct{}),
@@ -402,9 +423,9 @@ func (r *run[Req, Resp]) start(ctx context.Context) {
 		r.loops.Add(1)
 		go r.trimLoop()
 	}
-	r.loops.Add(len(r.c.shards))
-	for shard := range r.c.shards {
-		go r.promoteLoop(shard)
+	r.loops.Add(r.c.nShards)
+	for shard := range r.c.nShards {
+		go r.promoteLoop(shard) // one per shard: its levels share the schedule
 	}
 	r.feeder.Add(len(r.c.shards))
 	for shard := range r.c.shards {
@@ -491,7 +512,7 @@ func (r *run[Req, Resp]) forget(slots ...*slot) {
 	for _, s := range slots {
 		if s.handedOff.Load() {
 			r.ring.giveSettled(1)
-			r.places.give(s.shard, 1)
+			r.places.give(r.c.realShard(s.shard), 1)
 		} else {
 			r.givePlaces(s.shard, 1)
 		}
@@ -502,20 +523,27 @@ func (r *run[Req, Resp]) forget(slots ...*slot) {
 // takes up to limit places, from the shard's share and from the ring. The
 // feeder pushes at most that many slots and gives back the rest.
 func (r *run[Req, Resp]) reservePlaces(ctx context.Context, shard, limit int) (int, error) {
-	n, err := r.places.reserve(ctx, shard, limit)
+	n, err := r.places.reserve(ctx, r.c.realShard(shard), limit)
 	if err != nil {
 		return 0, err
 	}
 	got, err := r.ring.reserve(ctx, n)
-	r.places.give(shard, n-got)
+	r.places.give(r.c.realShard(shard), n-got)
 	return got, err
 }
 
-// givePlaces returns n places of a shard.
+// givePlaces returns n places of a shard (a stream: see Consumer.shards).
 func (r *run[Req, Resp]) givePlaces(shard, n int) {
 	r.ring.give(n)
-	r.places.give(shard, n)
+	r.places.give(r.c.realShard(shard), n)
 }
+
+// realShard returns the shard of stream index v (see Consumer.shards): the
+// levels of a shard share its places.
+func (c *Consumer[Req, Resp]) realShard(v int) int { return v % c.nShards }
+
+// levelIndex returns the level of stream index v (see levelNames).
+func (c *Consumer[Req, Resp]) levelIndex(v int) int { return v / c.nShards }
 
 // shardPlaces splits Prefetch between the shards: a shard holds at most its
 // share of entries (read, running, or handled and not yet recorded), so a
@@ -598,9 +626,10 @@ func (r *run[Req, Resp]) admit(shard int, msgs []redis.XMessage, at int64, start
 	o := &r.c.opts
 	admitted := 0
 	now := time.Now()
+	level := r.c.levelIndex(shard)
 	for i, m := range msgs {
 		n := starts(i)
-		s := &slot{shard: shard, ready: make(chan struct{}), meta: parseMeta(m.Values, now)}
+		s := &slot{shard: shard, level: level, ready: make(chan struct{}), meta: parseMeta(m.Values, now)}
 		s.entry = Entry{EntryID: m.ID, Deliveries: n + 1}
 		id, idOK := m.Values[fieldID].(string)
 		data, dataOK := m.Values[fieldPayload].(string)

@@ -153,7 +153,8 @@ func (f *CacheFetcher) cacheKey(e Entry) string {
 // and then closes ready; after ready, the worker that took the slot owns it.
 // lost and cancel are shared with the lease loop and guarded by mu.
 type slot struct {
-	shard int
+	shard int // the stream's index (see Consumer.shards)
+	level int // its priority level (see levelNames)
 	entry Entry
 	dead  string // non-empty: dead-letter with this reason instead of handling
 	skip  bool   // requeued for another group: acknowledge without handling
@@ -311,10 +312,25 @@ type ring struct {
 
 	qmu    sync.Mutex
 	queued sync.Cond // signalled on push and close; L is &qmu
-	buf    []*slot   // circular: n slots from head, in push order
-	head   int
-	n      int
+	q      [numLevels]slotQueue
+	n      int  // slots queued, all levels
 	closed bool
+	// leveled is set once a slot of a level other than the default was
+	// pushed: until then take is today's plain FIFO.
+	leveled bool
+	// strict takes the highest level queued first (StrictPriority); else
+	// weights (per level) share the takes while several levels are queued,
+	// by smooth weighted round robin over credit. Set before use.
+	strict  bool
+	weights [numLevels]int
+	credit  [numLevels]int
+}
+
+// slotQueue is one level's queue of slots, in push order.
+type slotQueue struct {
+	buf  []*slot // circular: n slots from head
+	head int
+	n    int
 }
 
 // ringMinCap is the smallest storage the ring allocates; ringKeepCap is the
@@ -375,11 +391,16 @@ func (r *ring) reserve(ctx context.Context, limit int) (int, error) {
 // reservation is the bound.
 func (r *ring) push(s *slot) {
 	r.qmu.Lock()
-	if r.n == len(r.buf) {
-		r.resize(max(ringMinCap, 2*len(r.buf)))
+	q := &r.q[s.level]
+	if q.n == len(q.buf) {
+		q.resize(max(ringMinCap, 2*len(q.buf)))
 	}
-	r.buf[(r.head+r.n)%len(r.buf)] = s
+	q.buf[(q.head+q.n)%len(q.buf)] = s
+	q.n++
 	r.n++
+	if s.level != levelNormal {
+		r.leveled = true
+	}
 	r.qmu.Unlock()
 	r.queued.Signal()
 }
@@ -416,28 +437,78 @@ func (r *ring) tryTake() (*slot, bool) {
 	return r.pop(), true
 }
 
-// pop removes the oldest of r.n > 0 queued slots; qmu is held.
+// pop removes the next of r.n > 0 queued slots: the oldest of its level,
+// the level chosen by pick; qmu is held.
 func (r *ring) pop() *slot {
-	s := r.buf[r.head]
-	r.buf[r.head] = nil
-	r.head = (r.head + 1) % len(r.buf)
-	r.n--
-	if len(r.buf) > ringKeepCap && r.n <= len(r.buf)/4 {
-		r.resize(len(r.buf) / 2) // give memory back after a burst
+	l := levelNormal
+	if r.leveled {
+		l = r.pick()
 	}
+	s := r.q[l].pop()
+	r.n--
 	if r.n == 0 && r.groupReads {
 		r.signal() // a feeder waiting for a fuller read reads what room there is
 	}
 	return s
 }
 
-// resize moves the queued slots into new storage of size c (>= r.n); qmu is held.
-func (r *ring) resize(c int) {
-	buf := make([]*slot, c)
-	for i := range r.n {
-		buf[i] = r.buf[(r.head+i)%len(r.buf)]
+// pick chooses the level of the next slot taken, among the levels with slots
+// queued: the highest with strict, else by smooth weighted round robin (each
+// queued level gains its weight in credit, the richest is taken and pays the
+// sum), so that while levels stay queued their takes follow the weights,
+// evenly spread, and a level with nothing queued gives its turns away. qmu is
+// held.
+func (r *ring) pick() int {
+	best, total := -1, 0
+	for _, l := range levelOrder {
+		if r.q[l].n == 0 {
+			continue
+		}
+		if r.strict {
+			return l
+		}
+		r.credit[l] += r.weights[l]
+		total += r.weights[l]
+		if best < 0 || r.credit[l] > r.credit[best] {
+			best = l
+		}
 	}
-	r.buf, r.head = buf, 0
+	r.credit[best] -= total
+	return best
+}
+
+// pop removes the oldest of q.n > 0 slots.
+func (q *slotQueue) pop() *slot {
+	s := q.buf[q.head]
+	q.buf[q.head] = nil
+	q.head = (q.head + 1) % len(q.buf)
+	q.n--
+	if len(q.buf) > ringKeepCap && q.n <= len(q.buf)/4 {
+		q.resize(len(q.buf) / 2) // give memory back after a burst
+	}
+	return s
+}
+
+// resize moves the queued slots into new storage of size c (>= q.n).
+func (q *slotQueue) resize(c int) {
+	buf := make([]*slot, c)
+	for i := range q.n {
+		buf[i] = q.buf[(q.head+i)%len(q.buf)]
+	}
+	q.buf, q.head = buf, 0
+}
+
+// addFeeder counts one more feeder sharing the ring (a priority level's,
+// started once its stream exists): reservations take a fair share of the
+// target among them, and reads no longer wait for half the target.
+func (r *ring) addFeeder() {
+	r.mu.Lock()
+	r.qmu.Lock()
+	r.shards++
+	r.groupReads = false
+	r.qmu.Unlock()
+	r.mu.Unlock()
+	r.signal()
 }
 
 // slots yields queued slots in ring order, waiting for each, until the ring

@@ -22,6 +22,8 @@
 -- KEYS[1]      the stream
 -- KEYS[2]      the schedule (sorted set)
 -- KEYS[3]      the schedule's data (hash)
+-- KEYS[4]      the stream of priority level "high"
+-- KEYS[5]      the stream of priority level "low"
 -- ARGV[1]      the most jobs to append in this call
 -- ARGV[2]      TTL of a start-count hash in milliseconds, refreshed when written
 --
@@ -30,7 +32,9 @@
 --
 -- The data of a job is length-prefixed strings ("<len>:<s>"...): its record
 -- key ("" for none), its start-count hash key ("" for none), its start count,
--- and its stream fields (themselves length-prefixed, name then value). Keys
+-- and its stream fields (themselves length-prefixed, name then value). A job
+-- whose fields hold "pr" (its priority level: "high" or "low") is appended to
+-- that level's stream (KEYS[4], KEYS[5]), any other to KEYS[1]. Keys
 -- named in the data carry the shard's hash tag (their names are built by the
 -- writer from internal/keys), so they are in this call's slot.
 local t = redis.call("TIME")
@@ -72,7 +76,17 @@ for _, member in ipairs(due) do
         fields[#fields + 1] = "n"
         fields[#fields + 1] = tostring(count)
       end
-      local eid = redis.call("XADD", KEYS[1], "*", unpack(fields))
+      local to = KEYS[1]
+      for j = 1, #fields - 1, 2 do
+        if fields[j] == "pr" then
+          if fields[j + 1] == "high" and KEYS[4] then
+            to = KEYS[4]
+          elseif fields[j + 1] == "low" and KEYS[5] then
+            to = KEYS[5]
+          end
+        end
+      end
+      local eid = redis.call("XADD", to, "*", unpack(fields))
       if cur and string.sub(cur, 1, 2) == "P@" then
         redis.call("SET", rec, "P" .. eid, "KEEPTTL")
       end
