@@ -54,8 +54,8 @@ type Handler[Req, Resp any] func(ctx context.Context, m *Message[Req]) (Resp, er
 
 // Consumer handles the requests of one queue, as one member of a consumer group.
 type Consumer[Req, Resp any] struct {
-	client  redis.UniversalClient
-	queue   string
+	client redis.UniversalClient
+	queue  string
 	// shards holds the consumer's streams: for level l (see levelNames) and
 	// shard i, shards[l*nShards+i] names shard i's keys with the level's
 	// stream. The first nShards are the shards' own streams (the default

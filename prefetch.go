@@ -313,7 +313,7 @@ type ring struct {
 	qmu    sync.Mutex
 	queued sync.Cond // signalled on push and close; L is &qmu
 	q      [numLevels]slotQueue
-	n      int  // slots queued, all levels
+	n      int // slots queued, all levels
 	closed bool
 	// leveled is set once a slot of a level other than the default was
 	// pushed: until then take is today's plain FIFO.

@@ -1,6 +1,9 @@
 package streamq
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // PriorityLevel is a request's priority: one of PriorityHigh, PriorityNormal
 // (the default) and PriorityLow. Each level other than PriorityNormal has a
@@ -28,6 +31,26 @@ func (p PriorityLevel) String() string {
 		return "low"
 	}
 	return fmt.Sprintf("PriorityLevel(%d)", int(p))
+}
+
+// MarshalText encodes the level as its name, so JSON shows "high", "normal"
+// or "low".
+func (p PriorityLevel) MarshalText() ([]byte, error) {
+	if _, ok := levelOf[p]; !ok {
+		return nil, fmt.Errorf("streamq: %v is not a priority level", p)
+	}
+	return []byte(p.String()), nil
+}
+
+// UnmarshalText decodes a level's name ("high", "normal", "low").
+func (p *PriorityLevel) UnmarshalText(b []byte) error {
+	for _, v := range levelValue {
+		if strings.EqualFold(string(b), v.String()) {
+			*p = v
+			return nil
+		}
+	}
+	return fmt.Errorf("streamq: %q is not a priority level (high, normal, low)", b)
 }
 
 // Priority sets the request's priority level: PriorityHigh, PriorityNormal or
