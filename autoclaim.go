@@ -114,6 +114,7 @@ func (r *run[Req, Resp]) awaitLevel(ctx, read context.Context, shard int) bool {
 		if err == nil && n == 1 {
 			if err = r.c.ensureGroup(read, shard); err == nil {
 				r.ring.addFeeder()
+				r.places.addFeeder(r.c.realShard(shard))
 				return true
 			}
 		}

@@ -70,6 +70,8 @@ type Consumer[Req, Resp any] struct {
 	handler Handler[Req, Resp]
 	log     *slog.Logger
 	running atomic.Bool
+	// lastRun is the state of the latest Run, for tests to look into.
+	lastRun atomic.Pointer[run[Req, Resp]]
 	// onGrant, set by tests before Run, sees every rate-limit grant.
 	onGrant func(now time.Time, first time.Duration, n int)
 	// background counts goroutines that may outlive Run: shutdown work
@@ -186,6 +188,7 @@ func (c *Consumer[Req, Resp]) Run(ctx context.Context) error {
 		return nil // ctx ended before Redis could be reached
 	}
 	r := newRun(c)
+	c.lastRun.Store(r)
 	r.start(ctx)
 	<-ctx.Done()
 	r.shutdown()
@@ -553,10 +556,16 @@ type shardPlaces struct {
 	free  []int
 	max   []int
 	freed []chan struct{} // capacity 1 each: "the shard's free went up"
+	// feeders counts the feeders sharing a shard's places (its default
+	// level's, and one per priority level in use): one reservation takes
+	// at most max/feeders, so a feeder that gives its places back and
+	// takes them again at once cannot starve its shard's other levels.
+	feeders []int
 }
 
 func newShardPlaces(prefetch, shards int) *shardPlaces {
-	p := &shardPlaces{free: make([]int, shards), max: make([]int, shards), freed: make([]chan struct{}, shards)}
+	p := &shardPlaces{free: make([]int, shards), max: make([]int, shards), freed: make([]chan struct{}, shards),
+		feeders: make([]int, shards)}
 	for i := range shards {
 		n := prefetch / shards
 		if i < prefetch%shards {
@@ -564,6 +573,7 @@ func newShardPlaces(prefetch, shards int) *shardPlaces {
 		}
 		p.free[i], p.max[i] = max(n, 1), max(n, 1)
 		p.freed[i] = make(chan struct{}, 1)
+		p.feeders[i] = 1
 	}
 	return p
 }
@@ -573,10 +583,14 @@ func (p *shardPlaces) share(shard int) int { return p.max[shard] }
 func (p *shardPlaces) reserve(ctx context.Context, shard, limit int) (int, error) {
 	for {
 		p.mu.Lock()
-		n := min(p.free[shard], limit)
+		n := min(p.free[shard], limit, max(1, p.max[shard]/p.feeders[shard]))
 		p.free[shard] -= n
+		left := p.free[shard]
 		p.mu.Unlock()
 		if n > 0 {
+			if left > 0 && p.feeders[shard] > 1 {
+				p.signal(shard) // another level's feeder may wait for the rest
+			}
 			return n, nil
 		}
 		select {
@@ -594,10 +608,23 @@ func (p *shardPlaces) give(shard, n int) {
 	p.mu.Lock()
 	p.free[shard] += n
 	p.mu.Unlock()
+	p.signal(shard)
+}
+
+func (p *shardPlaces) signal(shard int) {
 	select {
 	case p.freed[shard] <- struct{}{}:
 	default:
 	}
+}
+
+// addFeeder counts one more feeder (a priority level's) sharing a shard's
+// places.
+func (p *shardPlaces) addFeeder(shard int) {
+	p.mu.Lock()
+	p.feeders[shard]++
+	p.mu.Unlock()
+	p.signal(shard)
 }
 
 // untrack stops renewing the leases of slots' entries.

@@ -1,0 +1,380 @@
+package streamq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+)
+
+// levelStreams returns the streams of queue q's levels (one shard): default,
+// high, low.
+func levelStreams(q string) [numLevels]string {
+	var s [numLevels]string
+	for l, name := range levelNames {
+		s[l] = streamKey(q)
+		if name != "" {
+			s[l] += ":" + name
+		}
+	}
+	return s
+}
+
+// levelPrefix maps a level to the id prefix the tests give its requests.
+var levelPrefix = map[PriorityLevel]string{PriorityHigh: "h", PriorityNormal: "n", PriorityLow: "l"}
+
+// levelLog records the handler starts of a test in order.
+type levelLog struct {
+	mu  sync.Mutex
+	ids []string
+	pri map[string]PriorityLevel
+}
+
+func (s *levelLog) add(m *Message[string]) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ids = append(s.ids, m.ID)
+	if s.pri == nil {
+		s.pri = map[string]PriorityLevel{}
+	}
+	s.pri[m.ID] = m.Priority
+}
+
+func (s *levelLog) snapshot() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.ids...)
+}
+
+// TestPriorityLevelsKeepTheirLevel: requests produced at each level (alone,
+// in a coalesced call, in an atomic batch mixing levels, delayed, retried)
+// run with their level, from their level's stream; the default level uses
+// the queue's one stream and creates no other.
+func TestPriorityLevelsKeepTheirLevel(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		p := newStringProducer(t, client, q)
+		var log levelLog
+		var failedOnce sync.Map
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+			log.add(m)
+			if strings.HasSuffix(m.ID, "-retry") {
+				if _, again := failedOnce.LoadOrStore(m.ID, true); !again {
+					return "", RetryAfter(errors.New("once more"), 10*time.Millisecond)
+				}
+			}
+			return m.Priority.String(), nil
+		}, fastOpts(t, "levels", time.Second))
+		require.NoError(t, err)
+		runConsumer(t, c)
+
+		// Only the default level: no other stream.
+		plain := mustProduce(t, p, "n-plain", "x")
+		got, err := plain.Wait(waitCtx(t, 20*time.Second))
+		require.NoError(t, err)
+		require.Equal(t, "normal", got)
+		streams := levelStreams(q)
+		require.EqualValues(t, 0, client.Exists(ctx, streams[levelHigh], streams[levelLow]).Val(),
+			"a queue without priorities has only its default stream")
+
+		var prs []*Promise[string]
+		var ids []string
+		want := map[string]PriorityLevel{}
+		add := func(id string, pr *Promise[string], lvl PriorityLevel) {
+			ids, prs, want[id] = append(ids, id), append(prs, pr), lvl
+		}
+		for _, lvl := range []PriorityLevel{PriorityHigh, PriorityNormal, PriorityLow} {
+			for _, kind := range []string{"now", "delayed", "retry"} {
+				id := levelPrefix[lvl] + "-" + kind
+				opts := []ProduceOption{Priority(lvl)}
+				if kind == "delayed" {
+					opts = append(opts, After(30*time.Millisecond))
+				}
+				add(id, mustProduce(t, p, id, "x", opts...), lvl)
+			}
+		}
+		var items []Job[string]
+		for i, lvl := range []PriorityLevel{PriorityLow, PriorityHigh, PriorityNormal, PriorityHigh} {
+			id := fmt.Sprintf("%s-batch%d", levelPrefix[lvl], i)
+			items = append(items, Job[string]{ID: id, Request: "x", Options: []ProduceOption{Priority(lvl)}})
+			want[id] = lvl
+		}
+		batch, err := p.ProduceBatch(ctx, items)
+		require.NoError(t, err)
+		for i, pr := range batch {
+			add(items[i].ID, pr, want[items[i].ID])
+		}
+		for i, pr := range prs {
+			got, err := pr.Wait(waitCtx(t, 20*time.Second))
+			require.NoError(t, err, ids[i])
+			require.Equal(t, want[ids[i]].String(), got, "the handler saw %s's level", ids[i])
+		}
+		log.mu.Lock()
+		for id, lvl := range want {
+			require.Equal(t, lvl, log.pri[id], id)
+		}
+		log.mu.Unlock()
+		require.EqualValues(t, 2, client.Exists(ctx, streams[levelHigh], streams[levelLow]).Val(),
+			"each level used has its stream")
+
+		_, err = p.Produce(ctx, "bad", "x", Priority(7))
+		require.ErrorIs(t, err, ErrInvalidOptions)
+	})
+}
+
+// TestPriorityDedupAcrossLevels: an id produced at two levels is one request
+// (one record for all levels), run once, alone, in one call, in a batch.
+func TestPriorityDedupAcrossLevels(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		p := newStringProducer(t, client, q)
+		first := mustProduce(t, p, "same", "a", Priority(PriorityLow))
+		require.Equal(t, DedupNone, first.Deduplicated())
+		second := mustProduce(t, p, "same", "b", Priority(PriorityHigh))
+		require.Equal(t, DedupInflight, second.Deduplicated())
+		third := mustProduce(t, p, "same", "c")
+		require.Equal(t, DedupInflight, third.Deduplicated())
+		batch, err := p.ProduceBatch(ctx, []Job[string]{
+			{ID: "pair", Request: "a", Options: []ProduceOption{Priority(PriorityHigh)}},
+			{ID: "pair", Request: "b", Options: []ProduceOption{Priority(PriorityLow)}},
+		})
+		require.NoError(t, err)
+		streams := levelStreams(q)
+		require.EqualValues(t, 1, client.XLen(ctx, streams[levelLow]).Val(), "one entry for \"same\"")
+		require.EqualValues(t, 1, client.XLen(ctx, streams[levelHigh]).Val(), "one entry for \"pair\"")
+		require.Zero(t, client.XLen(ctx, streams[levelNormal]).Val())
+
+		var runs sync.Map
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+			n, _ := runs.LoadOrStore(m.ID, new(atomic.Int64))
+			n.(*atomic.Int64).Add(1)
+			return m.Payload + "@" + m.Priority.String(), nil
+		}, fastOpts(t, "dedup", time.Second))
+		require.NoError(t, err)
+		runConsumer(t, c)
+		for _, pr := range []*Promise[string]{first, second, third} {
+			got, err := pr.Wait(waitCtx(t, 20*time.Second))
+			require.NoError(t, err)
+			require.Equal(t, "a@low", got, "every caller gets the one run's result")
+		}
+		for _, pr := range batch {
+			got, err := pr.Wait(waitCtx(t, 20*time.Second))
+			require.NoError(t, err)
+			require.Equal(t, "a@high", got)
+		}
+		runs.Range(func(k, v any) bool {
+			require.EqualValues(t, 1, v.(*atomic.Int64).Load(), "runs of %v", k)
+			return true
+		})
+	})
+}
+
+// TestPriorityRingTakes: the ring's choice among queued levels. Strict takes
+// every higher slot first; weighted takes follow the weights in every window
+// of one round (sum of weights), while all levels stay queued, and a level
+// with nothing queued gives its turns away.
+func TestPriorityRingTakes(t *testing.T) {
+	fill := func(r *ring, per int) {
+		for i := range per {
+			for l := range numLevels {
+				r.push(&slot{level: l, entry: Entry{EntryID: fmt.Sprint(i)}})
+			}
+		}
+	}
+	t.Run("strict", func(t *testing.T) {
+		r := newRing(1000, 1)
+		r.strict = true
+		fill(r, 50)
+		var got []int
+		for range 150 {
+			s, ok := r.tryTake()
+			require.True(t, ok)
+			got = append(got, s.level)
+		}
+		for i, l := range got {
+			require.Equal(t, levelOrder[i/50], l, "take %d", i)
+		}
+	})
+	t.Run("weighted", func(t *testing.T) {
+		r := newRing(1000, 1)
+		for l := range numLevels {
+			r.weights[l] = DefaultPriorityWeights[[numLevels]int{1, 0, 2}[l]]
+		}
+		round := 0
+		for _, w := range r.weights {
+			round += w
+		}
+		fill(r, 100)
+		for w := range 10 {
+			var counts [numLevels]int
+			for range round {
+				s, ok := r.tryTake()
+				require.True(t, ok)
+				counts[s.level]++
+			}
+			require.Equal(t, r.weights, counts, "round %d", w)
+		}
+		// Drain the rest: with the high level empty, normal and low share 3:1
+		// (credit carried over from the rounds before moves a take or two
+		// between them, never more than one round's worth).
+		for r.q[levelHigh].n > 0 {
+			r.tryTake()
+		}
+		const rounds = 10
+		var counts [numLevels]int
+		for range rounds * (r.weights[levelNormal] + r.weights[levelLow]) {
+			s, ok := r.tryTake()
+			require.True(t, ok)
+			counts[s.level]++
+		}
+		require.InDelta(t, rounds*r.weights[levelNormal], counts[levelNormal], float64(round))
+		require.InDelta(t, rounds*r.weights[levelLow], counts[levelLow], float64(round))
+	})
+}
+
+// gatedOrder produces a gate request, holds the consumer's only worker in
+// its handler until perLevel requests of each level (in one batch, lowest
+// level first) are all in the consumer's ring, then lets it go and returns
+// the order in which the rest started.
+func gatedOrder(t *testing.T, client *redis.Client, strict bool, perLevel int) []string {
+	t.Helper()
+	ctx := context.Background()
+	q := queueName(t)
+	p := newStringProducer(t, client, q)
+	// Create each level's stream first, so the consumer's feeders read them
+	// from the start.
+	var warm []*Promise[string]
+	for _, lvl := range []PriorityLevel{PriorityHigh, PriorityLow} {
+		warm = append(warm, mustProduce(t, p, "warm-"+lvl.String(), "x", Priority(lvl)))
+	}
+	gate, gateStarted := make(chan struct{}), make(chan struct{})
+	var log levelLog
+	opts := fastOpts(t, "gated", 5*time.Second)
+	opts.Workers, opts.Prefetch, opts.StrictPriority, opts.holdPrefetch = 1, 1000, strict, true
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		if m.ID == "gate" {
+			close(gateStarted)
+			select {
+			case <-gate:
+			case <-ctx.Done():
+			}
+		} else if !strings.HasPrefix(m.ID, "warm") {
+			log.add(m)
+		}
+		return "", nil
+	}, opts)
+	require.NoError(t, err)
+	runConsumer(t, c)
+	for _, pr := range warm {
+		_, err := pr.Wait(waitCtx(t, 20*time.Second))
+		require.NoError(t, err)
+	}
+	g := mustProduce(t, p, "gate", "x")
+	select {
+	case <-gateStarted:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the gate request never started")
+	}
+	var items []Job[string]
+	for i := range perLevel {
+		for _, lvl := range []PriorityLevel{PriorityLow, PriorityNormal, PriorityHigh} {
+			items = append(items, Job[string]{ID: fmt.Sprintf("%s-%03d", levelPrefix[lvl], i), Request: "x",
+				Options: []ProduceOption{Priority(lvl)}})
+		}
+	}
+	prs, err := p.ProduceBatch(ctx, items)
+	require.NoError(t, err)
+	streams := levelStreams(q)
+	held := func() (pending [numLevels]int64, queued [numLevels]int) {
+		for l, s := range streams {
+			if sum, err := client.XPending(ctx, s, DefaultGroup).Result(); err == nil {
+				pending[l] = sum.Count
+			}
+		}
+		r := c.lastRun.Load()
+		r.ring.qmu.Lock()
+		for l := range numLevels {
+			queued[l] = r.ring.q[l].n
+		}
+		r.ring.qmu.Unlock()
+		return pending, queued
+	}
+	want := [numLevels]int{perLevel, perLevel, perLevel}
+	eventually(t, 20*time.Second, func() bool {
+		pending, queued := held()
+		return pending == [numLevels]int64{int64(1 + perLevel), int64(perLevel), int64(perLevel)} && queued == want
+	}, "the consumer never held every request in its ring: %v", lazyString(func() string {
+		p, q := held()
+		r := c.lastRun.Load()
+		r.ring.mu.Lock()
+		defer r.ring.mu.Unlock()
+		r.places.mu.Lock()
+		defer r.places.mu.Unlock()
+		return fmt.Sprintf("pending %v, queued %v, ring free %d target %d settled %d feeders %d, places free %v",
+			p, q, r.ring.free, r.ring.target, r.ring.settled, r.ring.shards, r.places.free)
+	}))
+	close(gate)
+	for _, pr := range append(prs, g) {
+		_, err := pr.Wait(waitCtx(t, 20*time.Second))
+		require.NoError(t, err)
+	}
+	return log.snapshot()
+}
+
+// TestPriorityStrictOrder: with StrictPriority, no request of a lower level
+// starts while one of a higher level waits in the ring: with all of them in
+// the ring at once, every high one starts first, then normal, then low.
+func TestPriorityStrictOrder(t *testing.T) {
+	t.Parallel()
+	const per = 20
+	order := gatedOrder(t, realRedis(t), true, per)
+	require.Len(t, order, 3*per)
+	for i, id := range order {
+		want := levelPrefix[levelValue[levelOrder[i/per]]]
+		require.Truef(t, strings.HasPrefix(id, want+"-"), "start %d is %s: %v", i, id, order)
+	}
+}
+
+// TestPriorityWeightedOrder: by default, with every level waiting in the
+// ring, each round of 10 starts takes 6 high, 3 normal and 1 low (the
+// weights), and each level's requests start in their order.
+func TestPriorityWeightedOrder(t *testing.T) {
+	t.Parallel()
+	const per = 20
+	order := gatedOrder(t, realRedis(t), false, per)
+	require.Len(t, order, 3*per)
+	w := DefaultPriorityWeights
+	round := w[0] + w[1] + w[2]
+	// Rounds while the high level lasts (per/w[0] of them).
+	for r := range per / w[0] {
+		counts := map[string]int{}
+		for _, id := range order[r*round : (r+1)*round] {
+			counts[id[:1]]++
+		}
+		require.Equal(t, map[string]int{"h": w[0], "n": w[1], "l": w[2]}, counts, "round %d: %v", r, order)
+	}
+	last := map[string]int{}
+	for _, id := range order {
+		var i int
+		_, err := fmt.Sscanf(id[2:], "%d", &i)
+		require.NoError(t, err)
+		if prev, ok := last[id[:1]]; ok {
+			require.Greater(t, i, prev, "level %s in order: %v", id[:1], order)
+		}
+		last[id[:1]] = i
+	}
+}
+
+// lazyString formats as what its function returns, when formatted.
+type lazyString func() string
+
+func (f lazyString) String() string { return f() }
