@@ -48,6 +48,8 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 	// Each call asks for at most maxReadCount entries: Redis allocates for the
 	// whole COUNT of an XAUTOCLAIM up front, and bigger batches gain nothing.
 	share := min(max(1, o.Prefetch/r.c.nShards), maxReadCount)
+	level := r.c.levelIndex(shard)
+	backlogged := false // what this feeder last told the ring (setBacklog)
 	history, cursor := true, "-"
 	claimCursor, nextClaim := "0-0", time.Now()
 	nextAdopt := time.Now().Add(o.ClaimInterval)
@@ -78,6 +80,10 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 			// ends in time for its entries to be released.
 			block := min(o.ReadBlock, o.ShutdownTimeout, time.Until(nextClaim), time.Until(nextAdopt))
 			got, err = r.readNew(read, shard, n, max(block, time.Millisecond))
+			if full := got == n; err == nil && full != backlogged {
+				backlogged = full
+				r.ring.setBacklog(level, full) // only read with priority levels in use
+			}
 		}
 		r.givePlaces(shard, n-got)
 		if err != nil {

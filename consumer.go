@@ -530,14 +530,14 @@ func (r *run[Req, Resp]) reservePlaces(ctx context.Context, shard, limit int) (i
 	if err != nil {
 		return 0, err
 	}
-	got, err := r.ring.reserve(ctx, n)
+	got, err := r.ring.reserveLevel(ctx, r.c.levelIndex(shard), n)
 	r.places.give(r.c.realShard(shard), n-got)
 	return got, err
 }
 
 // givePlaces returns n places of a shard (a stream: see Consumer.shards).
 func (r *run[Req, Resp]) givePlaces(shard, n int) {
-	r.ring.give(n)
+	r.ring.giveLevel(r.c.levelIndex(shard), n)
 	r.places.give(r.c.realShard(shard), n)
 }
 

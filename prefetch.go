@@ -309,15 +309,26 @@ type ring struct {
 	// other feeders' blocked reads hold places that are not entries.
 	groupReads bool
 	freed      chan struct{} // capacity 1: "free or target went up"
+	// With priority levels (leveled, set once a level's feeder joined),
+	// out counts each level's places out and not settled, and backlog
+	// counts the level's feeders whose last read filled its reservation
+	// (more is likely waiting). A backlogged level holds at most its
+	// weighted share of the target among the backlogged levels
+	// (levelRoom), or, with strict, none while a higher one is
+	// backlogged: so the ring holds the levels in about the proportions
+	// workers take them.
+	leveled bool
+	out     [numLevels]int
+	backlog [numLevels]int
 
 	qmu    sync.Mutex
 	queued sync.Cond // signalled on push and close; L is &qmu
 	q      [numLevels]slotQueue
 	n      int // slots queued, all levels
 	closed bool
-	// leveled is set once a slot of a level other than the default was
+	// mixed is set once a slot of a level other than the default was
 	// pushed: until then take is today's plain FIFO.
-	leveled bool
+	mixed bool
 	// strict takes the highest level queued first (StrictPriority); else
 	// weights (per level) share the takes while several levels are queued,
 	// by smooth weighted round robin over credit. Set before use.
@@ -358,6 +369,12 @@ func newRing(depth, shards int) *ring {
 // counts as the target binding (see binding): the target grows when workers
 // wait for it.
 func (r *ring) reserve(ctx context.Context, limit int) (int, error) {
+	return r.reserveLevel(ctx, levelNormal, limit)
+}
+
+// reserveLevel is reserve for the feeder of a priority level (see
+// levelRoom).
+func (r *ring) reserveLevel(ctx context.Context, level, limit int) (int, error) {
 	for {
 		r.mu.Lock()
 		room := max(0, min(r.free, r.target-r.ahead()))
@@ -365,12 +382,16 @@ func (r *ring) reserve(ctx context.Context, limit int) (int, error) {
 		if r.ahead() > 0 && room < r.minRead() && r.queuedSlots() > 0 {
 			avail = 0 // the workers have entries waiting: read more at once later
 		}
+		if r.leveled {
+			avail = min(avail, r.levelRoom(level))
+		}
 		fair := max(1, r.target/r.shards)
 		n := min(avail, fair)
 		if n > 0 {
 			r.capped = avail > fair
 		}
 		r.free -= n
+		r.out[level] += n
 		left := min(r.free, r.target-r.ahead())
 		r.mu.Unlock()
 		if n > 0 {
@@ -387,6 +408,52 @@ func (r *ring) reserve(ctx context.Context, limit int) (int, error) {
 	}
 }
 
+// levelRoom is how many more places level may take while levels are
+// backlogged: with strict, none while a higher level is; else, for a
+// backlogged level, its weight's share of the target among the backlogged
+// levels (at least 1) less what it holds. A level whose streams are drained
+// (its last reads came back short) is not limited: it reads what arrives.
+// mu is held.
+func (r *ring) levelRoom(level int) int {
+	const unlimited = 1 << 30
+	if r.strict {
+		for _, l := range levelOrder {
+			if l == level {
+				return unlimited
+			}
+			if r.backlog[l] > 0 {
+				return 0
+			}
+		}
+		return unlimited
+	}
+	if r.backlog[level] == 0 {
+		return unlimited
+	}
+	sum := 0
+	for l, b := range r.backlog {
+		if b > 0 {
+			sum += r.weights[l]
+		}
+	}
+	return max(0, max(1, r.target*r.weights[level]/sum)-r.out[level])
+}
+
+// setBacklog records that a feeder of level found its stream backlogged (its
+// read filled its reservation) or drained, where it was not before.
+func (r *ring) setBacklog(level int, backlogged bool) {
+	r.mu.Lock()
+	if backlogged {
+		r.backlog[level]++
+	} else {
+		r.backlog[level]--
+	}
+	r.mu.Unlock()
+	if !backlogged {
+		r.signal() // a lower level may read more now
+	}
+}
+
 // push appends a slot into a place taken with reserve. It never blocks: the
 // reservation is the bound.
 func (r *ring) push(s *slot) {
@@ -399,7 +466,7 @@ func (r *ring) push(s *slot) {
 	q.n++
 	r.n++
 	if s.level != levelNormal {
-		r.leveled = true
+		r.mixed = true
 	}
 	r.qmu.Unlock()
 	r.queued.Signal()
@@ -441,7 +508,7 @@ func (r *ring) tryTake() (*slot, bool) {
 // the level chosen by pick; qmu is held.
 func (r *ring) pop() *slot {
 	l := levelNormal
-	if r.leveled {
+	if r.mixed {
 		l = r.pick()
 	}
 	s := r.q[l].pop()
@@ -505,6 +572,7 @@ func (r *ring) addFeeder() {
 	r.mu.Lock()
 	r.qmu.Lock()
 	r.shards++
+	r.leveled = true
 	r.groupReads = false
 	r.qmu.Unlock()
 	r.mu.Unlock()
@@ -533,10 +601,12 @@ func (r *ring) close() {
 // ahead is how many places are out for entries not handed off yet; mu is held.
 func (r *ring) ahead() int { return r.depth - r.free - r.settled }
 
-// settle marks one place out as handed off: room for the read-ahead.
-func (r *ring) settle() {
+// settle marks one place out (of a slot of level) as handed off: room for
+// the read-ahead.
+func (r *ring) settle(level int) {
 	r.mu.Lock()
 	r.settled++
+	r.out[level]--
 	r.mu.Unlock()
 	r.signal()
 }
@@ -554,12 +624,16 @@ func (r *ring) giveSettled(n int) {
 }
 
 // give returns n places to the ring.
-func (r *ring) give(n int) {
+func (r *ring) give(n int) { r.giveLevel(levelNormal, n) }
+
+// giveLevel returns n places of a level's feeder or slots to the ring.
+func (r *ring) giveLevel(level, n int) {
 	if n == 0 {
 		return
 	}
 	r.mu.Lock()
 	r.free += n
+	r.out[level] -= n
 	r.mu.Unlock()
 	r.signal()
 }

@@ -378,3 +378,122 @@ func TestPriorityWeightedOrder(t *testing.T) {
 type lazyString func() string
 
 func (f lazyString) String() string { return f() }
+
+// produceLevel appends n requests of one level in batches and returns their
+// ids.
+func produceLevel(t *testing.T, p *Producer[string, string], prefix string, n int, lvl PriorityLevel) []string {
+	t.Helper()
+	ids := make([]string, 0, n)
+	for len(ids) < n {
+		var jobs []Job[string]
+		for i := len(ids); i < n && len(jobs) < 500; i++ {
+			jobs = append(jobs, Job[string]{ID: fmt.Sprintf("%s-%05d", prefix, i), Request: "x", Options: []ProduceOption{Priority(lvl)}})
+		}
+		prs, err := p.ProduceBatch(context.Background(), jobs)
+		require.NoError(t, err)
+		for i, pr := range prs {
+			pr.Release()
+			ids = append(ids, jobs[i].ID)
+		}
+	}
+	return ids
+}
+
+// TestPriorityHighJumpsBacklog (issue 25): with 10,000 low-priority requests
+// queued and one worker, a high-priority request produced afterwards starts
+// after at most one read-ahead's worth of them (the ring's target: the low
+// requests already read); here it is measured, with the read-ahead at that
+// moment. A level used for the first time while the consumer runs is
+// noticed within ClaimInterval.
+func TestPriorityHighJumpsBacklog(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	for _, firstUse := range []bool{false, true} {
+		t.Run(fmt.Sprintf("firstUse=%v", firstUse), func(t *testing.T) {
+			q := queueName(t)
+			p := newStringProducer(t, client, q)
+			if !firstUse {
+				// The queue uses the level already: its stream exists.
+				_, err := mustProduce(t, p, "warm", "x", Priority(PriorityHigh)).Wait(waitCtx(t, time.Second))
+				require.ErrorIs(t, err, context.DeadlineExceeded, "no consumer yet")
+			}
+			produceLevel(t, p, "low", 10000, PriorityLow)
+			var lowStarts atomic.Int64
+			var urgentAt atomic.Int64 // low starts before the urgent request started
+			urgentAt.Store(-1)
+			opts := fastOpts(t, "backlog", 10*time.Second)
+			opts.Workers = 1
+			c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+				switch {
+				case m.ID == "urgent":
+					urgentAt.Store(lowStarts.Load())
+				case strings.HasPrefix(m.ID, "low"):
+					lowStarts.Add(1)
+				}
+				return "", nil
+			}, opts)
+			require.NoError(t, err)
+			runConsumer(t, c)
+			eventually(t, 20*time.Second, func() bool { return lowStarts.Load() >= 200 }, "the backlog never started")
+			r := c.lastRun.Load()
+			r.ring.mu.Lock()
+			target := r.ring.target
+			r.ring.mu.Unlock()
+			before := lowStarts.Load()
+			at := time.Now()
+			pr := mustProduce(t, p, "urgent", "x", Priority(PriorityHigh))
+			_, err = pr.Wait(waitCtx(t, 20*time.Second))
+			require.NoError(t, err)
+			took := time.Since(at)
+			jumped := urgentAt.Load() - before
+			t.Logf("high request produced behind %d low ones started after %d of them, in %v (read-ahead target %d, Prefetch %d, ClaimInterval %v)",
+				10000-before, jumped, took.Round(time.Millisecond), target, c.opts.Prefetch, opts.ClaimInterval)
+			if firstUse {
+				require.Less(t, took, opts.ClaimInterval+5*time.Second, "a new level is noticed within about ClaimInterval")
+			} else {
+				require.LessOrEqual(t, jumped, int64(target+opts.Workers), "within one read-ahead's worth of low requests")
+			}
+			require.Less(t, lowStarts.Load(), int64(10000), "the high request did not wait for the backlog")
+		})
+	}
+}
+
+// TestPriorityLowNotStarved: under a constant high-priority load (a high
+// backlog far larger than what runs), the low level keeps its share of the
+// starts: at least its weight's share of the takes while both levels wait
+// in the ring (1 in 7 with normal empty: 6:1), less the read-ahead's slack.
+// With StrictPriority it gets none while high requests wait.
+func TestPriorityLowNotStarved(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	for _, strict := range []bool{false, true} {
+		t.Run(fmt.Sprintf("strict=%v", strict), func(t *testing.T) {
+			q := queueName(t)
+			p := newStringProducer(t, client, q)
+			produceLevel(t, p, "low", 1000, PriorityLow)
+			produceLevel(t, p, "high", 6000, PriorityHigh)
+			const sample = 2000
+			var starts, low atomic.Int64
+			opts := fastOpts(t, "starve", 10*time.Second)
+			opts.Workers, opts.StrictPriority = 2, strict
+			c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+				if n := starts.Add(1); n > 200 && n <= 200+sample && strings.HasPrefix(m.ID, "low") {
+					low.Add(1) // after the start-up, while the high backlog lasts
+				}
+				return "", nil
+			}, opts)
+			require.NoError(t, err)
+			runConsumer(t, c)
+			eventually(t, 25*time.Second, func() bool { return starts.Load() >= 200+sample }, "too few starts")
+			share := float64(low.Load()) / sample
+			w := DefaultPriorityWeights
+			want := float64(w[2]) / float64(w[0]+w[2])
+			t.Logf("strict=%v: low share of %d starts under a high backlog: %.3f (weights give %.3f)", strict, sample, share, want)
+			if strict {
+				require.Zero(t, low.Load(), "strict: no low start while high requests wait")
+			} else {
+				require.InDelta(t, want, share, want*0.25, "the low level keeps its share")
+			}
+		})
+	}
+}
