@@ -409,32 +409,40 @@ func (r *ring) reserveLevel(ctx context.Context, level, limit int) (int, error) 
 }
 
 // levelRoom is how many more places level may take while levels are
-// backlogged: with strict, none while a higher level is; else, for a
-// backlogged level, its weight's share of the target among the backlogged
-// levels (at least 1) less what it holds. A level whose streams are drained
-// (its last reads came back short) is not limited: it reads what arrives.
-// mu is held.
+// backlogged. With strict, none while a higher level is. A level whose
+// streams are drained (its last reads came back short) takes one place at a
+// time while another level is backlogged: enough for a blocking read to take
+// what arrives at once (after which its reads fill up and it counts as
+// backlogged), and never the places the backlogged levels need (a drained
+// feeder gives its places back after each empty read and would take them
+// again first). A backlogged level holds at most its weight's share of the
+// target among the backlogged levels (at least 1). mu is held.
 func (r *ring) levelRoom(level int) int {
 	const unlimited = 1 << 30
-	if r.strict {
-		for _, l := range levelOrder {
-			if l == level {
-				return unlimited
-			}
-			if r.backlog[l] > 0 {
-				return 0
-			}
-		}
-		return unlimited
-	}
-	if r.backlog[level] == 0 {
-		return unlimited
-	}
 	sum := 0
 	for l, b := range r.backlog {
 		if b > 0 {
 			sum += r.weights[l]
 		}
+	}
+	if sum == 0 {
+		return unlimited
+	}
+	if r.strict {
+		for _, l := range levelOrder {
+			if l == level {
+				break
+			}
+			if r.backlog[l] > 0 {
+				return 0
+			}
+		}
+	}
+	if r.backlog[level] == 0 {
+		return 1
+	}
+	if r.strict {
+		return unlimited
 	}
 	return max(0, max(1, r.target*r.weights[level]/sum)-r.out[level])
 }

@@ -10,8 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"syscall"
+
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+
+	"github.com/streamq/streamq/internal/crashtest"
 )
 
 // levelStreams returns the streams of queue q's levels (one shard): default,
@@ -495,5 +499,164 @@ func TestPriorityLowNotStarved(t *testing.T) {
 				require.InDelta(t, want, share, want*0.25, "the low level keeps its share")
 			}
 		})
+	}
+}
+
+// levelPending sums the pending entries of consumer name (all consumers when
+// name is "") over the streams of q's levels.
+func levelPending(t *testing.T, client *redis.Client, q, name string) int64 {
+	t.Helper()
+	var n int64
+	for _, s := range levelStreams(q) {
+		sum, err := client.XPending(context.Background(), s, DefaultGroup).Result()
+		if isNoGroup(err) {
+			continue
+		}
+		require.NoError(t, err)
+		if name == "" {
+			n += sum.Count
+		} else {
+			n += sum.Consumers[name]
+		}
+	}
+	return n
+}
+
+// TestCrashPriorityLevelsLoseNothing: a consumer holding requests of every
+// level (in its ring and in running handlers) is SIGKILLed; another consumer
+// claims them from each level's stream and runs each once, at its level,
+// counting starts exactly: the killed consumer's running handlers start
+// their second time, the rest their first.
+func TestCrashPriorityLevelsLoseNothing(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	const per, workers = 100, 4
+	const minIdle = time.Second
+	p := newStringProducer(t, client, q)
+	var ids []string
+	var prs []*Promise[string]
+	want := map[string]PriorityLevel{}
+	for _, lvl := range []PriorityLevel{PriorityLow, PriorityNormal, PriorityHigh} {
+		var jobs []Job[string]
+		for i := range per {
+			id := fmt.Sprintf("%s-%03d", levelPrefix[lvl], i)
+			jobs = append(jobs, Job[string]{ID: id, Request: "p-" + id, Options: []ProduceOption{Priority(lvl)}})
+			ids, want[id] = append(ids, id), lvl
+		}
+		batch, err := p.ProduceBatch(ctx, jobs)
+		require.NoError(t, err)
+		prs = append(prs, batch...)
+	}
+	child := crashtest.Start(t, "TestCrashHelperProcess", crashConfig{
+		Addr: sharedAddr(t), Queue: q, Mode: "block", Name: "doomed",
+		Workers: workers, Prefetch: len(ids), MinIdle: minIdle, MaxDeliveries: 5,
+	})
+	eventually(t, 30*time.Second, func() bool {
+		return levelPending(t, client, q, "doomed") == int64(len(ids)) && client.SCard(ctx, startedKey(q)).Val() == workers
+	}, "the child never held every request")
+	started, err := client.SMembers(ctx, startedKey(q)).Result()
+	require.NoError(t, err)
+	child.Kill()
+	require.True(t, child.KilledBy(syscall.SIGKILL))
+	killedAt := time.Now()
+
+	h := newCountingHandler()
+	var mu sync.Mutex
+	got := map[string]PriorityLevel{}
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		mu.Lock()
+		got[m.ID] = m.Priority
+		mu.Unlock()
+		return h.handle(ctx, m)
+	}, &ConsumerOptions{
+		Name: "survivor", Workers: workers, MinIdle: minIdle,
+		ClaimInterval: 100 * time.Millisecond, ReadBlock: 100 * time.Millisecond, Logger: testLogger(t),
+	})
+	require.NoError(t, err)
+	runConsumer(t, c)
+	requireResults(t, client, q, ids, prs, killedAt.Add(minIdle+30*time.Second))
+	t.Logf("%d requests of 3 levels held by a SIGKILLed consumer (%d running: %v) completed %v after the kill",
+		len(ids), workers, started, time.Since(killedAt).Round(time.Millisecond))
+	h.requireOnceEach(t, ids)
+	require.Equal(t, map[int]int{1: len(ids) - workers, 2: workers}, h.deliveries)
+	mu.Lock()
+	require.Equal(t, want, got, "each request ran at its level")
+	mu.Unlock()
+	for _, s := range levelStreams(q) {
+		require.Zero(t, client.XLen(ctx, s).Val(), "%s not empty", s)
+	}
+	require.Zero(t, levelPending(t, client, q, ""))
+}
+
+// TestCrashPriorityPoisonCountsExactly: a high-priority request that kills
+// its consumer at every start is dead-lettered after exactly MaxDeliveries
+// starts (the first two retried through the schedule, keeping its level),
+// while requests of every level around it complete.
+func TestCrashPriorityPoisonCountsExactly(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	const maxDeliveries = 4
+	p := newStringProducer(t, client, q)
+	var ids []string
+	var prs []*Promise[string]
+	var poison *Promise[string]
+	for i := range 60 {
+		lvl := levelValue[i%numLevels]
+		id := fmt.Sprintf("%s-%03d", levelPrefix[lvl], i)
+		ids, prs = append(ids, id), append(prs, mustProduce(t, p, id, "p-"+id, Priority(lvl)))
+		if i == 30 {
+			poison = mustProduce(t, p, "poison", "p-poison", Priority(PriorityHigh))
+		}
+	}
+	cfg := crashConfig{
+		Addr: sharedAddr(t), Queue: q, Mode: "retrypoison", Name: "poisoned",
+		Workers: 1, Prefetch: 1, MinIdle: 2 * time.Second, MaxDeliveries: maxDeliveries,
+	}
+	all := append(append([]*Promise[string](nil), prs...), poison)
+	deadline := time.Now().Add(60 * time.Second)
+	crashes := 0
+	for {
+		child := crashtest.Start(t, "TestCrashHelperProcess", cfg)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for _, pr := range all {
+				<-pr.Done()
+			}
+		}()
+		select {
+		case <-child.Done():
+			require.True(t, child.KilledBy(syscall.SIGKILL), "child ended otherwise: %s", child.Output())
+			crashes++
+			require.Less(t, crashes, 3*maxDeliveries, "crash loop does not end")
+			continue
+		case <-done:
+			child.Kill()
+		case <-time.After(time.Until(deadline)):
+			child.Kill()
+			t.Fatalf("callers still waiting after 60s and %d crashes", crashes)
+		}
+		break
+	}
+	requireResults(t, client, q, ids, prs, time.Now().Add(10*time.Second))
+	_, err := poison.Wait(ctx)
+	require.ErrorIs(t, err, ErrDeadLettered)
+	seen, err := client.LRange(ctx, poisonSeenKey(q), 0, -1).Result()
+	require.NoError(t, err)
+	// Two retries through the schedule, then a start per crash.
+	require.Equal(t, []string{"r1", "r2", "3", "4"}, seen, "starts seen by the poison's handler")
+	require.Equal(t, maxDeliveries-2, crashes)
+	admin, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	dls, err := admin.DeadLetters(ctx, "", 10)
+	require.NoError(t, err)
+	require.Len(t, dls, 1)
+	require.Equal(t, maxDeliveries, dls[0].Deliveries)
+	for _, s := range levelStreams(q) {
+		require.Zero(t, client.XLen(ctx, s).Val(), "%s not empty", s)
 	}
 }
