@@ -2,6 +2,7 @@ package streamq
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -659,4 +660,182 @@ func TestCrashPriorityPoisonCountsExactly(t *testing.T) {
 	for _, s := range levelStreams(q) {
 		require.Zero(t, client.XLen(ctx, s).Val(), "%s not empty", s)
 	}
+}
+
+// TestPriorityAdmin: Stats splits the depth by level (only once a level other
+// than the default is used, highest first, in JSON by name); Job finds a
+// request on any level's stream, queued or running; Forget deletes a queued
+// request's entry on its level's stream; Cancel removes a delayed one.
+func TestPriorityAdmin(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		p := newStringProducer(t, client, q)
+		admin, err := NewAdmin(client, q, nil)
+		require.NoError(t, err)
+		mustProduce(t, p, "n-1", "x")
+		s, err := admin.Stats(ctx)
+		require.NoError(t, err)
+		require.Nil(t, s.Levels, "no split without levels")
+		require.EqualValues(t, 1, s.Length)
+
+		produceLevel(t, p, "h", 3, PriorityHigh)
+		produceLevel(t, p, "l", 2, PriorityLow)
+		mustProduce(t, p, "l-later", "x", Priority(PriorityLow), After(time.Hour))
+		s, err = admin.Stats(ctx)
+		require.NoError(t, err)
+		require.EqualValues(t, 6, s.Length, "every level's entries")
+		require.Equal(t, []LevelStats{{Priority: PriorityHigh, Length: 3}, {Priority: PriorityNormal, Length: 1}, {Priority: PriorityLow, Length: 2}}, s.Levels)
+		require.EqualValues(t, 1, s.Scheduled)
+		b, err := json.Marshal(s.Levels)
+		require.NoError(t, err)
+		require.JSONEq(t, `[{"priority":"high","length":3,"pending":0},{"priority":"normal","length":1,"pending":0},{"priority":"low","length":2,"pending":0}]`, string(b))
+
+		for _, id := range []string{"h-00000", "l-00001", "n-1"} {
+			info, err := admin.Job(ctx, id)
+			require.NoError(t, err)
+			require.Equal(t, JobQueued, info.State, id)
+		}
+		require.NoError(t, admin.Forget(ctx, "l-00001", false))
+		require.EqualValues(t, 1, client.XLen(ctx, levelStreams(q)[levelLow]).Val(), "the entry left its level's stream")
+		info, err := admin.Job(ctx, "l-later")
+		require.NoError(t, err)
+		require.Equal(t, JobScheduled, info.State)
+		require.NoError(t, admin.Cancel(ctx, "l-later"))
+
+		// Running: held by a consumer, on the high level's stream.
+		hold := make(chan struct{})
+		running := make(chan string, 10)
+		opts := fastOpts(t, "admin", 5*time.Second)
+		opts.Workers = 5 // every request runs at once
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+			running <- m.ID
+			select {
+			case <-hold:
+			case <-ctx.Done():
+			}
+			return "", nil
+		}, opts)
+		require.NoError(t, err)
+		runConsumer(t, c)
+		first := ""
+		for !strings.HasPrefix(first, "h-") {
+			first = <-running
+		}
+		info, err = admin.Job(ctx, first)
+		require.NoError(t, err)
+		require.Equal(t, JobRunning, info.State)
+		require.Equal(t, "admin", info.Consumer)
+		s, err = admin.Stats(ctx)
+		require.NoError(t, err)
+		require.NotNil(t, s.Levels)
+		require.Positive(t, s.Levels[0].Pending, "the high level's entry is pending")
+		close(hold)
+	})
+}
+
+// levelHook counts the commands that name a priority level's stream.
+type levelHook struct {
+	mu   sync.Mutex
+	cmds map[string]int
+}
+
+func (h *levelHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *levelHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.see(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (h *levelHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			h.see(cmd)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (h *levelHook) see(cmd redis.Cmder) {
+	for _, a := range cmd.Args() {
+		if s, ok := a.(string); ok && (strings.HasSuffix(s, ":stream:high") || strings.HasSuffix(s, ":stream:low")) {
+			h.mu.Lock()
+			h.cmds[strings.ToLower(cmd.Name())]++
+			h.mu.Unlock()
+			return
+		}
+	}
+}
+
+// TestPriorityUnusedLevelsCostNothing: a consumer of a queue that never uses
+// priorities sends nothing to the level streams but one EXISTS per level and
+// ClaimInterval (and promote.lua names them, to append a retry at its
+// level), and the queue has no other key than before.
+func TestPriorityUnusedLevelsCostNothing(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	h := &levelHook{cmds: map[string]int{}}
+	client.AddHook(h)
+	q := queueName(t)
+	p := newStringProducer(t, client, q)
+	var runs atomic.Int64
+	opts := fastOpts(t, "plain", 5*time.Second)
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		runs.Add(1)
+		if m.ID == "retry" && m.Deliveries == 1 {
+			return "", RetryAfter(errors.New("again"), 10*time.Millisecond)
+		}
+		return "", nil
+	}, opts)
+	require.NoError(t, err)
+	start := time.Now()
+	stop := runConsumer(t, c)
+	for i := range 200 {
+		mustProduce(t, p, fmt.Sprint(i), "x").Release()
+	}
+	_, err = mustProduce(t, p, "retry", "x").Wait(waitCtx(t, 20*time.Second))
+	require.NoError(t, err)
+	eventually(t, 20*time.Second, func() bool { return runs.Load() == 202 }, "not every request ran")
+	stop()
+	elapsed := time.Since(start)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	exists := h.cmds["exists"]
+	delete(h.cmds, "exists")
+	delete(h.cmds, "evalsha")
+	delete(h.cmds, "eval")
+	require.Empty(t, h.cmds, "commands on level streams of a plain queue")
+	maxChecks := 2 * (int(elapsed/opts.ClaimInterval) + 1)
+	require.LessOrEqual(t, exists, maxChecks)
+	t.Logf("plain queue: %d EXISTS of level streams in %v (ClaimInterval %v), nothing else", exists, elapsed.Round(time.Millisecond), opts.ClaimInterval)
+	keys, err := client.Keys(context.Background(), "streamq:{"+q+"}:stream*").Result()
+	require.NoError(t, err)
+	require.Equal(t, []string{streamKey(q)}, keys)
+}
+
+// TestPriorityBatchRejectedLeavesNoLevelStream: an atomic batch that fails on
+// an invalid item undoes its appends to every level's stream, and deletes
+// the level streams it created.
+func TestPriorityBatchRejectedLeavesNoLevelStream(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		p := newStringProducer(t, client, q)
+		mustProduce(t, p, "existing", "x", Priority(PriorityLow))
+		require.NoError(t, client.HSet(ctx, recordKey(q, "taken"), "f", "v").Err())
+		_, err := p.ProduceBatch(ctx, []Job[string]{
+			{ID: "a", Request: "x", Options: []ProduceOption{Priority(PriorityHigh)}},
+			{ID: "b", Request: "x", Options: []ProduceOption{Priority(PriorityLow)}},
+			{ID: "c", Request: "x"},
+			{ID: "taken", Request: "x", Options: []ProduceOption{Priority(PriorityHigh)}},
+		})
+		require.ErrorIs(t, err, ErrWrongType)
+		streams := levelStreams(q)
+		require.Zero(t, client.Exists(ctx, streams[levelHigh]).Val(), "the high stream the batch created is gone")
+		require.EqualValues(t, 1, client.XLen(ctx, streams[levelLow]).Val(), "only the earlier entry")
+		require.Zero(t, client.XLen(ctx, streams[levelNormal]).Val())
+		require.Zero(t, client.Exists(ctx, recordKey(q, "a"), recordKey(q, "b"), recordKey(q, "c")).Val())
+	})
 }
