@@ -284,7 +284,8 @@ func (s *slot) setCancel(cancel context.CancelCauseFunc) bool {
 }
 
 // ring is the bounded, ordered prefetch ring. The feeder pushes slots in stream
-// order and workers take them in that order. A slot holds its place in the
+// order and workers take them in that order, within each priority level (one
+// queue per level; pick chooses the level). A slot holds its place in the
 // budget from reserve until its place is given back, so memory is bounded by
 // the depth even when workers finish out of order. Waiting for room uses a
 // signal, never a sleep.
