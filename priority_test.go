@@ -839,3 +839,85 @@ func TestPriorityBatchRejectedLeavesNoLevelStream(t *testing.T) {
 		require.Zero(t, client.Exists(ctx, recordKey(q, "a"), recordKey(q, "b"), recordKey(q, "c")).Val())
 	})
 }
+
+// TestPriorityShardedQueue: on a queue of 3 shards, each level has a stream
+// per shard, under the shard's hash tag, and every request runs once at its
+// level.
+func TestPriorityShardedQueue(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	p, err := NewProducer[string, string](client, q, &ProducerOptions{Shards: 3, Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	var prs []*Promise[string]
+	want := map[string]string{}
+	for i := range 90 {
+		lvl := levelValue[i%numLevels]
+		id := fmt.Sprintf("%s-%02d", levelPrefix[lvl], i)
+		prs, want[id] = append(prs, mustProduce(t, p, id, "x", Priority(lvl))), lvl.String()
+	}
+	opts := fastOpts(t, "sharded", 5*time.Second)
+	opts.Shards, opts.Workers = 3, 4
+	var runs sync.Map
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		n, _ := runs.LoadOrStore(m.ID, new(atomic.Int64))
+		n.(*atomic.Int64).Add(1)
+		return m.Priority.String(), nil
+	}, opts)
+	require.NoError(t, err)
+	runConsumer(t, c)
+	for i, pr := range prs {
+		got, err := pr.Wait(waitCtx(t, 20*time.Second))
+		require.NoError(t, err)
+		id := fmt.Sprintf("%s-%02d", levelPrefix[levelValue[i%numLevels]], i)
+		require.Equal(t, want[id], got, id)
+	}
+	runs.Range(func(k, v any) bool {
+		require.EqualValues(t, 1, v.(*atomic.Int64).Load(), "runs of %v", k)
+		return true
+	})
+	keys, err := client.Keys(ctx, "streamq:shard:{"+q+"/*}:stream*").Result()
+	require.NoError(t, err)
+	require.Len(t, keys, 9, "3 levels x 3 shards: %v", keys)
+}
+
+// TestPriorityTrimsEveryLevel: the trim removes acknowledged entries from
+// every level's stream (here with the fan-out marker set, so completions
+// leave them to the trim).
+func TestPriorityTrimsEveryLevel(t *testing.T) {
+	t.Parallel()
+	client, _ := miniRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	p := newStringProducer(t, client, q)
+	opts := fastOpts(t, "fan", 5*time.Second)
+	opts.Fanout, opts.Group = true, "audit"
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) { return "", nil }, opts)
+	require.NoError(t, err)
+	for _, lvl := range []PriorityLevel{PriorityHigh, PriorityNormal, PriorityLow} {
+		produceLevel(t, p, levelPrefix[lvl], 20, lvl)
+	}
+	stop := runConsumer(t, c)
+	streams := levelStreams(q)
+	eventually(t, 20*time.Second, func() bool {
+		for _, s := range streams {
+			groups, err := client.XInfoGroups(ctx, s).Result()
+			if err != nil || len(groups) != 1 || groups[0].Pending != 0 || groups[0].LastDeliveredID != client.XInfoStream(ctx, s).Val().LastGeneratedID {
+				return false
+			}
+		}
+		return true
+	}, "the fan-out group never acknowledged every level's entries")
+	stop()
+	for _, s := range streams {
+		require.EqualValues(t, 20, client.XLen(ctx, s).Val(), "a fan-out group leaves entries to the trim")
+	}
+	n, err := c.Trim(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 60, n)
+	for _, s := range streams {
+		require.Zero(t, client.XLen(ctx, s).Val(), s)
+	}
+}
