@@ -921,3 +921,43 @@ func TestPriorityTrimsEveryLevel(t *testing.T) {
 		require.Zero(t, client.XLen(ctx, s).Val(), s)
 	}
 }
+
+// TestPriorityWeightedShares: with a backlog on every level, the starts
+// follow the weights 6:3:1, each level's share within 10% of its weight's,
+// over 3,000 starts.
+func TestPriorityWeightedShares(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	q := queueName(t)
+	p := newStringProducer(t, client, q)
+	for _, lvl := range []PriorityLevel{PriorityLow, PriorityNormal, PriorityHigh} {
+		produceLevel(t, p, levelPrefix[lvl], 3500, lvl)
+	}
+	const skip, sample = 200, 3000
+	var starts atomic.Int64
+	var mu sync.Mutex
+	counts := map[PriorityLevel]int{}
+	opts := fastOpts(t, "shares", 10*time.Second)
+	opts.Workers = 4
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		if n := starts.Add(1); n > skip && n <= skip+sample {
+			mu.Lock()
+			counts[m.Priority]++
+			mu.Unlock()
+		}
+		return "", nil
+	}, opts)
+	require.NoError(t, err)
+	runConsumer(t, c)
+	eventually(t, 25*time.Second, func() bool { return starts.Load() >= skip+sample }, "too few starts")
+	mu.Lock()
+	defer mu.Unlock()
+	w := DefaultPriorityWeights
+	sum := w[0] + w[1] + w[2]
+	t.Logf("starts of %d under backlogs on every level: high %d, normal %d, low %d (weights %v)",
+		sample, counts[PriorityHigh], counts[PriorityNormal], counts[PriorityLow], w)
+	for i, lvl := range []PriorityLevel{PriorityHigh, PriorityNormal, PriorityLow} {
+		want := float64(sample * w[i] / sum)
+		require.InDelta(t, want, counts[lvl], want*0.1, "%s", lvl)
+	}
+}
