@@ -378,7 +378,7 @@ func newRun[Req, Resp any](c *Consumer[Req, Resp]) *run[Req, Resp] {
 	}
 	ring.strict = c.opts.StrictPriority
 	for l := range numLevels {
-		ring.weights[l] = c.opts.PriorityWeights[[numLevels]int{1, 0, 2}[l]]
+		ring.weights[l] = c.opts.PriorityWeights[weightIndex[l]]
 	}
 	return &run[Req, Resp]{
 		c:         c,

@@ -80,6 +80,9 @@ var (
 	levelOrder = [numLevels]int{levelHigh, levelNormal, levelLow}
 	levelOf    = map[PriorityLevel]int{PriorityNormal: levelNormal, PriorityHigh: levelHigh, PriorityLow: levelLow}
 	levelValue = [numLevels]PriorityLevel{PriorityNormal, PriorityHigh, PriorityLow}
+	// weightIndex maps a level to its index in PriorityWeights (high,
+	// normal, low).
+	weightIndex = [numLevels]int{levelNormal: 1, levelHigh: 0, levelLow: 2}
 )
 
 // DefaultPriorityWeights are the shares of the levels (high, normal, low)

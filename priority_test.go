@@ -212,7 +212,7 @@ func TestPriorityRingTakes(t *testing.T) {
 	t.Run("weighted", func(t *testing.T) {
 		r := newRing(1000, 1)
 		for l := range numLevels {
-			r.weights[l] = DefaultPriorityWeights[[numLevels]int{1, 0, 2}[l]]
+			r.weights[l] = DefaultPriorityWeights[weightIndex[l]]
 		}
 		round := 0
 		for _, w := range r.weights {
