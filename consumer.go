@@ -297,7 +297,7 @@ func (c *Consumer[Req, Resp]) ensureGroupRetry(ctx context.Context) error {
 			err = c.checkAnswering(ctx)
 		}
 		// The default level's streams; a level's feeder creates its group
-		// once the level's stream exists (levelFeed).
+		// once the level's stream exists (awaitLevel).
 		for shard := range c.nShards {
 			if err == nil {
 				err = c.ensureGroup(ctx, shard)
