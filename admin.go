@@ -200,6 +200,10 @@ type GroupStats struct {
 	Lag int64 `json:"lag"`
 	// OldestPendingAge is the idle time of the longest-idle pending entry.
 	OldestPendingAge time.Duration `json:"oldest_pending_age_ns"`
+	// DeadLetters is the number of entries in this group's dead-letter
+	// stream, summed over the shards: the answering group's is
+	// Stats.DeadLetters, a fan-out group's its own stream's.
+	DeadLetters int64 `json:"dead_letters"`
 }
 
 // Stats returns the queue's statistics, summed over its shards; a consumer
@@ -215,9 +219,13 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	if s.PausedAt, s.Paused, err = pausedSince(ctx, a.client, a.queue); err != nil {
 		return s, fmt.Errorf("streamq: stats of %s: %w", a.queue, err)
 	}
+	answering, err := a.client.Get(ctx, keys.AnsweringGroup(a.queue)).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return s, fmt.Errorf("streamq: read the answering group of %s: %w", a.queue, err)
+	}
 	byName := map[string]int{}
 	for _, k := range shards {
-		if err := a.shardStats(ctx, k, &s, byName); err != nil {
+		if err := a.shardStats(ctx, k, answering, &s, byName); err != nil {
 			return s, fmt.Errorf("streamq: stats of %s: %w", a.queue, err)
 		}
 	}
@@ -244,7 +252,7 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	return s, nil
 }
 
-func (a *Admin) shardStats(ctx context.Context, k keys.Keys, s *Stats, byName map[string]int) error {
+func (a *Admin) shardStats(ctx context.Context, k keys.Keys, answering string, s *Stats, byName map[string]int) error {
 	length, err := a.client.XLen(ctx, k.Stream).Result()
 	if err != nil {
 		return err
@@ -253,7 +261,11 @@ func (a *Admin) shardStats(ctx context.Context, k keys.Keys, s *Stats, byName ma
 	if err != nil {
 		return err
 	}
-	s.Scheduled += scheduled
+	retries, err := a.client.ZCard(ctx, k.Retry).Result()
+	if err != nil {
+		return err
+	}
+	s.Scheduled += scheduled + retries
 	dead, err := a.client.XLen(ctx, k.DeadLetter).Result()
 	if err != nil {
 		return err
@@ -270,7 +282,7 @@ func (a *Admin) shardStats(ctx context.Context, k keys.Keys, s *Stats, byName ma
 			return err
 		}
 	}
-	_, err = a.streamGroupStats(ctx, k, length, s, byName)
+	_, err = a.streamGroupStats(ctx, k, length, dead, answering, s, byName)
 	return err
 }
 
@@ -311,7 +323,8 @@ func (a *Admin) levelStats(ctx context.Context, shards []keys.Keys, s *Stats, by
 			}
 			found = true
 			s.Length += length
-			pending, err := a.streamGroupStats(ctx, k, length, s, byName)
+			// The dead letters are the shard's, counted once by shardStats.
+			pending, err := a.streamGroupStats(ctx, k, length, -1, "", s, byName)
 			if err != nil {
 				return err
 			}
@@ -327,8 +340,10 @@ func (a *Admin) levelStats(ctx context.Context, shards []keys.Keys, s *Stats, by
 }
 
 // streamGroupStats adds the groups of k.Stream (holding length entries) to
-// s and returns their pending entries.
-func (a *Admin) streamGroupStats(ctx context.Context, k keys.Keys, length int64, s *Stats, byName map[string]int) (int64, error) {
+// s and returns their pending entries. dead is the length of the answering
+// group's dead-letter stream (group answering); -1 counts no dead letters (a
+// priority level's stream: they are the shard's).
+func (a *Admin) streamGroupStats(ctx context.Context, k keys.Keys, length, dead int64, answering string, s *Stats, byName map[string]int) (int64, error) {
 	var pending int64
 	groups, err := a.client.XInfoGroups(ctx, k.Stream).Result()
 	if err != nil {
@@ -344,6 +359,15 @@ func (a *Admin) streamGroupStats(ctx context.Context, k keys.Keys, length int64,
 		}
 		gs := &s.Groups[i]
 		gs.Pending += g.Pending
+		if dead >= 0 {
+			groupDead := dead
+			if g.Name != answering {
+				if groupDead, err = a.client.XLen(ctx, k.GroupDeadLetter(g.Name)).Result(); err != nil {
+					return 0, err
+				}
+			}
+			gs.DeadLetters += groupDead
+		}
 		lag := g.Lag
 		switch {
 		case lag < 0 || lag > length-g.Pending:

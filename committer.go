@@ -554,11 +554,12 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 	o := &r.c.opts
 	k := r.c.shards[shard]
 	dead := fixed.dead
-	keyList := make([]string, 3, 4+len(batch))
+	keyList := make([]string, 3, 5+len(batch))
 	keyList[0], keyList[1], keyList[2] = k.Stream, dead, fixed.fanout
 	args := make([]any, len(fixed.args), len(fixed.args)+6*len(batch))
 	copy(args, fixed.args)
-	args[6] = time.Now().UnixMilli()
+	now := time.Now().UnixMilli()
+	args[6] = now
 	for _, cp := range batch {
 		e := cp.s.entry
 		if e.ID != "" && !o.Fanout {
@@ -575,7 +576,8 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 		}
 		args = append(args, e.EntryID, e.ID, codeArg[cp.code], value, payload, e.Deliveries)
 	}
-	keyList = append(keyList, fixed.starts) // last: complete.lua drops start counts there
+	keyList = append(keyList, k.History(now/msPerHour)) // the minute's history (complete.lua)
+	keyList = append(keyList, fixed.starts)             // last: complete.lua drops start counts there
 	return keyList, args
 }
 

@@ -1,5 +1,5 @@
--- cancel.lua: cancel a scheduled request (a delayed job, or a retry of the
--- answering group waiting for its time).
+-- cancel.lua: cancel a scheduled request (a delayed job in the schedule, or
+-- a retry of the answering group waiting in the retry set).
 --
 -- A request is scheduled while its record says "P@<due>". Cancelling removes
 -- it from the schedule, stores the outcome "C<message>" (ARGV[2] TTL) and
@@ -14,6 +14,7 @@
 -- KEYS[2]      the schedule (sorted set)
 -- KEYS[3]      the schedule's data (hash)
 -- KEYS[4]      the shard's counts (hash)
+-- KEYS[5]      the retry set (sorted set)
 -- ARGV[1]      the request id
 -- ARGV[2]      TTL of the stored outcome in milliseconds
 -- ARGV[3]      the completion notice channel
@@ -40,6 +41,7 @@ end
 redis.call("HINCRBY", KEYS[4], "canceled", 1)
 local member = "r" .. ARGV[1]
 redis.call("ZREM", KEYS[2], member)
+redis.call("ZREM", KEYS[5], member)
 redis.call("HDEL", KEYS[3], member)
 local outcome = "C" .. ARGV[5]
 redis.call("SET", KEYS[1], outcome, "PX", ARGV[2])

@@ -14,8 +14,9 @@
 -- KEYS[3]  the group's start-count hash (see charge.lua)
 -- KEYS[4]  the shard's schedule (sorted set)
 -- KEYS[5]  the schedule's data (hash)
--- KEYS[6]  optional: the stream of priority level "high" of the shard
--- KEYS[7]  optional: the stream of priority level "low" of the shard
+-- KEYS[6]  the shard's retry set (sorted set)
+-- KEYS[7]  optional: the stream of priority level "high" of the shard
+-- KEYS[8]  optional: the stream of priority level "low" of the shard
 -- ARGV[1]  consumer group
 -- ARGV[2]  "1": forget even while a consumer holds the entry
 -- ARGV[3]  the request id (its member in the schedule is "r" .. id)
@@ -23,11 +24,12 @@
 -- Returns {"missing"} when there is no record; {"held", consumer} when a
 -- consumer holds the entry and ARGV[2] is not "1"; otherwise {"ok", the
 -- record's value before it was deleted}.
+
 -- entryStream returns the stream holding entry eid of request rid: the
--- shard's (KEYS[2]) or a priority level's (KEYS[6], KEYS[7]); KEYS[2] when
+-- shard's (KEYS[2]) or a priority level's (KEYS[7], KEYS[8]); KEYS[2] when
 -- no stream holds it.
 local function entryStream(eid, rid)
-  for _, s in ipairs({KEYS[2], KEYS[6], KEYS[7]}) do
+  for _, s in ipairs({KEYS[2], KEYS[7], KEYS[8]}) do
     local e = redis.call("XRANGE", s, eid, eid, "COUNT", 1)
     if e[1] and e[1][2] then
       local f = e[1][2]
@@ -47,6 +49,7 @@ if not rec then
 end
 if string.sub(rec, 1, 2) == "P@" then
   redis.call("ZREM", KEYS[4], member)
+  redis.call("ZREM", KEYS[6], member)
   redis.call("HDEL", KEYS[5], member)
 elseif string.sub(rec, 1, 1) == "P" then
   local eid = string.sub(rec, 2)

@@ -46,6 +46,8 @@ var (
 	retrySrc string
 	//go:embed cancel.lua
 	cancelSrc string
+	//go:embed jobs.lua
+	jobsSrc string
 )
 
 // The scripts. Run uses EVALSHA and falls back to EVAL when the server lacks the script.
@@ -70,4 +72,6 @@ var (
 	Promote  = redis.NewScript(promoteSrc)
 	Retry    = redis.NewScript(retrySrc)
 	Cancel   = redis.NewScript(cancelSrc)
+	// Jobs reads one shard's part of an Admin.Jobs page.
+	Jobs = redis.NewScript(jobsSrc)
 )
