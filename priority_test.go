@@ -961,3 +961,26 @@ func TestPriorityWeightedShares(t *testing.T) {
 		require.InDelta(t, want, counts[lvl], want*0.1, "%s", lvl)
 	}
 }
+
+// TestPriorityRunNowKeepsTheLevel: Admin.RunNow appends a delayed request to
+// its level's stream.
+func TestPriorityRunNowKeepsTheLevel(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		p := newStringProducer(t, client, q)
+		pr := mustProduce(t, p, "later", "x", Priority(PriorityLow), After(time.Hour))
+		admin, err := NewAdmin(client, q, nil)
+		require.NoError(t, err)
+		require.NoError(t, admin.RunNow(ctx, "later"))
+		require.EqualValues(t, 1, client.XLen(ctx, levelStreams(q)[levelLow]).Val())
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+			return m.Priority.String(), nil
+		}, fastOpts(t, "runnow", 5*time.Second))
+		require.NoError(t, err)
+		runConsumer(t, c)
+		got, err := pr.Wait(waitCtx(t, 20*time.Second))
+		require.NoError(t, err)
+		require.Equal(t, "low", got)
+	})
+}
