@@ -615,3 +615,31 @@ func FuzzTxDo(f *testing.F) {
 		require.Len(t, cmds[0], len(args))
 	})
 }
+
+// TestTxPriorityLevels: a request produced at another priority level (its
+// own stream, same slot) applies its staged writes like any other.
+func TestTxPriorityLevels(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		k, _ := keys.New(q)
+		p := txQueue(t, client, q, nil, func(_ context.Context, m *Message[string]) (string, error) {
+			tx := m.Tx()
+			if err := tx.SAdd(tx.Key("done"), m.ID); err != nil {
+				return "", err
+			}
+			return fmt.Sprint(m.Priority), nil
+		})
+		var prs []*Promise[string]
+		for i, lv := range []PriorityLevel{PriorityHigh, PriorityNormal, PriorityLow} {
+			pr, err := p.Produce(ctx, fmt.Sprint("job-", i), "x", Priority(lv))
+			require.NoError(t, err)
+			prs = append(prs, pr)
+		}
+		for _, pr := range prs {
+			_, err := pr.Wait(waitCtx(t, 30*time.Second))
+			require.NoError(t, err)
+		}
+		require.ElementsMatch(t, []string{"job-0", "job-1", "job-2"}, client.SMembers(ctx, k.TxKey("done")).Val())
+	})
+}
