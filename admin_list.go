@@ -61,9 +61,10 @@ type JobSummary struct {
 	// Shard is the shard holding the job (0 for an unsharded queue).
 	Shard int `json:"shard"`
 	// Priority is the job's priority level (Priority): the level stream a
-	// queued or running job is in, or the level a scheduled job, retry or
-	// dead letter keeps in its fields. PriorityNormal (the default) is
-	// omitted in JSON.
+	// queued or running job is in, or the level a scheduled job or retry
+	// keeps in its fields. Dead letters do not keep their level (a requeued
+	// one runs at the default level): PriorityNormal. PriorityNormal (the
+	// default) is omitted in JSON.
 	Priority PriorityLevel `json:"priority,omitempty"`
 	// EntryID is the stream entry of a queued, running or dead job.
 	EntryID string `json:"entry_id,omitempty"`
@@ -657,7 +658,6 @@ func (a *Admin) parsePart(state JobState, src, nShards int, res []any) (shardPar
 				s.Deliveries, _ = strconv.Atoi(f[fieldStarts])
 				break
 			}
-			s.Priority = levelNamed(f[fieldPriority])
 			s.DeadLetterID = eid
 			if nShards > 1 {
 				s.DeadLetterID = strconv.Itoa(shard) + "/" + eid

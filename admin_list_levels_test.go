@@ -3,6 +3,7 @@ package streamq
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"testing"
@@ -160,9 +161,9 @@ func TestAdminJobsPriorityLevels(t *testing.T) {
 }
 
 // TestAdminJobsPriorityFromProducer: jobs produced with Priority are listed
-// with their level: queued on their level's stream, and a delayed one (in
-// the schedule) from its stored fields; the default level is omitted in
-// JSON and a non-default one named.
+// with their level: queued on their level's stream, a delayed one (in the
+// schedule) and a failed one waiting for its retry from their stored
+// fields; the default level is omitted in JSON and a non-default one named.
 func TestAdminJobsPriorityFromProducer(t *testing.T) {
 	backends(t, func(t *testing.T, client *redis.Client) {
 		q := queueName(t)
@@ -182,6 +183,24 @@ func TestAdminJobsPriorityFromProducer(t *testing.T) {
 		}
 		require.Equal(t, map[string]PriorityLevel{"n": PriorityNormal, "h": PriorityHigh, "l": PriorityLow, "l-later": PriorityLow, "n-later": PriorityNormal}, got)
 		js := jobsOf(t, a, JobsQuery{State: JobQueued})
+
+		// Every queued job fails once and waits an hour for its retry.
+		opts := fastOpts(t, "flaky", 5*time.Second)
+		opts.RetryBackoff, opts.RetryBackoffMax = time.Hour, time.Hour
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+			return "", errors.New("not yet")
+		}, opts)
+		require.NoError(t, err)
+		stop := runConsumer(t, c)
+		require.Eventually(t, func() bool {
+			return len(jobsOf(t, a, JobsQuery{State: JobRetrying})) == 3
+		}, 20*time.Second, 10*time.Millisecond)
+		stop()
+		retrying := map[string]PriorityLevel{}
+		for _, j := range jobsOf(t, a, JobsQuery{State: JobRetrying}) {
+			retrying[j.ID] = j.Priority
+		}
+		require.Equal(t, map[string]PriorityLevel{"n": PriorityNormal, "h": PriorityHigh, "l": PriorityLow}, retrying)
 		for _, j := range js {
 			b, err := json.Marshal(j)
 			require.NoError(t, err)
