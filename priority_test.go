@@ -554,9 +554,22 @@ func TestCrashPriorityLevelsLoseNothing(t *testing.T) {
 		Addr: sharedAddr(t), Queue: q, Mode: "block", Name: "doomed",
 		Workers: workers, Prefetch: len(ids), MinIdle: minIdle, MaxDeliveries: 5,
 	})
+	// The child reads ahead as far as its ring's target lets it (which grows
+	// only while workers wait), so how many it holds depends on timing: wait
+	// until it holds entries of every level and runs its workers' handlers.
+	holdsEveryLevel := func() bool {
+		for _, s := range levelStreams(q) {
+			sum, err := client.XPending(ctx, s, DefaultGroup).Result()
+			if err != nil || sum.Consumers["doomed"] == 0 {
+				return false
+			}
+		}
+		return true
+	}
 	eventually(t, 30*time.Second, func() bool {
-		return levelPending(t, client, q, "doomed") == int64(len(ids)) && client.SCard(ctx, startedKey(q)).Val() == workers
-	}, "the child never held every request")
+		return client.SCard(ctx, startedKey(q)).Val() == workers && holdsEveryLevel()
+	}, "the child never held requests of every level while running %d handlers", workers)
+	held := levelPending(t, client, q, "doomed")
 	started, err := client.SMembers(ctx, startedKey(q)).Result()
 	require.NoError(t, err)
 	child.Kill()
@@ -578,8 +591,8 @@ func TestCrashPriorityLevelsLoseNothing(t *testing.T) {
 	require.NoError(t, err)
 	runConsumer(t, c)
 	requireResults(t, client, q, ids, prs, killedAt.Add(minIdle+30*time.Second))
-	t.Logf("%d requests of 3 levels held by a SIGKILLed consumer (%d running: %v) completed %v after the kill",
-		len(ids), workers, started, time.Since(killedAt).Round(time.Millisecond))
+	t.Logf("%d requests of 3 levels, %d held by a SIGKILLed consumer (%d running: %v), completed %v after the kill",
+		len(ids), held, workers, started, time.Since(killedAt).Round(time.Millisecond))
 	h.requireOnceEach(t, ids)
 	require.Equal(t, map[int]int{1: len(ids) - workers, 2: workers}, h.deliveries)
 	mu.Lock()
