@@ -17,6 +17,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/streamq/streamq/internal/keys"
 	"github.com/streamq/streamq/internal/scripts"
 )
 
@@ -559,10 +560,18 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 	args := make([]any, len(fixed.args), len(fixed.args)+6*len(batch))
 	copy(args, fixed.args)
 	args[6] = time.Now().UnixMilli()
+	var flowKeys []string // the children of flows: three keys each, after the records
 	for _, cp := range batch {
 		e := cp.s.entry
+		code := codeArg[cp.code]
 		if e.ID != "" && !o.Fanout {
 			keyList = append(keyList, k.Record(e.ID))
+			if cp.s.meta.parent != "" && cp.code != recordSkip {
+				if rec, stream, ok := keys.FlowParent(cp.s.meta.parent); ok {
+					flowKeys = append(flowKeys, cp.s.meta.parent, rec, stream)
+					code = childCodeArg[cp.code]
+				}
+			}
 		} else {
 			keyList = append(keyList, dead)
 		}
@@ -573,14 +582,19 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 		} else if o.Fanout {
 			value = nil // a fan-out group records no result
 		}
-		args = append(args, e.EntryID, e.ID, codeArg[cp.code], value, payload, e.Deliveries)
+		args = append(args, e.EntryID, e.ID, code, value, payload, e.Deliveries)
 	}
+	keyList = append(keyList, flowKeys...)
 	keyList = append(keyList, fixed.starts) // last: complete.lua drops start counts there
 	return keyList, args
 }
 
 // codeArg holds the outcome codes of complete.lua boxed once.
 var codeArg = [256]any{recordResult: "R", recordFailed: "E", recordDead: "L", recordSkip: "S", recordRetry: "T"}
+
+// childCodeArg holds the codes of a flow's child (complete.lua: a second
+// letter "^" says that three flow keys follow the records for it).
+var childCodeArg = [256]any{recordResult: "R^", recordFailed: "E^", recordDead: "L^"}
 
 // forgetCompletions forgets the slots of recorded (or abandoned) outcomes.
 func (r *run[Req, Resp]) forgetCompletions(batch []*completion) {

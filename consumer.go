@@ -42,6 +42,10 @@ type Message[Req any] struct {
 	ProducedAt, ReadAt, StartedAt time.Time
 	// Deadline is the request's deadline (see Deadline); zero when none.
 	Deadline time.Time
+
+	link  messageLink // the run, for Progress and Children; nil when built by hand
+	shard int
+	flow  bool // a flow's parent (entry field "fp")
 }
 
 // Handler handles one request. Its context is cancelled when the consumer shuts

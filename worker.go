@@ -161,7 +161,7 @@ func (r *run[Req, Resp]) process(s *slot, flush func()) (owed bool) {
 	hctx, stop := r.bound(ctx, s.meta.deadline)
 	msg := &Message[Req]{ID: s.entry.ID, EntryID: s.entry.EntryID, Payload: req, Deliveries: s.entry.Deliveries,
 		Headers: s.meta.headers, ProducedAt: entryTime(s.entry.EntryID), ReadAt: s.meta.readAt, StartedAt: time.Now(),
-		Deadline: s.meta.deadline}
+		Deadline: s.meta.deadline, link: r, shard: s.shard, flow: s.meta.flow}
 	resp, err := r.call(hctx, s, msg)
 	stop()
 	cancel(nil)

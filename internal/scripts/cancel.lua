@@ -1,7 +1,10 @@
 -- cancel.lua: cancel a scheduled request (a delayed job, or a retry of the
 -- answering group waiting for its time).
 --
--- A request is scheduled while its record says "P@<due>". Cancelling removes
+-- A request is scheduled while its record says "P@<due>"; a flow's parent
+-- waiting for its children ("P&") is cancelled the same way (its children
+-- still run; the last one's completion finds the record cancelled and
+-- appends nothing). Cancelling removes
 -- it from the schedule, stores the outcome "C<message>" (ARGV[2] TTL) and
 -- announces it like any outcome, so every caller waiting on it gets
 -- ErrCanceled. One step: a promoter running at the same time either appended
@@ -34,7 +37,7 @@ end
 if string.sub(cur, 1, 1) == "C" then
   return {2}
 end
-if string.sub(cur, 1, 2) ~= "P@" then
+if string.sub(cur, 1, 2) ~= "P@" and cur ~= "P&" then
   return {1, cur}
 end
 redis.call("HINCRBY", KEYS[4], "canceled", 1)

@@ -27,6 +27,9 @@
 -- KEYS[3]          the shard's fan-out marker: present once a fan-out group may
 --                  read the stream, and then entries are left to the trim
 -- KEYS[3+i]        the record key of item i; the dead-letter key when the item has no id
+-- KEYS[3+n+...]    for each child of a flow among the items (code with a second
+--                  letter "^"), in item order, three keys: the flow hash, the
+--                  parent's record and the parent's stream (flowrelease.lua)
 -- KEYS[#KEYS]      the group's start-count hash (see charge.lua): completed ids are
 --                  removed from it
 -- ARGV[1]          consumer group
@@ -47,6 +50,10 @@
 --   code "L": value is an error message; the item is also appended to the dead-letter
 --             stream, unless the request already had an outcome
 --   code "S": acknowledge only (an entry requeued for another group)
+--   a second letter "^" (as in "R^"): the item is a child of a flow; its first
+--             outcome is recorded in the flow hash too, and the last child's
+--             releases the parent in this same step. Plain items carry no
+--             extra key and no extra argument.
 --
 -- Returns the number of items; an error reply, before any write, when the
 -- dead-letter key holds another type.
@@ -57,8 +64,13 @@ local n = (#ARGV - 9) / 6
 
 local function item(i)
   local b = 10 + 6 * (i - 1)
-  return b, ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
+  local code = ARGV[b + 2]
+  if #code > 1 then
+    code = string.sub(code, 1, 1) -- a flow's child: see step 3
+  end
+  return b, ARGV[b], ARGV[b + 1], code, ARGV[b + 3]
 end
+local flowKey = 3 + n -- the flow keys of the children come after the records
 
 -- 1. Checks.
 for i = 1, n do
@@ -137,7 +149,7 @@ end
 -- 3. Outcomes.
 local notice = {}
 for i = 1, n do
-  local _, eid, rid, code, value = item(i)
+  local b, eid, rid, code, value = item(i)
   if fanout then
     if code == "L" and firstAck[i] then
       deadLetter(i)
@@ -178,6 +190,15 @@ for i = 1, n do
       end
       if code == "L" or not first then
         redis.call("SET", key, first and rec or prev, "PX", ttl)
+      end
+      if #ARGV[b + 2] > 1 then
+        -- A flow's child: its first outcome counts in the flow, and the last
+        -- child's releases the parent.
+        local fk = flowKey
+        flowKey = flowKey + 3
+        if first and flowChildDone(KEYS[fk + 1], key, rec) then
+          flowRelease(KEYS[fk + 1], KEYS[fk + 2], KEYS[fk + 3])
+        end
       end
       notice[#notice + 1] = #rid .. ":" .. rid .. #outcome .. ":" .. outcome
     elseif code == "L" then

@@ -29,6 +29,9 @@ end
 if string.sub(rec, 1, 2) == "P@" then
   redis.call("ZREM", KEYS[4], member)
   redis.call("HDEL", KEYS[5], member)
+elseif rec == "P&" then
+  -- A flow's parent waiting for its children: no entry yet (the flow hash
+  -- expires; a child's completion finds the record gone and appends nothing).
 elseif string.sub(rec, 1, 1) == "P" then
   local eid = string.sub(rec, 2)
   local ok, p = pcall(redis.call, "XPENDING", KEYS[2], ARGV[1], eid, eid, 1)

@@ -15,7 +15,8 @@
 -- only while the request is in flight: for "P<entry id>", present says the
 -- entry is in the stream; for "P@<due>" (scheduled), present says the request
 -- is in the schedule, and starts is the start count its schedule data carries
--- (a retry's starts so far; "0" for a delayed request).
+-- (a retry's starts so far; "0" for a delayed request). "P&" (a flow's
+-- parent waiting for its children) reads nothing more.
 local member = "r" .. ARGV[2]
 local rec = redis.call("GET", KEYS[1])
 if not rec then
@@ -52,6 +53,9 @@ if string.sub(rec, 2, 2) == "@" then
     end
   end
   return {rec, ttl, present, false, false, starts}
+end
+if rec == "P&" then
+  return {rec, ttl, 0, false, false, false} -- a flow's parent waiting for its children
 end
 local eid = string.sub(rec, 2)
 local present = 0
