@@ -1,0 +1,374 @@
+package streamq
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+)
+
+// flowRig is a parent queue and a second child queue, each with a consumer:
+// children answer "<id>!" (or fail when fail says so), the parent answers
+// with its children's results joined.
+type flowRig struct {
+	parentQ, otherQ Queue[string, string]
+	p               *Producer[string, string]
+	childRuns       sync.Map // child id -> *atomic.Int64
+	childDone       sync.Map // child id -> true, set before the handler returns
+	parentRuns      atomic.Int64
+	parentSaw       atomic.Value // []ChildResult
+	early           atomic.Int64 // parents that ran before a child's handler finished
+	fail            func(id string) bool
+	hold            chan struct{} // children wait on it when not nil
+}
+
+func newFlowRig(t *testing.T, client *redis.Client) *flowRig {
+	t.Helper()
+	rig := &flowRig{parentQ: NewQueue[string, string](queueName(t)), otherQ: NewQueue[string, string](queueName(t)),
+		fail: func(string) bool { return false }}
+	var err error
+	rig.p, err = rig.parentQ.NewProducer(client, &ProducerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = rig.p.Close() })
+	child := func(ctx context.Context, m *Message[string]) (string, error) {
+		if rig.hold != nil {
+			<-rig.hold
+		}
+		v, _ := rig.childRuns.LoadOrStore(m.ID, new(atomic.Int64))
+		v.(*atomic.Int64).Add(1)
+		rig.childDone.Store(m.ID, true)
+		if rig.fail(m.ID) {
+			return "", Permanent(errors.New("child " + m.ID + " broke"))
+		}
+		return m.Payload + "!", nil
+	}
+	parentOrChild := func(ctx context.Context, m *Message[string]) (string, error) {
+		if !strings.HasPrefix(m.ID, "parent") {
+			return child(ctx, m)
+		}
+		rig.parentRuns.Add(1)
+		kids, err := m.Children(ctx)
+		if err != nil {
+			return "", err
+		}
+		rig.parentSaw.Store(kids)
+		var out []string
+		for _, k := range kids {
+			if _, ok := rig.childDone.Load(k.ID); !ok {
+				rig.early.Add(1)
+			}
+			r, err := ChildResultOf(rig.otherQ, k)
+			if err != nil {
+				out = append(out, k.ID+"=error")
+				continue
+			}
+			out = append(out, r)
+		}
+		return strings.Join(out, ","), nil
+	}
+	c1, err := rig.parentQ.NewConsumer(client, parentOrChild, &ConsumerOptions{Workers: 4, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, c1)
+	c2, err := rig.otherQ.NewConsumer(client, child, &ConsumerOptions{Workers: 4, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, c2)
+	return rig
+}
+
+// children returns n children alternating between the two queues.
+func (rig *flowRig) children(prefix string, n int) []Child {
+	out := make([]Child, n)
+	for i := range out {
+		q := rig.parentQ
+		if i%2 == 1 {
+			q = rig.otherQ
+		}
+		id := fmt.Sprintf("%s-c%d", prefix, i)
+		out[i] = ChildOf(q, id, id)
+	}
+	return out
+}
+
+func waitFor[T any](t *testing.T, pr *Promise[T]) (T, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	return pr.Wait(ctx)
+}
+
+func TestFlowParentRunsOnceAfterItsChildren(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		rig := newFlowRig(t, client)
+		ctx := context.Background()
+		pr, err := rig.p.ProduceFlow(ctx, "parent-1", "p", rig.children("f1", 10), nil)
+		require.NoError(t, err)
+		require.Empty(t, pr.EntryID(), "the parent waits: no entry yet")
+		got, err := waitFor(t, pr)
+		require.NoError(t, err)
+		var want []string
+		for i := range 10 {
+			want = append(want, fmt.Sprintf("f1-c%d!", i))
+		}
+		require.Equal(t, strings.Join(want, ","), got)
+		require.EqualValues(t, 1, rig.parentRuns.Load())
+		require.Zero(t, rig.early.Load(), "the parent ran before a child finished")
+		kids := rig.parentSaw.Load().([]ChildResult)
+		require.Len(t, kids, 10)
+		require.Equal(t, rig.otherQ.Name(), kids[1].Queue)
+		for i := range 10 {
+			v, _ := rig.childRuns.Load(fmt.Sprintf("f1-c%d", i))
+			require.EqualValues(t, 1, v.(*atomic.Int64).Load())
+		}
+
+		// Producing the flow again attaches to the stored outcome.
+		again, err := rig.p.ProduceFlow(ctx, "parent-1", "p", rig.children("f1", 10), nil)
+		require.NoError(t, err)
+		require.Equal(t, DedupStored, again.Deduplicated())
+		got2, err := waitFor(t, again)
+		require.NoError(t, err)
+		require.Equal(t, got, got2)
+		require.EqualValues(t, 1, rig.parentRuns.Load())
+	})
+}
+
+func TestFlowProducedByTwoProducersRunsEachOnce(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		rig := newFlowRig(t, client)
+		rig.hold = make(chan struct{})
+		p2, err := rig.parentQ.NewProducer(client, &ProducerOptions{Logger: testLogger(t)})
+		require.NoError(t, err)
+		defer p2.Close()
+		ctx := context.Background()
+		var prs [2]*Promise[string]
+		var errs [2]error
+		var wg sync.WaitGroup
+		for i, p := range []*Producer[string, string]{rig.p, p2} {
+			wg.Go(func() { prs[i], errs[i] = p.ProduceFlow(ctx, "parent-2", "p", rig.children("f2", 6), nil) })
+		}
+		wg.Wait()
+		require.NoError(t, errs[0])
+		require.NoError(t, errs[1])
+		// A child of the flow produced on its own while in flight is the
+		// same child: attached, not run again.
+		alone, err := NewProducer[string, string](client, rig.otherQ.Name(), &ProducerOptions{Logger: testLogger(t)})
+		require.NoError(t, err)
+		defer alone.Close()
+		cp, err := alone.Produce(ctx, "f2-c1", "other payload")
+		require.NoError(t, err)
+		require.Equal(t, DedupInflight, cp.Deduplicated())
+		// A second flow cannot adopt a child in flight outside it.
+		_, err = rig.p.ProduceFlow(ctx, "parent-2b", "p", []Child{ChildOf(rig.otherQ, "f2-c1", "x")}, nil)
+		require.ErrorIs(t, err, ErrChildInFlight)
+		close(rig.hold)
+		r0, err := waitFor(t, prs[0])
+		require.NoError(t, err)
+		r1, err := waitFor(t, prs[1])
+		require.NoError(t, err)
+		require.Equal(t, r0, r1)
+		c1, err := waitFor(t, cp)
+		require.NoError(t, err)
+		require.Equal(t, "f2-c1!", c1)
+		require.EqualValues(t, 1, rig.parentRuns.Load())
+		for i := range 6 {
+			v, _ := rig.childRuns.Load(fmt.Sprintf("f2-c%d", i))
+			require.EqualValues(t, 1, v.(*atomic.Int64).Load())
+		}
+	})
+}
+
+func TestFlowChildFailingForGood(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		t.Run("fail the parent", func(t *testing.T) {
+			rig := newFlowRig(t, client)
+			rig.fail = func(id string) bool { return id == "f3-c1" || id == "f3-c4" }
+			pr, err := rig.p.ProduceFlow(context.Background(), "parent-3", "p", rig.children("f3", 5), nil)
+			require.NoError(t, err)
+			_, err = waitFor(t, pr)
+			require.ErrorIs(t, err, ErrFailed)
+			require.ErrorIs(t, err, ErrChildFailed)
+			require.Contains(t, err.Error(), rig.otherQ.Name()+"/f3-c1: child f3-c1 broke")
+			require.Contains(t, err.Error(), rig.parentQ.Name()+"/f3-c4: child f3-c4 broke")
+			require.NotContains(t, err.Error(), "f3-c2")
+			require.Zero(t, rig.parentRuns.Load(), "the parent must not run")
+		})
+		t.Run("run anyway", func(t *testing.T) {
+			rig := newFlowRig(t, client)
+			rig.fail = func(id string) bool { return id == "f4-c1" }
+			pr, err := rig.p.ProduceFlow(context.Background(), "parent-4", "p", rig.children("f4", 3), &FlowOptions{Policy: RunAnyway})
+			require.NoError(t, err)
+			got, err := waitFor(t, pr)
+			require.NoError(t, err)
+			require.Equal(t, "f4-c0!,f4-c1=error,f4-c2!", got)
+			kids := rig.parentSaw.Load().([]ChildResult)
+			require.ErrorIs(t, kids[1].Err, ErrDeadLettered)
+			require.Contains(t, kids[1].Err.Error(), "child f4-c1 broke")
+			require.EqualValues(t, 1, rig.parentRuns.Load())
+		})
+	})
+}
+
+func TestFlowWithChildrenDoneRunsTheParentAtOnce(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		rig := newFlowRig(t, client)
+		ctx := context.Background()
+		other, err := rig.otherQ.NewProducer(client, &ProducerOptions{Logger: testLogger(t)})
+		require.NoError(t, err)
+		defer other.Close()
+		kids := rig.children("f5", 4)
+		for i := range 4 {
+			p := rig.p
+			if i%2 == 1 {
+				p = other
+			}
+			id := fmt.Sprintf("f5-c%d", i)
+			pr, err := p.Produce(ctx, id, id)
+			require.NoError(t, err)
+			_, err = waitFor(t, pr)
+			require.NoError(t, err)
+		}
+		pr, err := rig.p.ProduceFlow(ctx, "parent-5", "p", kids, nil)
+		require.NoError(t, err)
+		require.NotEmpty(t, pr.EntryID(), "released in the same step")
+		got, err := waitFor(t, pr)
+		require.NoError(t, err)
+		require.Equal(t, "f5-c0!,f5-c1!,f5-c2!,f5-c3!", got)
+		for i := range 4 {
+			v, _ := rig.childRuns.Load(fmt.Sprintf("f5-c%d", i))
+			require.EqualValues(t, 1, v.(*atomic.Int64).Load(), "a done child does not run again")
+		}
+	})
+}
+
+func TestFlowAdminShowsTheWaitingParent(t *testing.T) {
+	client, _ := miniRedis(t)
+	rig := newFlowRig(t, client)
+	rig.hold = make(chan struct{})
+	ctx := context.Background()
+	pr, err := rig.p.ProduceFlow(ctx, "parent-6", "p", rig.children("f6", 2), nil)
+	require.NoError(t, err)
+	a, err := rig.parentQ.NewAdmin(client, nil)
+	require.NoError(t, err)
+	info, err := a.Job(ctx, "parent-6")
+	require.NoError(t, err)
+	require.Equal(t, JobWaiting, info.State)
+	require.Len(t, info.Children, 2)
+	require.Equal(t, "f6-c1", info.Children[1].ID)
+	require.ErrorIs(t, info.Children[1].Err, errChildPending)
+	close(rig.hold)
+	_, err = waitFor(t, pr)
+	require.NoError(t, err)
+}
+
+func TestFlowRefusals(t *testing.T) {
+	client, _ := miniRedis(t)
+	ctx := context.Background()
+	q := NewQueue[string, string](queueName(t))
+	p, err := q.NewProducer(client, nil)
+	require.NoError(t, err)
+	defer p.Close()
+	_, err = p.ProduceFlow(ctx, "p", "x", nil, nil)
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	_, err = p.ProduceFlow(ctx, "p", "x", []Child{ChildOf(q, "c", "y", After(time.Second))}, nil)
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	_, err = p.ProduceFlow(ctx, "p", "x", []Child{ChildOf(q, "", "y")}, nil)
+	require.ErrorIs(t, err, ErrInvalidID)
+	_, err = p.ProduceFlow(ctx, "p", "x", []Child{ChildOf(q, "c", "y")}, &FlowOptions{Policy: 7})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	// On a cluster, a child in another slot is refused before any write.
+	p.sharded = true
+	_, err = p.ProduceFlow(ctx, "p", "x", []Child{RawChild(q.Name()+"-other", "c", []byte(`"y"`))}, nil)
+	require.ErrorIs(t, err, ErrCrossSlot)
+	require.Zero(t, client.Exists(ctx, "streamq:{"+q.Name()+"}:id:p").Val())
+}
+
+func TestProgressReachesWaitingCallersInOrder(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := NewQueue[string, string](queueName(t))
+		reported := make(chan struct{})
+		finish := make(chan struct{})
+		c, err := q.NewConsumer(client, func(ctx context.Context, m *Message[string]) (string, error) {
+			for i := 1; i <= 100; i++ {
+				if err := m.Progress(ctx, i); err != nil {
+					return "", err
+				}
+			}
+			close(reported)
+			<-finish
+			return "done", nil
+		}, &ConsumerOptions{Logger: testLogger(t)})
+		require.NoError(t, err)
+		var callers [3]*Promise[string]
+		for i := range 2 {
+			p, err := q.NewProducer(client, &ProducerOptions{Logger: testLogger(t)})
+			require.NoError(t, err)
+			defer p.Close()
+			callers[i], err = p.Produce(ctx, "job", "x")
+			require.NoError(t, err)
+		}
+		got := make([][]int, 2)
+		var wg sync.WaitGroup
+		for i := range 2 {
+			ch := callers[i].Progress()
+			wg.Go(func() {
+				for b := range ch {
+					var v int
+					require.NoError(t, json.Unmarshal(b, &v))
+					got[i] = append(got[i], v)
+				}
+			})
+		}
+		runConsumer(t, c)
+		<-reported
+		// A caller attaching late gets the latest value.
+		late, err := q.NewProducer(client, &ProducerOptions{Logger: testLogger(t)})
+		require.NoError(t, err)
+		defer late.Close()
+		callers[2], err = late.Produce(ctx, "job", "x")
+		require.NoError(t, err)
+		select {
+		case b := <-callers[2].Progress():
+			require.Equal(t, "100", string(b))
+		case <-time.After(10 * time.Second):
+			t.Fatal("the late caller got no progress value")
+		}
+		a, err := q.NewAdmin(client, nil)
+		require.NoError(t, err)
+		info, err := a.Job(ctx, "job")
+		require.NoError(t, err)
+		require.Equal(t, "100", string(info.Progress))
+		close(finish)
+		for i := range 2 {
+			_, err := waitFor(t, callers[i])
+			require.NoError(t, err)
+		}
+		wg.Wait() // the channels close with the completion
+		for i := range 2 {
+			require.NotEmpty(t, got[i])
+			require.Equal(t, 100, got[i][len(got[i])-1], "the last value is never dropped")
+			for j := 1; j < len(got[i]); j++ {
+				require.Greater(t, got[i][j], got[i][j-1], "values arrive in order")
+			}
+		}
+	})
+}
+
+func TestProgressNoticeParsing(t *testing.T) {
+	id, seq, v, err := parseProgressNotice("3:a:b2:125:hello")
+	require.NoError(t, err)
+	require.Equal(t, "a:b", id)
+	require.EqualValues(t, 12, seq)
+	require.Equal(t, "hello", v)
+	_, _, _, err = parseProgressNotice("3:abc1:0")
+	require.Error(t, err)
+	// An old listener reading a progress notice finds no length prefix.
+	require.Error(t, parseNotice("~3:a:b2:125:hello", func(string, string) { t.Fatal("resolved") }))
+}
