@@ -37,13 +37,17 @@ var ErrCrossSlot = errors.New("streamq: a child's keys are in another cluster sl
 // text lists each failed child as queue/id: error.
 var ErrChildFailed = errors.New("streamq: a child of the flow failed")
 
-// Child is one child of a flow, made by ChildOf or RawChild.
+// Child is one child of a flow, made by ChildOf, RawChild or ChildFlow.
 type Child struct {
 	queue   string
 	id      string
 	payload []byte
 	opts    []ProduceOption
 	err     error
+	// kids and policy: a child that is itself a flow's parent (ChildFlow).
+	kids   []Child
+	policy FlowPolicy
+	flow   bool
 }
 
 // ChildOf returns a child of a flow: request req with id on queue q,
@@ -63,6 +67,22 @@ func ChildOf[Req, Resp any](q Queue[Req, Resp], id string, req Req, opts ...Prod
 // encoded request (the bytes its consumer's codec decodes).
 func RawChild(queue, id string, payload []byte, opts ...ProduceOption) Child {
 	return Child{queue: queue, id: id, payload: payload, opts: opts}
+}
+
+// ChildFlow returns a child of a flow that is itself a flow's parent (a
+// nested flow): request req with id on queue q runs once each of children
+// has an outcome (under opts.Policy), and its own outcome counts for its
+// parent. A chain (B after A, with A's result) is a ChildFlow whose only
+// child is A, under a parent that is C, and so on: ProduceFlow(C, [ChildFlow(B,
+// [ChildOf(A)])]). opts.Parent sets the node's Headers and Deadline; nil
+// opts is the default.
+func ChildFlow[Req, Resp any](q Queue[Req, Resp], id string, req Req, children []Child, opts *FlowOptions) Child {
+	c := ChildOf(q, id, req)
+	c.kids, c.flow = children, true
+	if opts != nil {
+		c.policy, c.opts = opts.Policy, opts.Parent
+	}
+	return c
 }
 
 // FlowPolicy says what a flow's parent does when a child failed for good
@@ -141,40 +161,77 @@ func (p *Producer[Req, Resp]) ProduceFlow(ctx context.Context, id string, req Re
 	if fo.Policy == RunAnyway {
 		policy = "r"
 	}
-	args := []any{p.opts.InflightTTL.Milliseconds(), policy, id, lengthPrefixed(pfields), pk.Channel, publishCommand(p.sharded)}
+	args := []any{p.opts.InflightTTL.Milliseconds(), policy, id, lengthPrefixed(pfields)}
 	total := parent.size()
-	for i, c := range children {
+	nodes := 0
+	// add appends node c (a child of the node at index parentIdx, whose flow
+	// hash is parentFlow) and its subtree, parents before their children.
+	var add func(c Child, parentIdx int, parentFlow string) error
+	add = func(c Child, parentIdx int, parentFlow string) error {
+		nodes++
+		idx := nodes
+		if nodes > MaxFlowChildren {
+			return fmt.Errorf("%w: the flow has more than MaxFlowChildren=%d nodes", ErrInvalidOptions, MaxFlowChildren)
+		}
 		if c.err != nil {
-			return nil, fmt.Errorf("child %d: %w", i, c.err)
+			return fmt.Errorf("child %q: %w", c.id, c.err)
 		}
 		if err := validateID(c.id); err != nil {
-			return nil, fmt.Errorf("child %d: %w", i, err)
+			return fmt.Errorf("child of %q: %w", parentFlow, err)
 		}
 		if len(c.payload) > p.opts.MaxPayloadBytes {
-			return nil, fmt.Errorf("%w: child %q encodes to %d bytes, the limit is MaxPayloadBytes=%d",
+			return fmt.Errorf("%w: child %q encodes to %d bytes, the limit is MaxPayloadBytes=%d",
 				ErrPayloadTooLarge, c.id, len(c.payload), p.opts.MaxPayloadBytes)
 		}
 		it := &produceItem{id: c.id, payload: c.payload}
 		if err := it.apply(applyProduceOptions(c.opts)); err != nil {
-			return nil, fmt.Errorf("child %q: %w", c.id, err)
+			return fmt.Errorf("child %q: %w", c.id, err)
 		}
 		if it.due != 0 || it.flags != "" {
-			return nil, fmt.Errorf("%w: child %q: a flow's child cannot take At, After or RetryFailed", ErrInvalidOptions, c.id)
+			return fmt.Errorf("%w: child %q: a flow's child cannot take At, After or RetryFailed", ErrInvalidOptions, c.id)
 		}
 		ck, err := p.childKeys(ctx, c.queue, c.id)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if p.sharded && keys.KeySlot(ck.Stream) != keys.KeySlot(pk.Stream) {
-			return nil, fmt.Errorf("%w: child %q on queue %q (on a cluster, a flow's children must be on the parent's unsharded queue %q)",
+			return fmt.Errorf("%w: child %q on queue %q (on a cluster, a flow's children must be on the parent's unsharded queue %q)",
 				ErrCrossSlot, c.id, c.queue, p.queue)
 		}
-		keyList = append(keyList, ck.Stream, ck.Record(c.id))
-		args = append(args, c.queue, c.id, c.payload, len(it.fields))
+		total += it.size()
+		keyList = append(keyList, ck.Stream, ck.Record(c.id), ck.Flow(c.id))
+		kind, e := "l", ""
+		if c.flow {
+			if len(c.kids) == 0 {
+				return fmt.Errorf("%w: child flow %q has no children", ErrInvalidOptions, c.id)
+			}
+			if c.policy != FailOnChildFailure && c.policy != RunAnyway {
+				return fmt.Errorf("%w: child flow %q: policy %d is not a FlowPolicy", ErrInvalidOptions, c.id, c.policy)
+			}
+			kind = "f"
+			if c.policy == RunAnyway {
+				kind = "r"
+			}
+			fields := []string{fieldID, c.id, fieldPayload, string(c.payload), fieldFlow, "1", fieldParent, parentFlow}
+			e = lengthPrefixed(append(fields, it.fields...))
+			args = append(args, parentIdx, c.queue, c.id, c.payload, kind, e, 0)
+			for _, k := range c.kids {
+				if err := add(k, idx, ck.Flow(c.id)); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		args = append(args, parentIdx, c.queue, c.id, c.payload, kind, e, len(it.fields))
 		for _, f := range it.fields {
 			args = append(args, f)
 		}
-		total += it.size()
+		return nil
+	}
+	for _, c := range children {
+		if err := add(c, 0, flowKey); err != nil {
+			return nil, err
+		}
 	}
 	if total > p.opts.MaxBatchBytes {
 		return nil, fmt.Errorf("%w: the flow is %d bytes, the limit is MaxBatchBytes=%d", ErrBatchTooLarge, total, p.opts.MaxBatchBytes)
@@ -222,6 +279,8 @@ func (p *Producer[Req, Resp]) runFlow(ctx context.Context, keyList []string, arg
 		switch {
 		case strings.HasPrefix(msg, "INFLIGHT "):
 			return produceOutcome{err: fmt.Errorf("%w: child %s", ErrChildInFlight, strings.TrimPrefix(msg, "INFLIGHT "))}
+		case strings.HasPrefix(msg, "DUPLICATE "):
+			return produceOutcome{err: fmt.Errorf("%w: child %s appears twice in the flow", ErrInvalidOptions, strings.TrimPrefix(msg, "DUPLICATE "))}
 		case strings.HasPrefix(msg, "WRONGTYPE"):
 			return produceOutcome{err: fmt.Errorf("%w: %v", ErrWrongType, err)}
 		}
@@ -292,8 +351,9 @@ func splitLengthPrefixed(s string) ([]string, bool) {
 
 // Entry fields of flows.
 const (
-	fieldParent = "pa" // a child's: the flow hash of its parent
-	fieldFlow   = "fp" // a parent's: "1"
+	fieldParent     = "pa" // a child's: the flow hash of its parent
+	fieldFlow       = "fp" // a parent's: "1"
+	fieldFlowFailed = "ff" // a parent's whose children failed (policy FailOnChildFailure): its failure
 )
 
 // ChildResult is the outcome of one child of a flow, as the parent's

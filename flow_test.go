@@ -372,3 +372,76 @@ func TestProgressNoticeParsing(t *testing.T) {
 	// An old listener reading a progress notice finds no length prefix.
 	require.Error(t, parseNotice("~3:a:b2:125:hello", func(string, string) { t.Fatal("resolved") }))
 }
+
+func TestFlowNestedAndChains(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		A, B := NewQueue[string, string](queueName(t)), NewQueue[string, string](queueName(t))
+		var runs sync.Map
+		handler := func(ctx context.Context, m *Message[string]) (string, error) {
+			v, _ := runs.LoadOrStore(m.ID, new(atomic.Int64))
+			v.(*atomic.Int64).Add(1)
+			if strings.HasSuffix(m.ID, "-x") {
+				return "", Permanent(errors.New("x broke"))
+			}
+			kids, err := m.Children(ctx)
+			if err != nil {
+				return "", err
+			}
+			if kids == nil {
+				return m.Payload + "!", nil
+			}
+			var parts []string
+			for _, k := range kids {
+				r, err := ChildResultOf(A, k)
+				if err != nil {
+					return "", err
+				}
+				parts = append(parts, r)
+			}
+			return m.Payload + "(" + strings.Join(parts, ",") + ")", nil
+		}
+		for _, q := range []Queue[string, string]{A, B} {
+			c, err := q.NewConsumer(client, handler, &ConsumerOptions{Workers: 4, Logger: testLogger(t)})
+			require.NoError(t, err)
+			runConsumer(t, c)
+		}
+		p, err := A.NewProducer(client, &ProducerOptions{Logger: testLogger(t)})
+		require.NoError(t, err)
+		defer p.Close()
+
+		// A tree over both queues, with a chain e -> d -> c under the root.
+		pr, err := p.ProduceFlow(ctx, "n-root", "root", []Child{
+			ChildOf(A, "n-a", "a"),
+			ChildFlow(B, "n-b", "b", []Child{ChildOf(A, "n-b1", "b1"), ChildOf(B, "n-b2", "b2")}, nil),
+			ChildFlow(A, "n-c", "c", []Child{ChildFlow(B, "n-d", "d", []Child{ChildOf(A, "n-e", "e")}, nil)}, nil),
+		}, nil)
+		require.NoError(t, err)
+		got, err := waitFor(t, pr)
+		require.NoError(t, err)
+		require.Equal(t, "root(a!,b(b1!,b2!),c(d(e!)))", got)
+		runs.Range(func(k, v any) bool {
+			require.EqualValues(t, 1, v.(*atomic.Int64).Load(), "%v ran more than once", k)
+			return true
+		})
+
+		// A nested parent failed by its child fails its own parent.
+		pr, err = p.ProduceFlow(ctx, "n2-root", "root", []Child{
+			ChildOf(A, "n2-a", "a"),
+			ChildFlow(B, "n2-b", "b", []Child{ChildOf(A, "n2-x", "x")}, nil),
+		}, nil)
+		require.NoError(t, err)
+		_, err = waitFor(t, pr)
+		require.ErrorIs(t, err, ErrChildFailed)
+		require.Contains(t, err.Error(), B.Name()+"/n2-b: a child of the flow failed: "+A.Name()+"/n2-x: x broke")
+		_, ran := runs.Load("n2-b")
+		require.False(t, ran, "a parent failed by its children does not run")
+		_, ran = runs.Load("n2-root")
+		require.False(t, ran)
+
+		// An id given twice is refused before anything is written.
+		_, err = p.ProduceFlow(ctx, "n3-root", "root", []Child{ChildOf(A, "n3-a", "a"), ChildFlow(B, "n3-b", "b", []Child{ChildOf(A, "n3-a", "a")}, nil)}, nil)
+		require.ErrorIs(t, err, ErrInvalidOptions)
+		require.Zero(t, client.Exists(ctx, "streamq:{"+A.Name()+"}:id:n3-root", "streamq:{"+A.Name()+"}:id:n3-a").Val())
+	})
+}

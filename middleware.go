@@ -189,6 +189,9 @@ type messageMeta struct {
 	// flow: the entry is a flow's parent (field "fp"): Message.Children
 	// reads its flow hash.
 	flow bool
+	// flowFailed is a flow parent's failure when a child failed under
+	// FailOnChildFailure (field "ff"): recorded without running the handler.
+	flowFailed string
 }
 
 // parseMeta reads the optional fields of an entry. Entries written without
@@ -199,6 +202,7 @@ func parseMeta(values map[string]any, readAt time.Time) messageMeta {
 	if len(values) > 2 { // a plain entry has only its id and payload
 		m.parent, _ = values[fieldParent].(string)
 		m.flow = values[fieldFlow] != nil
+		m.flowFailed, _ = values[fieldFlowFailed].(string)
 	}
 	if h, ok := values[fieldHeaders].(string); ok && h != "" {
 		var hs map[string]string

@@ -117,6 +117,12 @@ func (r *run[Req, Resp]) process(s *slot, flush func()) (owed bool) {
 		r.deadLetter(s, s.dead)
 		return true
 	}
+	if s.meta.flowFailed != "" {
+		// A flow's parent whose children failed: its outcome is that
+		// failure, and the handler does not run (no start is charged).
+		r.handOff(&completion{s: s, code: recordFailed, value: []byte(s.meta.flowFailed)})
+		return true
+	}
 	// Wait while the queue is paused, then for a rate-limit token: neither
 	// counts as a delivery, and the entry stays leased meanwhile.
 	if !r.mayStart(flush) {

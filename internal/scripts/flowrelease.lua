@@ -11,7 +11,6 @@
 --   e         the parent's stream fields, length-prefixed ("<len>:<s>"...)
 --   o         the children in order, length-prefixed triples: record key,
 --             queue, request id
---   ch, pub   the parent's notice channel, and "PUBLISH" or "SPUBLISH"
 --   k:<child record key>   "" while the child has no outcome, then its
 --             outcome record ("R...", "N", "E...", "L...", "C...")
 -- The parent's record says "P&" while it waits for its children.
@@ -41,17 +40,20 @@ local function flowChildDone(flow, child, outcome)
 end
 
 -- flowRelease runs when the parent's last child has its outcome: it appends
--- the parent's entry (its record becomes "P<entry id>"), or, with policy "f"
--- and a failed child, records the parent's failure listing the children's
--- errors and announces it. A parent whose record no longer says "P&"
--- (cancelled, forgotten, released already) is left alone. Returns the
--- parent's entry id, its failure record, or nil.
+-- the parent's entry (its record becomes "P<entry id>"). With policy "f" and
+-- a failed child, the entry carries field "ff", the parent's failure listing
+-- the children's errors: a consumer records that failure without running the
+-- handler, through the ordinary completion (so a nested parent's failure
+-- counts for its own parent like any outcome). A parent whose record no
+-- longer says "P&" (cancelled, forgotten, released already) is left alone.
+-- Returns the parent's entry id, or nil.
 local function flowRelease(flow, prec, pstream)
   if redis.call("GET", prec) ~= "P&" then
     return nil
   end
-  local f = redis.call("HMGET", flow, "pol", "ttl", "e", "o", "ch", "pub", "id")
+  local f = redis.call("HMGET", flow, "pol", "ttl", "e", "o")
   local ttl = f[2]
+  local fields = flowDec(f[3])
   if f[1] == "f" then
     local o = flowDec(f[4])
     local names = {}
@@ -71,16 +73,12 @@ local function flowRelease(flow, prec, pstream)
       end
     end
     if #failed > 0 then
-      local rec = "Ea child of the flow failed: " .. table.concat(failed, "; ")
-      redis.call("SET", prec, rec, "PX", ttl)
-      redis.call("PEXPIRE", flow, ttl)
-      redis.call(f[6], f[5], #f[7] .. ":" .. f[7] .. #rec .. ":" .. rec)
-      return rec
+      fields[#fields + 1] = "ff"
+      fields[#fields + 1] = "a child of the flow failed: " .. table.concat(failed, "; ")
     end
   end
-  local eid = redis.call("XADD", pstream, "*", unpack(flowDec(f[3])))
+  local eid = redis.call("XADD", pstream, "*", unpack(fields))
   redis.call("SET", prec, "P" .. eid, "PX", ttl)
   redis.call("PEXPIRE", flow, ttl)
   return eid
 end
-
