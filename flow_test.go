@@ -445,3 +445,71 @@ func TestFlowNestedAndChains(t *testing.T) {
 		require.Zero(t, client.Exists(ctx, "streamq:{"+A.Name()+"}:id:n3-root", "streamq:{"+A.Name()+"}:id:n3-a").Val())
 	})
 }
+
+func TestFlowCancelParentCancelsItsWaitingChildren(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		A, B := NewQueue[string, string](queueName(t)), NewQueue[string, string](queueName(t))
+		p, err := A.NewProducer(client, &ProducerOptions{Logger: testLogger(t)})
+		require.NoError(t, err)
+		defer p.Close()
+		// No consumer yet: every child stays queued.
+		pr, err := p.ProduceFlow(ctx, "k-root", "root", []Child{
+			ChildOf(A, "k-a", "a"),
+			ChildOf(B, "k-b", "b"),
+			ChildFlow(B, "k-c", "c", []Child{ChildOf(A, "k-d", "d")}, nil),
+		}, nil)
+		require.NoError(t, err)
+		a, err := A.NewAdmin(client, nil)
+		require.NoError(t, err)
+		require.NoError(t, a.Cancel(ctx, "k-root"))
+		_, err = waitFor(t, pr)
+		require.ErrorIs(t, err, ErrCanceled)
+		for _, c := range []struct{ q, id string }{{A.Name(), "k-a"}, {B.Name(), "k-b"}, {B.Name(), "k-c"}, {A.Name(), "k-d"}} {
+			rec := client.Get(ctx, "streamq:{"+c.q+"}:id:"+c.id).Val()
+			require.True(t, strings.HasPrefix(rec, "C"), "%s: %q", c.id, rec)
+		}
+		require.Zero(t, client.XLen(ctx, "streamq:{"+A.Name()+"}:stream").Val())
+		require.Zero(t, client.XLen(ctx, "streamq:{"+B.Name()+"}:stream").Val())
+		st, err := a.Stats(ctx)
+		require.NoError(t, err)
+		require.EqualValues(t, 3, st.Canceled, "k-root, k-a, k-d")
+		// Cancelling again changes nothing.
+		require.NoError(t, a.Cancel(ctx, "k-root"))
+		st, err = a.Stats(ctx)
+		require.NoError(t, err)
+		require.EqualValues(t, 3, st.Canceled)
+	})
+}
+
+func TestFlowCancelledChildFailsItsParent(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		rig := newFlowRig(t, client)
+		retried := make(chan struct{})
+		var once sync.Once
+		// A child on a third queue asks for a retry in an hour: it waits in
+		// the schedule.
+		ctx := context.Background()
+		other := NewQueue[string, string](queueName(t))
+		c, err := other.NewConsumer(client, func(ctx context.Context, m *Message[string]) (string, error) {
+			once.Do(func() { close(retried) })
+			return "", RetryAfter(errors.New("later"), time.Hour)
+		}, &ConsumerOptions{Logger: testLogger(t)})
+		require.NoError(t, err)
+		runConsumer(t, c)
+		pr, err := rig.p.ProduceFlow(ctx, "parent-k2", "p", []Child{ChildOf(rig.parentQ, "k2-a", "a"), ChildOf(other, "k2-b", "b")}, nil)
+		require.NoError(t, err)
+		<-retried
+		a, err := other.NewAdmin(client, nil)
+		require.NoError(t, err)
+		eventually(t, 10*time.Second, func() bool {
+			info, err := a.Job(ctx, "k2-b")
+			return err == nil && info.State == JobScheduled
+		}, "the child was not scheduled for its retry")
+		require.NoError(t, a.Cancel(ctx, "k2-b"))
+		_, err = waitFor(t, pr)
+		require.ErrorIs(t, err, ErrChildFailed)
+		require.Contains(t, err.Error(), other.Name()+"/k2-b: canceled by Admin.Cancel")
+		require.Zero(t, rig.parentRuns.Load())
+	})
+}

@@ -75,7 +75,7 @@ var (
 	Periodic = redis.NewScript(periodicSrc)
 	Promote  = redis.NewScript(promoteSrc)
 	Retry    = redis.NewScript(retrySrc)
-	Cancel   = redis.NewScript(cancelSrc)
+	Cancel   = redis.NewScript(flowReleaseSrc + cancelSrc)
 	// Flow produces a parent with its children (flowrelease.lua in front).
 	Flow = redis.NewScript(flowReleaseSrc + flowSrc)
 	// Progress stores and announces a handler's progress value.
