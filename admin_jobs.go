@@ -93,7 +93,7 @@ type JobInfo struct {
 	// lives, its children's outcomes so far, in order; a child without one
 	// yet has Err "the child has no outcome yet". Admin.Job of a child's id
 	// shows where it stands. Nil for any other request.
-	Children []ChildResult `json:"-"`
+	Children []ChildResult `json:"children,omitempty"`
 }
 
 // Job looks up a request id: whether it is scheduled (until when), queued,

@@ -513,3 +513,44 @@ func TestFlowCancelledChildFailsItsParent(t *testing.T) {
 		require.Zero(t, rig.parentRuns.Load())
 	})
 }
+
+func TestProgressBackstopReadsTheStoredValue(t *testing.T) {
+	client, _ := miniRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	p, err := NewProducer[string, string](client, q, &ProducerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	pr, err := p.Produce(ctx, "job", "x") // no consumer: it stays queued
+	require.NoError(t, err)
+	ch := pr.Progress()
+	// A value whose notice was lost (a resubscription): the check after it
+	// reads the stored one.
+	require.NoError(t, client.Set(ctx, "streamq:{"+q+"}:progress:job", "7:\"seven\"", 0).Err())
+	require.NoError(t, p.checkWaiting(ctx))
+	select {
+	case v := <-ch:
+		require.Equal(t, `"seven"`, string(v))
+	case <-time.After(10 * time.Second):
+		t.Fatal("no progress value")
+	}
+	// An older value changes nothing; a released promise's channel closes.
+	require.NoError(t, client.Set(ctx, "streamq:{"+q+"}:progress:job", "6:\"six\"", 0).Err())
+	require.NoError(t, p.checkWaiting(ctx))
+	pr.Release()
+	_, open := <-ch
+	require.False(t, open)
+}
+
+func TestChildResultJSONRoundTrip(t *testing.T) {
+	in := []ChildResult{{Queue: "q", ID: "a", Result: []byte(`"ok"`)}, {Queue: "q", ID: "b", Err: &RequestError{Message: "boom"}}}
+	b, err := json.Marshal(JobInfo{ID: "p", State: JobWaiting, Children: in})
+	require.NoError(t, err)
+	require.Contains(t, string(b), `"result_text":"\"ok\""`)
+	require.Contains(t, string(b), `"error":"streamq: request failed: boom"`)
+	var out JobInfo
+	require.NoError(t, json.Unmarshal(b, &out))
+	require.Len(t, out.Children, 2)
+	require.Equal(t, in[0], out.Children[0])
+	require.EqualError(t, out.Children[1].Err, "streamq: request failed: boom")
+}

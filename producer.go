@@ -637,6 +637,13 @@ func (p *Producer[Req, Resp]) checkWaiting(ctx context.Context) error {
 			return err
 		}
 	}
+	// Progress notices lost with the subscription: the stored latest value,
+	// for the requests whose promises listen (none: nothing read).
+	for id, st := range p.waiters.progressListeners() {
+		if err := p.readProgress(ctx, id, st); err != nil && !errors.Is(err, redis.Nil) {
+			return err
+		}
+	}
 	return nil
 }
 

@@ -201,6 +201,23 @@ func (w *waiters) progressOf(c *call) (*progressState, bool) {
 	return c.prog, empty
 }
 
+// progressListeners returns the progress states that promises listen to,
+// by request id.
+func (w *waiters) progressListeners() map[string]*progressState {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out map[string]*progressState
+	for id, c := range w.m {
+		if c.prog != nil && c.prog.listening() {
+			if out == nil {
+				out = make(map[string]*progressState)
+			}
+			out[id] = c.prog
+		}
+	}
+	return out
+}
+
 // progress hands a progress notice to id's call, when one listens.
 func (w *waiters) progress(id string, seq int64, v string) {
 	w.mu.Lock()
