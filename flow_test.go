@@ -554,3 +554,139 @@ func TestChildResultJSONRoundTrip(t *testing.T) {
 	require.Equal(t, in[0], out.Children[0])
 	require.EqualError(t, out.Children[1].Err, "streamq: request failed: boom")
 }
+
+// testClusterFlow: on a cluster, a flow on the parent's unsharded queue runs
+// (its keys share the slot), progress travels by SPUBLISH, and a child in
+// another slot is refused before anything is written.
+func testClusterFlow(t *testing.T, client redis.UniversalClient) {
+	ctx := context.Background()
+	Q := NewQueue[string, string](queueName(t))
+	c, err := Q.NewConsumer(client, func(ctx context.Context, m *Message[string]) (string, error) {
+		kids, err := m.Children(ctx)
+		if err != nil {
+			return "", err
+		}
+		if kids == nil {
+			if err := m.Progress(ctx, m.Payload); err != nil {
+				return "", err
+			}
+			return m.Payload + "!", nil
+		}
+		var parts []string
+		for _, k := range kids {
+			r, err := ChildResultOf(Q, k)
+			if err != nil {
+				return "", err
+			}
+			parts = append(parts, r)
+		}
+		return m.Payload + "(" + strings.Join(parts, ",") + ")", nil
+	}, &ConsumerOptions{Workers: 4, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, c)
+	p, err := Q.NewProducer(client, &ProducerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	pr, err := p.ProduceFlow(ctx, "root", "r", []Child{
+		ChildOf(Q, "a", "a"),
+		ChildFlow(Q, "b", "b", []Child{ChildOf(Q, "b1", "b1")}, nil),
+	}, nil)
+	require.NoError(t, err)
+	got, err := waitFor(t, pr)
+	require.NoError(t, err)
+	require.Equal(t, "r(a!,b(b1!))", got)
+	// Progress travels by SPUBLISH: a promise listening when the handler
+	// reports gets the value (the handler reports its payload).
+	a, err := Q.NewAdmin(client, nil)
+	require.NoError(t, err)
+	info, err := a.Job(ctx, "a")
+	require.NoError(t, err)
+	require.Equal(t, `"a"`, string(info.Progress))
+	hold := make(chan struct{})
+	c2, err := NewQueue[string, string](Q.Name()+"-p").NewConsumer(client, func(ctx context.Context, m *Message[string]) (string, error) {
+		if err := m.Progress(ctx, 42); err != nil {
+			return "", err
+		}
+		<-hold
+		return "", nil
+	}, &ConsumerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	p2, err := NewQueue[string, string](Q.Name()+"-p").NewProducer(client, &ProducerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p2.Close()
+	pp, err := p2.Produce(ctx, "pg", "x")
+	require.NoError(t, err)
+	ch := pp.Progress()
+	runConsumer(t, c2)
+	select {
+	case v := <-ch:
+		require.Equal(t, "42", string(v))
+	case <-time.After(10 * time.Second):
+		t.Fatal("no progress value")
+	}
+	close(hold)
+	_, err = waitFor(t, pp)
+	require.NoError(t, err)
+
+	_, err = p.ProduceFlow(ctx, "root2", "r", []Child{ChildOf(NewQueue[string, string](queueName(t)), "x", "x")}, nil)
+	require.ErrorIs(t, err, ErrCrossSlot)
+	require.Zero(t, client.Exists(ctx, "streamq:{"+Q.Name()+"}:id:root2").Val())
+}
+
+func TestFlowChildRetriedKeepsItsParent(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		rig := newFlowRig(t, client)
+		var failed sync.Map
+		rig.fail = func(id string) bool { return false }
+		// A third queue whose child fails once and is retried through the
+		// schedule: its entry keeps its parent (retry.lua copies the fields).
+		other := NewQueue[string, string](queueName(t))
+		c, err := other.NewConsumer(client, func(ctx context.Context, m *Message[string]) (string, error) {
+			if _, again := failed.LoadOrStore(m.ID, true); !again {
+				return "", RetryAfter(errors.New("once"), 50*time.Millisecond)
+			}
+			return m.Payload + "?", nil
+		}, &ConsumerOptions{Logger: testLogger(t)})
+		require.NoError(t, err)
+		runConsumer(t, c)
+		pr, err := rig.p.ProduceFlow(context.Background(), "parent-r", "p", []Child{
+			ChildOf(rig.parentQ, "r-a", "a"), ChildOf(other, "r-b", "b"),
+		}, nil)
+		require.NoError(t, err)
+		got, err := waitFor(t, pr)
+		require.NoError(t, err)
+		require.Equal(t, "a!,b?", got)
+	})
+}
+
+func TestFlowOnShardedQueues(t *testing.T) {
+	// A single server: the parent and its children may be on different
+	// shards (hash tags); the completing script names every key it touches.
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	var runs atomic.Int64
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		runs.Add(1)
+		kids, err := m.Children(ctx)
+		if err != nil || kids == nil {
+			return m.Payload, err
+		}
+		return fmt.Sprintf("%d children", len(kids)), nil
+	}, &ConsumerOptions{Shards: 3, Workers: 4, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, c)
+	p, err := NewProducer[string, string](client, q, &ProducerOptions{Shards: 3, Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	var kids []Child
+	for i := range 12 {
+		kids = append(kids, RawChild(q, fmt.Sprintf("s-%d", i), []byte(`"x"`)))
+	}
+	pr, err := p.ProduceFlow(ctx, "s-root", "r", kids, nil)
+	require.NoError(t, err)
+	got, err := waitFor(t, pr)
+	require.NoError(t, err)
+	require.Equal(t, "12 children", got)
+	require.EqualValues(t, 13, runs.Load())
+}
