@@ -12,6 +12,7 @@ package streamq
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -561,15 +562,20 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 	copy(args, fixed.args)
 	args[6] = time.Now().UnixMilli()
 	var flowKeys []string // the children of flows: three keys each, after the records
-	for _, cp := range batch {
+	var children []byte   // "0:<item>,<item>...": complete.lua's ARGV[9] when there are children
+	for i, cp := range batch {
 		e := cp.s.entry
-		code := codeArg[cp.code]
 		if e.ID != "" && !o.Fanout {
 			keyList = append(keyList, k.Record(e.ID))
 			if cp.s.meta.parent != "" && cp.code != recordSkip {
 				if rec, stream, ok := keys.FlowParent(cp.s.meta.parent); ok {
 					flowKeys = append(flowKeys, cp.s.meta.parent, rec, stream)
-					code = childCodeArg[cp.code]
+					if children == nil {
+						children = []byte("0:")
+					} else {
+						children = append(children, ',')
+					}
+					children = strconv.AppendInt(children, int64(i+1), 10)
 				}
 			}
 		} else {
@@ -582,19 +588,18 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 		} else if o.Fanout {
 			value = nil // a fan-out group records no result
 		}
-		args = append(args, e.EntryID, e.ID, code, value, payload, e.Deliveries)
+		args = append(args, e.EntryID, e.ID, codeArg[cp.code], value, payload, e.Deliveries)
 	}
-	keyList = append(keyList, flowKeys...)
+	if children != nil {
+		args[8] = string(children)
+		keyList = append(keyList, flowKeys...)
+	}
 	keyList = append(keyList, fixed.starts) // last: complete.lua drops start counts there
 	return keyList, args
 }
 
 // codeArg holds the outcome codes of complete.lua boxed once.
 var codeArg = [256]any{recordResult: "R", recordFailed: "E", recordDead: "L", recordSkip: "S", recordRetry: "T"}
-
-// childCodeArg holds the codes of a flow's child (complete.lua: a second
-// letter "^" says that three flow keys follow the records for it).
-var childCodeArg = [256]any{recordResult: "R^", recordFailed: "E^", recordDead: "L^"}
 
 // forgetCompletions forgets the slots of recorded (or abandoned) outcomes.
 func (r *run[Req, Resp]) forgetCompletions(batch []*completion) {

@@ -74,7 +74,10 @@ end
 local outcome = "C" .. ARGV[5]
 redis.call("SET", KEYS[1], outcome, "PX", ARGV[2])
 redis.call(ARGV[4], ARGV[3], #ARGV[1] .. ":" .. ARGV[1] .. #outcome .. ":" .. outcome)
-if KEYS[6] and flowChildDone(KEYS[6], KEYS[1], outcome) then
-  flowRelease(KEYS[6], KEYS[7], KEYS[8])
+if KEYS[6] then
+  local _, childDone, release = flowLib()
+  if childDone(KEYS[6], KEYS[1], outcome) then
+    release(KEYS[6], KEYS[7], KEYS[8])
+  end
 end
 return {2, cur}

@@ -27,9 +27,9 @@
 -- KEYS[3]          the shard's fan-out marker: present once a fan-out group may
 --                  read the stream, and then entries are left to the trim
 -- KEYS[3+i]        the record key of item i; the dead-letter key when the item has no id
--- KEYS[3+n+...]    for each child of a flow among the items (code with a second
---                  letter "^"), in item order, three keys: the flow hash, the
---                  parent's record and the parent's stream (flowrelease.lua)
+-- KEYS[3+n+...]    for each child of a flow among the items (ARGV[9]), in item
+--                  order, three keys: the flow hash, the parent's record and the
+--                  parent's stream (flowrelease.lua)
 -- KEYS[#KEYS]      the group's start-count hash (see charge.lua): completed ids are
 --                  removed from it
 -- ARGV[1]          consumer group
@@ -43,17 +43,17 @@
 -- ARGV[9]          "1": a fan-out group (records nothing, publishes nothing, never
 --                  deletes entries; a final failure is a dead letter of the group
 --                  when this is the group's first completion of the entry); "0": the
---                  answering group
+--                  answering group; "0:<i>,<j>,...": the answering group, and items
+--                  i, j, ... are children of flows (entry field "pa"): each one's
+--                  first outcome is recorded in its flow hash too, and the last
+--                  child's releases the parent in this same step. A call without
+--                  children carries no extra key or argument.
 -- ARGV[10+6(i-1) .. 15+6(i-1)]  item i: entry id, request id, code, value, payload, deliveries
 --   code "R": value is the encoded response
 --   code "E": value is an error message
 --   code "L": value is an error message; the item is also appended to the dead-letter
 --             stream, unless the request already had an outcome
 --   code "S": acknowledge only (an entry requeued for another group)
---   a second letter "^" (as in "R^"): the item is a child of a flow; its first
---             outcome is recorded in the flow hash too, and the last child's
---             releases the parent in this same step. Plain items carry no
---             extra key and no extra argument.
 --
 -- Returns the number of items; an error reply, before any write, when the
 -- dead-letter key holds another type.
@@ -64,13 +64,19 @@ local n = (#ARGV - 9) / 6
 
 local function item(i)
   local b = 10 + 6 * (i - 1)
-  local code = ARGV[b + 2]
-  if #code > 1 then
-    code = string.sub(code, 1, 1) -- a flow's child: see step 3
-  end
-  return b, ARGV[b], ARGV[b + 1], code, ARGV[b + 3]
+  return b, ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
 end
-local flowKey = 3 + n -- the flow keys of the children come after the records
+
+-- The children of flows among the items: item index -> its first flow key.
+local childOf
+if #ARGV[9] > 1 then
+  childOf = {}
+  local k = 3 + n
+  for idx in string.gmatch(string.sub(ARGV[9], 3), "%d+") do
+    childOf[tonumber(idx)] = k
+    k = k + 3
+  end
+end
 
 -- 1. Checks.
 for i = 1, n do
@@ -149,7 +155,7 @@ end
 -- 3. Outcomes.
 local notice = {}
 for i = 1, n do
-  local b, eid, rid, code, value = item(i)
+  local _, eid, rid, code, value = item(i)
   if fanout then
     if code == "L" and firstAck[i] then
       deadLetter(i)
@@ -191,13 +197,13 @@ for i = 1, n do
       if code == "L" or not first then
         redis.call("SET", key, first and rec or prev, "PX", ttl)
       end
-      if #ARGV[b + 2] > 1 then
+      if childOf and childOf[i] and first then
         -- A flow's child: its first outcome counts in the flow, and the last
         -- child's releases the parent.
-        local fk = flowKey
-        flowKey = flowKey + 3
-        if first and flowChildDone(KEYS[fk + 1], key, rec) then
-          flowRelease(KEYS[fk + 1], KEYS[fk + 2], KEYS[fk + 3])
+        local fk = childOf[i]
+        local _, childDone, release = flowLib()
+        if childDone(KEYS[fk + 1], key, rec) then
+          release(KEYS[fk + 1], KEYS[fk + 2], KEYS[fk + 3])
         end
       end
       notice[#notice + 1] = #rid .. ":" .. rid .. #outcome .. ":" .. outcome

@@ -39,6 +39,7 @@
 -- <queue>/<id>" for a node in flight outside this call, "DUPLICATE
 -- <queue>/<id>" for an id given twice.
 local ttl = ARGV[1]
+local _, _, flowRelease = flowLib()
 
 local function enc(list)
   local parts = {}
