@@ -164,6 +164,12 @@ func TestFlowProducedByTwoProducersRunsEachOnce(t *testing.T) {
 		cp, err := alone.Produce(ctx, "f2-c1", "other payload")
 		require.NoError(t, err)
 		require.Equal(t, DedupInflight, cp.Deduplicated())
+		// A plain Produce of the waiting parent's id attaches to it.
+		pp, err := p2.Produce(ctx, "parent-2", "other")
+		require.NoError(t, err)
+		require.Equal(t, DedupInflight, pp.Deduplicated())
+		require.Empty(t, pp.EntryID())
+		defer pp.Release()
 		// A second flow cannot adopt a child in flight outside it.
 		_, err = rig.p.ProduceFlow(ctx, "parent-2b", "p", []Child{ChildOf(rig.otherQ, "f2-c1", "x")}, nil)
 		require.ErrorIs(t, err, ErrChildInFlight)
