@@ -152,6 +152,9 @@ func (p *Producer[Req, Resp]) ProduceFlow(ctx context.Context, id string, req Re
 	if err := p.ensureSubscribed(ctx); err != nil {
 		return nil, err
 	}
+	if err := p.resolveQueues(ctx, children); err != nil {
+		return nil, err
+	}
 	pk := p.shards[parent.shard]
 	flowKey := pk.Flow(id)
 	keyList := []string{pk.Stream, pk.Record(id), flowKey}
@@ -190,7 +193,7 @@ func (p *Producer[Req, Resp]) ProduceFlow(ctx context.Context, id string, req Re
 		if it.due != 0 || it.flags != "" {
 			return fmt.Errorf("%w: child %q: a flow's child cannot take At, After or RetryFailed", ErrInvalidOptions, c.id)
 		}
-		ck, err := p.childKeys(ctx, c.queue, c.id)
+		ck, err := p.childKeys(c.queue, c.id)
 		if err != nil {
 			return err
 		}
@@ -294,29 +297,77 @@ func (p *Producer[Req, Resp]) runFlow(ctx context.Context, keyList []string, arg
 	return produceOutcome{code: code, data: data}
 }
 
-// childKeys returns the keys of the shard of queue that holds id, reading
-// the shard count of a queue other than the producer's once.
-func (p *Producer[Req, Resp]) childKeys(ctx context.Context, queue, id string) (keys.Keys, error) {
+// resolveQueues reads, once per producer, the shard count of each queue
+// other than the producer's that children (at any depth) are on. The reads
+// run in a goroutine of the producer's (counted with the batches, which
+// Close waits for); the caller waits with ctx.
+func (p *Producer[Req, Resp]) resolveQueues(ctx context.Context, children []Child) error {
+	var missing []string
+	seen := map[string]bool{}
+	var walk func([]Child) error
+	walk = func(cs []Child) error {
+		for _, c := range cs {
+			if c.queue != p.queue && !seen[c.queue] {
+				seen[c.queue] = true
+				if _, ok := p.flowQueues.Load(c.queue); !ok {
+					if err := keys.ValidateQueue(c.queue); err != nil {
+						return fmt.Errorf("%w: child %q: %v", ErrInvalidOptions, c.id, err)
+					}
+					missing = append(missing, c.queue)
+				}
+			}
+			if err := walk(c.kids); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := walk(children); err != nil || len(missing) == 0 {
+		return err
+	}
+	if err := p.startBatch(); err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	go func() {
+		defer p.batches.Done()
+		for _, q := range missing {
+			n, err := queueShards(ctx, p.client, q)
+			if err != nil {
+				done <- err
+				return
+			}
+			ks, err := keys.Shards(q, n)
+			if err != nil {
+				done <- fmt.Errorf("%w: %v", ErrInvalidOptions, err)
+				return
+			}
+			p.flowQueues.Store(q, ks)
+		}
+		done <- nil
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-p.lifetime.Done():
+		return errClosedUnknown
+	}
+}
+
+// childKeys returns the keys of the shard of queue that holds id (a queue
+// other than the producer's was resolved by resolveQueues).
+func (p *Producer[Req, Resp]) childKeys(queue, id string) (keys.Keys, error) {
 	if queue == p.queue {
 		return p.shards[keys.ShardOf(id, len(p.shards))], nil
 	}
-	if v, ok := p.flowQueues.Load(queue); ok {
-		ks := v.([]keys.Keys)
-		return ks[keys.ShardOf(id, len(ks))], nil
+	v, ok := p.flowQueues.Load(queue)
+	if !ok {
+		return keys.Keys{}, fmt.Errorf("streamq: the shard count of queue %q was not read", queue)
 	}
-	if err := keys.ValidateQueue(queue); err != nil {
-		return keys.Keys{}, fmt.Errorf("%w: child %q: %v", ErrInvalidOptions, id, err)
-	}
-	n, err := queueShards(ctx, p.client, queue)
-	if err != nil {
-		return keys.Keys{}, err
-	}
-	ks, err := keys.Shards(queue, n)
-	if err != nil {
-		return keys.Keys{}, fmt.Errorf("%w: %v", ErrInvalidOptions, err)
-	}
-	p.flowQueues.Store(queue, ks)
-	return ks[keys.ShardOf(id, n)], nil
+	ks := v.([]keys.Keys)
+	return ks[keys.ShardOf(id, len(ks))], nil
 }
 
 // lengthPrefixed encodes strings as "<len>:<s>"..., the schedule's format.

@@ -288,6 +288,10 @@ func TestFlowRefusals(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidID)
 	_, err = p.ProduceFlow(ctx, "p", "x", []Child{ChildOf(q, "c", "y")}, &FlowOptions{Policy: 7})
 	require.ErrorIs(t, err, ErrInvalidOptions)
+	_, err = p.ProduceFlow(ctx, "p", "x", []Child{RawChild("a{b", "c", []byte(`"y"`))}, nil)
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	_, err = p.ProduceFlow(ctx, "p", "x", []Child{ChildFlow(q, "c", "y", nil, nil)}, nil)
+	require.ErrorIs(t, err, ErrInvalidOptions)
 	// On a cluster, a child in another slot is refused before any write.
 	p.sharded = true
 	_, err = p.ProduceFlow(ctx, "p", "x", []Child{RawChild(q.Name()+"-other", "c", []byte(`"y"`))}, nil)
