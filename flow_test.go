@@ -700,3 +700,30 @@ func TestFlowOnShardedQueues(t *testing.T) {
 	require.Equal(t, "12 children", got)
 	require.EqualValues(t, 13, runs.Load())
 }
+
+func TestFlowKeysOfAnotherType(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		rig := newFlowRig(t, client)
+		// A child's stream of another type: refused before any write.
+		third := queueName(t)
+		require.NoError(t, client.Set(ctx, "streamq:{"+third+"}:stream", "x", 0).Err())
+		_, err := rig.p.ProduceFlow(ctx, "parent-w", "p", []Child{ChildOf(rig.parentQ, "w-c0", "a"), RawChild(third, "w-c1", []byte(`"b"`))}, nil)
+		require.ErrorIs(t, err, ErrWrongType)
+		require.Zero(t, client.Exists(ctx, "streamq:{"+rig.parentQ.Name()+"}:id:parent-w", "streamq:{"+rig.parentQ.Name()+"}:id:w-c0").Val())
+		// A flow hash overwritten by another program while the children run:
+		// their completions still record their outcomes (the parent waits).
+		rig.hold = make(chan struct{})
+		pr, err := rig.p.ProduceFlow(ctx, "parent-w2", "p", []Child{ChildOf(rig.parentQ, "w2-a", "a")}, nil)
+		require.NoError(t, err)
+		defer pr.Release()
+		require.NoError(t, client.Set(ctx, "streamq:{"+rig.parentQ.Name()+"}:flow:parent-w2", "x", 0).Err())
+		cp, err := rig.p.Produce(ctx, "w2-a", "a")
+		require.NoError(t, err)
+		close(rig.hold)
+		got, err := waitFor(t, cp)
+		require.NoError(t, err)
+		require.Equal(t, "a!", got)
+		require.Zero(t, rig.parentRuns.Load())
+	})
+}

@@ -95,8 +95,19 @@ while a <= #ARGV do
 end
 
 -- Reads and checks first: nothing is written when the call fails.
+local function typeIs(key, want)
+  local t = redis.call("TYPE", key)
+  t = t["ok"] or t
+  return t == want or t == "none"
+end
 local function check(nd)
+  if not typeIs(nd.flow, "hash") then
+    return redis.error_reply("WRONGTYPE key " .. nd.flow .. " is not a streamq flow")
+  end
   for _, k in ipairs(nd.kids) do
+    if not typeIs(k.stream, "stream") then
+      return redis.error_reply("WRONGTYPE key " .. k.stream .. " is not a stream")
+    end
     local v
     v, err = get(k.rec)
     if err then
@@ -114,6 +125,9 @@ local function check(nd)
     end
   end
   return nil
+end
+if not typeIs(root.stream, "stream") then
+  return redis.error_reply("WRONGTYPE key " .. root.stream .. " is not a stream")
 end
 err = check(root)
 if err then

@@ -13,7 +13,9 @@
 --             queue, request id
 --   k:<child record key>   "" while the child has no outcome, then its
 --             outcome record ("R...", "N", "E...", "L...", "C...")
--- The parent's record says "P&" while it waits for its children.
+-- The parent's record says "P&" while it waits for its children. Nothing
+-- here raises an error on a key of another type (it counts or appends
+-- nothing instead): complete.lua and cancel.lua have written before.
 
 -- flowLib returns the functions below (flowDec, flowChildDone, flowRelease):
 -- a script calls it only when it needs them, so a call without flows pays for
@@ -36,11 +38,14 @@ local function flowLib()
   -- counted already (a rerun after a lost reply) or a flow that is gone
   -- (expired, forgotten) changes nothing.
   local function flowChildDone(flow, child, outcome)
-    if redis.call("HGET", flow, "k:" .. child) ~= "" then
+    -- pcall: a key of another type (not streamq's) counts nothing and fails
+    -- nothing, since complete.lua has written before this.
+    if redis.pcall("HGET", flow, "k:" .. child) ~= "" then
       return false
     end
     redis.call("HSET", flow, "k:" .. child, outcome)
-    return redis.call("HINCRBY", flow, "n", -1) <= 0
+    local left = redis.pcall("HINCRBY", flow, "n", -1)
+    return type(left) == "number" and left <= 0
   end
 
   -- flowRelease runs when the parent's last child has its outcome: it appends
@@ -52,7 +57,7 @@ local function flowLib()
   -- longer says "P&" (cancelled, forgotten, released already) is left alone.
   -- Returns the parent's entry id, or nil.
   local function flowRelease(flow, prec, pstream)
-    if redis.call("GET", prec) ~= "P&" then
+    if redis.pcall("GET", prec) ~= "P&" then
       return nil
     end
     local f = redis.call("HMGET", flow, "pol", "ttl", "e", "o")
@@ -81,7 +86,10 @@ local function flowLib()
         fields[#fields + 1] = "a child of the flow failed: " .. table.concat(failed, "; ")
       end
     end
-    local eid = redis.call("XADD", pstream, "*", unpack(fields))
+    local eid = redis.pcall("XADD", pstream, "*", unpack(fields))
+    if type(eid) ~= "string" then
+      return nil -- the parent's stream key holds another type: not appended
+    end
     redis.call("SET", prec, "P" .. eid, "PX", ttl)
     redis.call("PEXPIRE", flow, ttl)
     return eid
