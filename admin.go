@@ -184,6 +184,10 @@ type GroupStats struct {
 	Lag int64 `json:"lag"`
 	// OldestPendingAge is the idle time of the longest-idle pending entry.
 	OldestPendingAge time.Duration `json:"oldest_pending_age_ns"`
+	// DeadLetters is the number of entries in this group's dead-letter
+	// stream, summed over the shards: the answering group's is
+	// Stats.DeadLetters, a fan-out group's its own stream's.
+	DeadLetters int64 `json:"dead_letters"`
 }
 
 // Stats returns the queue's statistics, summed over its shards; a consumer
@@ -199,9 +203,13 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	if s.PausedAt, s.Paused, err = pausedSince(ctx, a.client, a.queue); err != nil {
 		return s, fmt.Errorf("streamq: stats of %s: %w", a.queue, err)
 	}
+	answering, err := a.client.Get(ctx, keys.AnsweringGroup(a.queue)).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return s, fmt.Errorf("streamq: read the answering group of %s: %w", a.queue, err)
+	}
 	byName := map[string]int{}
 	for _, k := range shards {
-		if err := a.shardStats(ctx, k, &s, byName); err != nil {
+		if err := a.shardStats(ctx, k, answering, &s, byName); err != nil {
 			return s, fmt.Errorf("streamq: stats of %s: %w", a.queue, err)
 		}
 	}
@@ -225,7 +233,7 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	return s, nil
 }
 
-func (a *Admin) shardStats(ctx context.Context, k keys.Keys, s *Stats, byName map[string]int) error {
+func (a *Admin) shardStats(ctx context.Context, k keys.Keys, answering string, s *Stats, byName map[string]int) error {
 	length, err := a.client.XLen(ctx, k.Stream).Result()
 	if err != nil {
 		return err
@@ -234,7 +242,11 @@ func (a *Admin) shardStats(ctx context.Context, k keys.Keys, s *Stats, byName ma
 	if err != nil {
 		return err
 	}
-	s.Scheduled += scheduled
+	retries, err := a.client.ZCard(ctx, k.Retry).Result()
+	if err != nil {
+		return err
+	}
+	s.Scheduled += scheduled + retries
 	dead, err := a.client.XLen(ctx, k.DeadLetter).Result()
 	if err != nil {
 		return err
@@ -264,6 +276,13 @@ func (a *Admin) shardStats(ctx context.Context, k keys.Keys, s *Stats, byName ma
 		}
 		gs := &s.Groups[i]
 		gs.Pending += g.Pending
+		groupDead := dead
+		if g.Name != answering {
+			if groupDead, err = a.client.XLen(ctx, k.GroupDeadLetter(g.Name)).Result(); err != nil {
+				return err
+			}
+		}
+		gs.DeadLetters += groupDead
 		lag := g.Lag
 		switch {
 		case lag < 0 || lag > length-g.Pending:

@@ -18,7 +18,7 @@ type JobState string
 // The states of a request.
 const (
 	// JobScheduled: waiting in the schedule for its due time (Due): produced
-	// with At or After, or a retry waiting for its back-off.
+	// with At or After. (A retry waiting for its back-off is JobRetrying.)
 	JobScheduled JobState = "scheduled"
 	// JobQueued: in the stream, not held by any consumer of the group (not yet
 	// read, or released by a consumer that shut down).
@@ -81,8 +81,8 @@ type JobInfo struct {
 	// base64 ("result"), and its text is added as "result_text" when it is
 	// valid UTF-8 (see MarshalJSON).
 	Result []byte `json:"result,omitempty"`
-	// Error is the stored error of a failed or dead-lettered request, or the
-	// message stored with a canceled one.
+	// Error is the stored error of a failed or dead-lettered request, the
+	// message stored with a canceled one, or a waiting retry's last error.
 	Error string `json:"error,omitempty"`
 	// TTL is how long the record lives on: -1 when it has no expiry.
 	TTL time.Duration `json:"ttl_ns"`
@@ -96,8 +96,9 @@ type JobInfo struct {
 	Children []ChildResult `json:"children,omitempty"`
 }
 
-// Job looks up a request id: whether it is scheduled (until when), queued,
-// running (on which consumer, after how many starts), finished (with its stored result or
+// Job looks up a request id: whether it is scheduled (until when), a retry
+// waiting for its back-off (until when, after how many starts, why),
+// queued, running (on which consumer, after how many starts), finished (with its stored result or
 // error) or canceled, and how long Redis keeps its record. It returns ErrNotFound when
 // Redis holds no record of the id: never produced, expired (ResultTTL,
 // InflightTTL), or forgotten. The in-flight part is read for the Admin's
@@ -118,11 +119,11 @@ func (a *Admin) Job(ctx context.Context, id string) (JobInfo, error) {
 	}
 	info.Shard = keys.ShardOf(id, len(shards))
 	k := shards[info.Shard]
-	res, err := scripts.Job.Run(ctx, a.client, []string{k.Record(id), k.Stream, k.Starts(t.group), k.Schedule, k.ScheduleData}, t.group, id).Slice()
+	res, err := scripts.Job.Run(ctx, a.client, []string{k.Record(id), k.Stream, k.Starts(t.group), k.Schedule, k.ScheduleData, k.Retry}, t.group, id).Slice()
 	if err != nil {
 		return info, fmt.Errorf("streamq: look up %q in %s: %w", id, a.queue, err)
 	}
-	if len(res) != 6 {
+	if len(res) != 7 {
 		return info, fmt.Errorf("streamq: look up %q in %s: unexpected reply %v", id, a.queue, res)
 	}
 	rec, ok := res[0].(string)
@@ -160,8 +161,12 @@ func (a *Admin) Job(ctx context.Context, id string) (JobInfo, error) {
 			if s, ok := res[5].(string); ok {
 				info.Deliveries, _ = strconv.Atoi(s)
 			}
-			if present, _ := res[2].(int64); present == 0 {
+			switch present, _ := res[2].(int64); present {
+			case 0:
 				info.State = JobLost
+			case 2:
+				info.State = JobRetrying
+				info.Error, _ = res[6].(string)
 			}
 			break
 		}
@@ -236,7 +241,7 @@ func (a *Admin) Forget(ctx context.Context, id string, force bool) error {
 	if force {
 		f = "1"
 	}
-	res, err := scripts.Forget.Run(ctx, a.client, []string{k.Record(id), k.Stream, k.Starts(t.group), k.Schedule, k.ScheduleData}, t.group, f, id).StringSlice()
+	res, err := scripts.Forget.Run(ctx, a.client, []string{k.Record(id), k.Stream, k.Starts(t.group), k.Schedule, k.ScheduleData, k.Retry}, t.group, f, id).StringSlice()
 	if err != nil {
 		return fmt.Errorf("streamq: forget %q in %s: %w", id, a.queue, err)
 	}

@@ -50,7 +50,7 @@ func TestAdminJobScheduled(t *testing.T) {
 }
 
 // TestAdminJobRetryScheduled: a request whose handler asked for a retry later
-// is scheduled with its start count; Forget removes it; a consumer running
+// is retrying (in the retry set) with its start count and last error; Forget removes it; a consumer running
 // meanwhile never starts it again.
 func TestAdminJobRetryScheduled(t *testing.T) {
 	t.Parallel()
@@ -72,10 +72,11 @@ func TestAdminJobRetryScheduled(t *testing.T) {
 	var j JobInfo
 	eventually(t, 10*time.Second, func() bool {
 		j, err = admin.Job(ctx, "retry")
-		return err == nil && j.State == JobScheduled
+		return err == nil && j.State == JobRetrying
 	}, "the retry is scheduled: %+v %v", j, err)
 	require.WithinDuration(t, time.Now().Add(time.Hour), j.Due, 10*time.Second)
 	require.Equal(t, 1, j.Deliveries, "starts so far")
+	require.Contains(t, j.Error, "not yet", "the attempt's error")
 	require.NoError(t, admin.Forget(ctx, "retry", false))
 	_, err = admin.Job(ctx, "retry")
 	require.ErrorIs(t, err, ErrNotFound)

@@ -556,11 +556,12 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 	o := &r.c.opts
 	k := r.c.shards[shard]
 	dead := fixed.dead
-	keyList := make([]string, 3, 4+len(batch))
+	keyList := make([]string, 3, 5+len(batch))
 	keyList[0], keyList[1], keyList[2] = k.Stream, dead, fixed.fanout
 	args := make([]any, len(fixed.args), len(fixed.args)+6*len(batch))
 	copy(args, fixed.args)
-	args[6] = time.Now().UnixMilli()
+	now := time.Now().UnixMilli()
+	args[6] = now
 	var flowKeys []string // the children of flows: three keys each, after the records
 	var children []byte   // "0:<item>,<item>...": complete.lua's ARGV[9] when there are children
 	for i, cp := range batch {
@@ -594,7 +595,8 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 		args[8] = string(children)
 		keyList = append(keyList, flowKeys...)
 	}
-	keyList = append(keyList, fixed.starts) // last: complete.lua drops start counts there
+	keyList = append(keyList, k.History(now/msPerHour)) // the minute's history (complete.lua)
+	keyList = append(keyList, fixed.starts)             // last: complete.lua drops start counts there
 	return keyList, args
 }
 

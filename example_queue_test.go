@@ -188,3 +188,49 @@ func ExampleConsumer_Ready() {
 	// Output:
 	// ready
 }
+
+// Admin.Jobs lists the jobs of one state a page at a time; RunNow runs a
+// scheduled one at once.
+func ExampleAdmin_Jobs() {
+	client, closeAll := exampleClient()
+	defer closeAll()
+	ctx := context.Background()
+
+	producer, err := streamq.NewProducer[string, string](client, "reports", &streamq.ProducerOptions{Logger: quiet})
+	if err != nil {
+		panic(err)
+	}
+	defer producer.Close()
+	for i, after := range []time.Duration{3 * time.Hour, time.Hour, 2 * time.Hour} {
+		if err := producer.Enqueue(ctx, fmt.Sprintf("report-%d", i), "weekly", streamq.After(after)); err != nil {
+			panic(err)
+		}
+	}
+	admin, err := streamq.NewAdmin(client, "reports", nil)
+	if err != nil {
+		panic(err)
+	}
+	cursor := ""
+	for {
+		page, err := admin.Jobs(ctx, streamq.JobsQuery{State: streamq.JobScheduled, Limit: 2, Cursor: cursor})
+		if err != nil {
+			panic(err)
+		}
+		for _, j := range page.Jobs {
+			fmt.Println(j.ID, "due in", time.Until(j.Due).Round(time.Hour))
+		}
+		if page.Next == "" {
+			break
+		}
+		cursor = page.Next
+	}
+	fmt.Println(admin.RunNow(ctx, "report-0"))
+	info, _ := admin.Job(ctx, "report-0")
+	fmt.Println(info.State)
+	// Output:
+	// report-1 due in 1h0m0s
+	// report-2 due in 2h0m0s
+	// report-0 due in 3h0m0s
+	// <nil>
+	// queued
+}

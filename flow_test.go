@@ -514,7 +514,7 @@ func TestFlowCancelledChildFailsItsParent(t *testing.T) {
 		require.NoError(t, err)
 		eventually(t, 10*time.Second, func() bool {
 			info, err := a.Job(ctx, "k2-b")
-			return err == nil && info.State == JobScheduled
+			return err == nil && info.State == JobRetrying
 		}, "the child was not scheduled for its retry")
 		require.NoError(t, a.Cancel(ctx, "k2-b"))
 		_, err = waitFor(t, pr)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/redis/go-redis/v9"
 
@@ -119,7 +120,7 @@ func (r *run[Req, Resp]) promoteLoop(shard int) {
 			continue
 		case <-timer.C:
 		}
-		res, err := scripts.Promote.Run(ctx, r.c.client, []string{k.Stream, k.Schedule, k.ScheduleData},
+		res, err := scripts.Promote.Run(ctx, r.c.client, []string{k.Stream, k.Schedule, k.ScheduleData, k.Retry},
 			promoteBatch, startsTTL.Milliseconds()).Int64Slice()
 		if err == nil && len(res) != 3 {
 			err = fmt.Errorf("streamq: promote: unexpected reply of %d elements", len(res))
@@ -152,15 +153,16 @@ func (r *run[Req, Resp]) promoteLoop(shard int) {
 func (r *run[Req, Resp]) retryArgs(shard int, batch []*completion) ([]string, []any) {
 	o := &r.c.opts
 	k := r.c.shards[shard]
-	keyList := make([]string, 4, 4+len(batch))
-	keyList[0], keyList[1], keyList[2], keyList[3] = k.Stream, k.Starts(o.Group), k.Schedule, k.ScheduleData
+	keyList := make([]string, 4, 5+len(batch))
+	keyList[0], keyList[1], keyList[2], keyList[3] = k.Stream, k.Starts(o.Group), k.Retry, k.ScheduleData
 	fanout := "0"
 	if o.Fanout {
 		fanout = "1"
 	}
-	args := make([]any, 6, 6+4*len(batch))
+	now := time.Now().UnixMilli()
+	args := make([]any, 7, 7+5*len(batch))
 	args[0], args[1], args[2], args[3] = o.Group, o.Name, max(r.recordFloor(), DefaultInflightTTL).Milliseconds(), fanout
-	args[4], args[5] = k.Wake, publishCommand(r.c.sharded)
+	args[4], args[5], args[6] = k.Wake, publishCommand(r.c.sharded), now
 	for _, cp := range batch {
 		e := cp.s.entry
 		if e.ID != "" && !o.Fanout {
@@ -168,9 +170,28 @@ func (r *run[Req, Resp]) retryArgs(shard int, batch []*completion) ([]string, []
 		} else {
 			keyList = append(keyList, k.Stream)
 		}
-		args = append(args, e.EntryID, e.ID, string(cp.value), e.Data)
+		args = append(args, e.EntryID, e.ID, string(cp.value), e.Data, truncateUTF8(cp.errMsg, maxRetryError))
 	}
+	keyList = append(keyList, k.History(now/msPerHour))
 	return keyList, args
+}
+
+// maxRetryError is the longest error message (in bytes) a waiting retry
+// keeps for Admin.Jobs; a longer one is cut at a rune boundary.
+const maxRetryError = 1024
+
+// msPerHour is the number of milliseconds of an hour of the history.
+const msPerHour = 3600 * 1000
+
+// truncateUTF8 cuts s to at most n bytes without splitting a UTF-8 sequence.
+func truncateUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 // describeRecord names the outcome a record's first byte stands for.
@@ -255,7 +276,7 @@ func (a *Admin) Cancel(ctx context.Context, id string) error {
 // cancel runs cancel.lua for id in shard k; parent is the flow hash of the
 // request's parent, or "".
 func (a *Admin) cancel(ctx context.Context, k keys.Keys, id, group, parent, msg string, queued bool) ([]any, error) {
-	keyList := []string{k.Record(id), k.Schedule, k.ScheduleData, k.Counts, k.Stream}
+	keyList := []string{k.Record(id), k.Schedule, k.ScheduleData, k.Counts, k.Retry, k.Stream}
 	if rec, stream, ok := keys.FlowParent(parent); ok {
 		keyList = append(keyList, parent, rec, stream)
 	}

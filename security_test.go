@@ -30,6 +30,7 @@ var aclCommands = []string{
 	"scan",                                             // Queues (SCAN MATCH on the queues' meta keys)
 	"time",                                             // ratelimit.lua and the schedule read the server's clock
 	"zadd", "zcard", "zrange", "zrangebyscore", "zrem", // the schedule (delayed jobs, retries)
+	"zscore", "zcount", "xrevrange", // Admin.Jobs and Admin.RunNow
 	"ping", // go-redis's pub/sub health checks
 }
 
@@ -284,6 +285,41 @@ func aclWorkload(t *testing.T, client redis.UniversalClient, q string, shards in
 	require.NoError(t, err)
 	require.Equal(t, JobSucceeded, j.State)
 	require.NoError(t, admin.Forget(ctx, "job-0", false))
+	// Inspecting jobs: every state's list, a second page, a search, a
+	// filter, RunNow, the history.
+	for _, id := range []string{"later-1", "later-2"} {
+		_, err := p.Produce(ctx, id, "l", After(time.Hour))
+		require.NoError(t, err)
+	}
+	for _, st := range []JobState{JobScheduled, JobRetrying, JobQueued, JobRunning, JobDeadLettered} {
+		page, err := admin.Jobs(ctx, JobsQuery{State: st, Limit: 1})
+		require.NoError(t, err)
+		if page.Next != "" {
+			next, err := admin.Jobs(ctx, JobsQuery{State: st, Limit: 1, Cursor: page.Next})
+			require.NoError(t, err)
+			_, err = admin.Jobs(ctx, JobsQuery{State: st, Limit: 1, Cursor: next.Prev})
+			require.NoError(t, err)
+		}
+	}
+	_, err = admin.Jobs(ctx, JobsQuery{State: JobDeadLettered, ErrorContains: "poison"})
+	require.NoError(t, err)
+	found, err := admin.Jobs(ctx, JobsQuery{State: JobScheduled, ID: "later-1"})
+	require.NoError(t, err)
+	require.Len(t, found.Jobs, 1)
+	later, err := p.Produce(ctx, "later-1", "l")
+	require.NoError(t, err)
+	require.NoError(t, admin.RunNow(ctx, "later-1"))
+	got, err = wait(later)
+	require.NoError(t, err)
+	require.Equal(t, "ok:l", got)
+	require.NoError(t, admin.Cancel(ctx, "later-2"))
+	hist, err := admin.History(ctx, time.Hour)
+	require.NoError(t, err)
+	var processed int64
+	for _, h := range hist {
+		processed += h.Processed
+	}
+	require.Positive(t, processed)
 	cs, err := admin.Consumers(ctx)
 	require.NoError(t, err)
 	require.True(t, slices.ContainsFunc(cs, func(c ConsumerInfo) bool { return c.Live }), "%+v", cs)

@@ -282,7 +282,7 @@ func (r *run[Req, Resp]) fail(s *slot, err error) {
 		"deliveries", s.entry.Deliveries, "retry_in", delay, "err", err)
 	// Round up: a retry never runs before its delay.
 	ms := int64((delay + time.Millisecond - 1) / time.Millisecond)
-	r.handOff(&completion{s: s, code: recordRetry, value: []byte(strconv.FormatInt(ms, 10))})
+	r.handOff(&completion{s: s, code: recordRetry, value: []byte(strconv.FormatInt(ms, 10)), errMsg: err.Error()})
 }
 
 // fetchFailed handles a message whose payload could not be fetched (after
@@ -304,7 +304,8 @@ func (r *run[Req, Resp]) fetchFailed(s *slot, err error) {
 	r.c.log.WarnContext(s.logContext(r.runCtx), "streamq: fetch failed; will retry (the handler did not run)", "id", s.entry.ID, "entry", s.entry.EntryID,
 		"fetch_failures", failures, "retry_in", delay, "err", err)
 	ms := int64((delay + time.Millisecond - 1) / time.Millisecond)
-	r.handOff(&completion{s: s, code: recordRetry, value: []byte(strconv.FormatInt(ms, 10) + retryFetchFailed)})
+	r.handOff(&completion{s: s, code: recordRetry, value: []byte(strconv.FormatInt(ms, 10) + retryFetchFailed),
+		errMsg: fmt.Sprintf("payload fetch failed %d times (the handler did not run): %s", failures, unprefixed(err))})
 }
 
 // retryFetchFailed ends the value of a recordRetry completion whose payload
@@ -348,8 +349,9 @@ const recordSkip = 'S'
 
 // completion is the outcome of one message on its way to Redis.
 type completion struct {
-	s     *slot
-	code  byte
-	value []byte
-	done  chan struct{} // closed once the outcome is recorded, or given up on
+	s      *slot
+	code   byte
+	value  []byte
+	errMsg string        // recordRetry: the attempt's error, kept with the waiting retry
+	done   chan struct{} // closed once the outcome is recorded, or given up on
 }

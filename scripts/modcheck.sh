@@ -221,10 +221,13 @@ cmd_check() {
 			cd "$tmp/scratch"
 			export GOPROXY="file://$proxy,file://$cache/cache/download" GOSUMDB=off GONOSUMDB="$CORE" \
 				GOFLAGS=-mod=mod GOWORK=off GOTOOLCHAIN=local GOMODCACHE="$tmp/modcache"
-			"$GO" mod init example.com/scratch >/dev/null 2>&1
-			"$GO" get "$modpath@$headv"
-			"$GO" build -trimpath "$modpath/..."
-			"$GO" list -m "$CORE" "$modpath"
+			# Chained with &&: set -e does not apply inside a subshell
+			# whose status the || below tests, so a failed build went
+			# unnoticed and the check said ok.
+			"$GO" mod init example.com/scratch >/dev/null 2>&1 &&
+				"$GO" get "$modpath@$headv" &&
+				"$GO" build -trimpath "$modpath/..." &&
+				"$GO" list -m "$CORE" "$modpath"
 		) || {
 			echo "modcheck: FAIL go get $modpath did not work from a separate module" >&2
 			fails=1

@@ -39,6 +39,16 @@ func (c csrf) token(w http.ResponseWriter, r *http.Request) string {
 	return c.sign(v)
 }
 
+// existing returns the form token of the browser's cookie, or "" without
+// one; it sets none. For api/queue: a cookie set there would be scoped to
+// the api/ directory, which the POSTs to action never carry.
+func (c csrf) existing(r *http.Request) string {
+	if ck, err := r.Cookie(csrfCookie); err == nil && len(ck.Value) >= 22 {
+		return c.sign(ck.Value)
+	}
+	return ""
+}
+
 func (c csrf) sign(v string) string {
 	m := hmac.New(sha256.New, c.key)
 	m.Write([]byte(v))

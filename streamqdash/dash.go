@@ -2,10 +2,14 @@
 // that a program mounts under any path, next to its own pages.
 //
 // It shows every queue with its backlog, pending entries, lag, dead letters,
-// consumers and a live chart of requests processed and failed per second;
-// one queue's consumer groups, consumers (live or stale) and dead letters,
-// paged, with requeue and purge per item and for all; and one request id's
-// state. Everything it reads and changes goes through streamq.Admin.
+// consumers and a chart of the jobs processed and failed per minute over the
+// last 24 hours (Admin.History, kept in Redis); for one queue, a tab per job
+// state (scheduled, retrying, queued, running, dead letters: Admin.Jobs,
+// paged both ways, searchable by id, filtered by error) with run now and
+// cancel, requeue and purge per row and for a selection, its consumer
+// groups and consumers; and one request id's state. The cards and the open
+// tab refresh together from one read. Everything it reads and changes goes
+// through streamq.Admin.
 //
 // Mount it with http.StripPrefix:
 //
@@ -17,8 +21,8 @@
 // strips one of its own.
 //
 // Security: the dashboard has no login of its own. Anyone who reaches it can
-// read payloads and errors and, unless Options.ReadOnly, requeue and delete
-// dead letters and pause queues: treat access to it as access to Redis and
+// read errors and, unless Options.ReadOnly, cancel, run, requeue and delete
+// jobs and pause queues: treat access to it as access to Redis and
 // put it behind the host's authentication middleware (see the example).
 // Changes are POST requests only; they are refused from other origins (Fetch
 // metadata and Origin headers, http.CrossOriginProtection) and when they do
@@ -27,9 +31,8 @@
 // It is a module of its own (go get github.com/streamq/streamq/streamqdash);
 // cmd/streamq-web serves it on its own. Cost: no goroutine, no state in Redis;
 // each open page reads Admin.Stats of the queues it shows every PollInterval
-// (2s), and a page of dead letters reads one page from a cursor (5-7 ms with
-// 100,003 dead letters on a local Redis). The module's README.md has the
-// details.
+// (2s), a queue page also one page of its open tab (Admin.Jobs, bounded
+// whatever the queue's size). The module's README.md has the details.
 package streamqdash
 
 import (
@@ -43,6 +46,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -68,14 +72,15 @@ type Options struct {
 	ReadOnly bool
 	// Timeout bounds the Redis work of one page or API request. Default 5s.
 	Timeout time.Duration
-	// ActionTimeout bounds "requeue all": it requeues until done or until
-	// this has passed, and says how many remain. Default 30s.
+	// ActionTimeout bounds "requeue all" (it requeues until done or until
+	// this has passed, and says how many remain) and an action on a
+	// selection of several jobs. Default 30s.
 	ActionTimeout time.Duration
-	// PageSize is how many dead letters one page shows. Default 50; at most
-	// 1000.
+	// PageSize is how many jobs one page of a tab shows. Default 50; at
+	// most 1000.
 	PageSize int
-	// PollInterval is how often the pages refresh their counts and chart.
-	// Default 2s; at least 500ms.
+	// PollInterval is how often the pages refresh their counts and lists
+	// (the chart every fifth time). Default 2s; at least 500ms.
 	PollInterval time.Duration
 	// StaleAfter is AdminOptions.StaleAfter: a consumer without a heartbeat
 	// for this long counts as stale. Default streamq.DefaultStaleAfter.
@@ -191,7 +196,10 @@ func New(client redis.UniversalClient, opts *Options) (*Handler, error) {
 	mux.HandleFunc("GET /{$}", h.overview)
 	mux.HandleFunc("GET /queue", h.queue)
 	mux.HandleFunc("GET /job", h.job)
+	mux.HandleFunc("GET /deadletter", h.deadLetter)
 	mux.HandleFunc("GET /api/stats", h.apiStats)
+	mux.HandleFunc("GET /api/queue", h.apiQueue)
+	mux.HandleFunc("GET /api/history", h.apiHistory)
 	mux.HandleFunc("POST /action", h.action)
 	mux.HandleFunc("GET /static/app.js", h.static.ServeHTTP)
 	mux.HandleFunc("GET /static/style.css", h.static.ServeHTTP)
@@ -311,7 +319,7 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if status >= 500 {
 		h.opts.Logger.Error("streamqdash: request failed", "path", r.URL.Path, "err", err)
 	}
-	if r.URL.Path == "/api/stats" {
+	if strings.HasPrefix(r.URL.Path, "/api/") {
 		writeJSON(w, status, map[string]string{"error": err.Error()})
 		return
 	}

@@ -169,33 +169,17 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 	}{h.page(w, r, "Queues"), qs})
 }
 
-// deadLetterRow is a dead letter as the queue page shows it.
-type deadLetterRow struct {
-	streamq.DeadLetter
-	Text   string // the payload, or its base64 when it is no UTF-8
-	Binary bool
-}
-
 func (h *Handler) queue(w http.ResponseWriter, r *http.Request) {
-	name, after, group := r.FormValue("q"), r.FormValue("after"), r.FormValue("group")
-	if name == "" {
-		h.fail(w, r, fmt.Errorf("%w: which queue? (q=)", errBadRequest))
+	q, err := parseListQuery(r.URL.Query())
+	if err != nil {
+		h.fail(w, r, err)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), h.opts.Timeout)
 	defer cancel()
-	a, err := h.admin(ctx, name, group)
+	a, read, err := h.readQueue(ctx, q)
 	if err != nil {
 		h.fail(w, r, err)
-		return
-	}
-	s, err := a.Stats(ctx)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	if group != "" && !slices.ContainsFunc(s.Groups, func(g streamq.GroupStats) bool { return g.Name == group }) {
-		h.fail(w, r, fmt.Errorf("%w: queue %s has no consumer group %q", streamq.ErrNotFound, name, group))
 		return
 	}
 	cs, err := a.Consumers(ctx)
@@ -203,35 +187,25 @@ func (h *Handler) queue(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	dls, err := a.DeadLetters(ctx, after, int64(h.opts.PageSize)+1)
+	pg := h.page(w, r, "Queue "+q.Queue)
+	read.List.CSRF = pg.CSRF
+	list, digest, err := h.renderList(read.List)
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
-	next := ""
-	if len(dls) > h.opts.PageSize {
-		dls = dls[:h.opts.PageSize]
-		next = dls[len(dls)-1].DeadLetterID
-	}
-	rows := make([]deadLetterRow, len(dls))
-	for i, d := range dls {
-		rows[i] = deadLetterRow{DeadLetter: d, Text: string(d.Payload)}
-		if !utf8.Valid(d.Payload) {
-			rows[i].Text, rows[i].Binary = base64.StdEncoding.EncodeToString(d.Payload), true
-		}
-	}
 	h.render(w, "queue.html", struct {
 		page
-		Queue       string
-		Summary     QueueSummary
-		Stats       streamq.Stats
-		Consumers   []streamq.ConsumerInfo
-		DeadLetters []deadLetterRow
-		After, Next string
-		PageSize    int
-		Done        string
-		Group       string // whose dead letters: "" for the answering group
-	}{h.page(w, r, "Queue "+name), name, summarize(name, s), s, cs, rows, after, next, h.opts.PageSize, doneMessage(r.URL.Query()), group})
+		Queue     string
+		Summary   QueueSummary
+		Stats     streamq.Stats
+		Consumers []streamq.ConsumerInfo
+		List      jobList
+		ListHTML  template.HTML // List rendered by the "jobs" template
+		Digest    string
+		Done      string
+		Group     string // whose dead letters: "" for the answering group
+	}{pg, q.Queue, read.Summary, read.Stats, cs, read.List, list, digest, doneMessage(r.URL.Query()), q.Group})
 }
 
 // doneMessage says what the action before a redirect did (fixed texts
@@ -242,6 +216,12 @@ func doneMessage(v url.Values) string {
 	switch v.Get("done") {
 	case "requeue":
 		return "Requeued 1 dead letter."
+	case "requeue-sel":
+		return fmt.Sprintf("Requeued %d dead letter(s).", n) + notDone(v, "in flight again (queued, running or scheduled): look them up; requeue once finished, or purge")
+	case "cancel":
+		return fmt.Sprintf("Cancelled %d job(s).", n) + notDone(v, "already queued, running or completed")
+	case "run":
+		return fmt.Sprintf("Moved %d job(s) to the queue to run now.", n) + notDone(v, "already queued, running or completed")
 	case "purge":
 		return fmt.Sprintf("Deleted %d dead letter(s).", n)
 	case "requeue-all":
@@ -269,6 +249,18 @@ func doneMessage(v url.Values) string {
 		return "That dead letter was not requeued: its request id is in flight again (queued, running or scheduled). Look it up; requeue the dead letter once it finished, or purge it."
 	}
 	return ""
+}
+
+// notDone says how many jobs of a selection were gone or skipped (why).
+func notDone(v url.Values, why string) string {
+	out := ""
+	if gone, _ := strconv.ParseInt(v.Get("gone"), 10, 64); gone > 0 {
+		out += fmt.Sprintf(" %d not found (gone meanwhile).", gone)
+	}
+	if skipped, _ := strconv.ParseInt(v.Get("skipped"), 10, 64); skipped > 0 {
+		out += fmt.Sprintf(" %d skipped: %s.", skipped, why)
+	}
+	return out
 }
 
 func (h *Handler) job(w http.ResponseWriter, r *http.Request) {
@@ -314,6 +306,37 @@ func (h *Handler) job(w http.ResponseWriter, r *http.Request) {
 	h.renderStatus(w, status, "job.html", data)
 }
 
+// deadLetter shows one dead letter with its payload (Admin.DeadLetter).
+func (h *Handler) deadLetter(w http.ResponseWriter, r *http.Request) {
+	name, id, group := r.FormValue("q"), r.FormValue("id"), r.FormValue("group")
+	ctx, cancel := context.WithTimeout(r.Context(), h.opts.Timeout)
+	defer cancel()
+	a, err := h.admin(ctx, name, group)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	d, err := a.DeadLetter(ctx, id)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	data := struct {
+		page
+		Queue, Group string
+		Back         template.URL
+		DL           streamq.DeadLetter
+		Payload      string
+		Binary       bool
+	}{page: h.page(w, r, "Dead letter "+id), Queue: name, Group: group, DL: d, Payload: string(d.Payload)}
+	data.Poll = 0
+	data.Back = listQuery{Queue: name, Group: group}.TabLink(defaultTab)
+	if !utf8.Valid(d.Payload) {
+		data.Payload, data.Binary = base64.StdEncoding.EncodeToString(d.Payload), true
+	}
+	h.render(w, "deadletter.html", data)
+}
+
 // statsResponse is the body of GET api/stats.
 type statsResponse struct {
 	// Time is when the counts were read, Unix milliseconds.
@@ -341,7 +364,11 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 var crossOrigin = http.NewCrossOriginProtection()
 
-// action performs one change (POST action) and redirects back to the queue.
+// maxSelection bounds how many jobs one action of a selection takes.
+const maxSelection = 1000
+
+// action performs one change (POST action) and redirects back to the queue
+// page it came from (the form's "back": the list's query, parsed again).
 func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 	if h.opts.ReadOnly {
 		http.Error(w, "streamqdash: read-only dashboard", http.StatusForbidden)
@@ -351,14 +378,20 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "streamqdash: refused a change from another origin", http.StatusForbidden)
 		return
 	}
-	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+	r.Body = http.MaxBytesReader(w, r.Body, 256<<10)
 	if !h.csrf.check(r) {
 		http.Error(w, "streamqdash: missing or stale form token; reload the page and try again", http.StatusForbidden)
 		return
 	}
-	name, op, id := r.PostFormValue("q"), r.PostFormValue("op"), r.PostFormValue("id")
+	name, op := r.PostFormValue("q"), r.PostFormValue("op")
+	var ids []string
+	for _, id := range r.PostForm["id"] {
+		if id != "" && !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
 	timeout := h.opts.Timeout
-	if op == "requeue-all" {
+	if op == "requeue-all" || len(ids) > 1 {
 		timeout = h.opts.ActionTimeout
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), timeout)
@@ -369,45 +402,114 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	if (op == "requeue" || op == "purge") != (id != "") {
-		h.fail(w, r, fmt.Errorf("%w: requeue and purge take one dead letter id (id=), the other actions none", errBadRequest))
+	perJob := op == "requeue" || op == "purge" || op == "cancel" || op == "run"
+	switch {
+	case perJob && len(ids) == 0:
+		h.fail(w, r, fmt.Errorf("%w: %s needs the ids of the jobs (id=); none was selected", errBadRequest, op))
+		return
+	case !perJob && len(ids) > 0:
+		h.fail(w, r, fmt.Errorf("%w: %s takes no id", errBadRequest, op))
+		return
+	case len(ids) > maxSelection:
+		h.fail(w, r, fmt.Errorf("%w: at most %d jobs per action, not %d", errBadRequest, maxSelection, len(ids)))
 		return
 	}
-	back := url.Values{"q": {name}, "done": {op}}
-	if group != "" {
+	// The way back: the list the form was on, parsed and encoded again (no
+	// text of the form goes into the URL unchecked).
+	back := url.Values{"q": {name}}
+	if bq, err := url.ParseQuery(r.PostFormValue("back")); err == nil {
+		bq.Set("q", name)
+		bq.Set("group", group) // the group acted on, "" (dropped) for the answering one
+		if lq, err := parseListQuery(bq); err == nil {
+			back = lq.values(true)
+		}
+	} else if group != "" {
 		back.Set("group", group)
 	}
-	if after := r.PostFormValue("after"); after != "" {
-		back.Set("after", after)
+	back.Set("done", op)
+	count := func(n, gone, skipped int) {
+		back.Set("n", strconv.Itoa(n))
+		if gone > 0 {
+			back.Set("gone", strconv.Itoa(gone))
+		}
+		if skipped > 0 {
+			back.Set("skipped", strconv.Itoa(skipped))
+		}
 	}
 	switch op {
 	case "requeue":
-		switch _, err = a.Requeue(ctx, id); {
-		case errors.Is(err, streamq.ErrInvalidDeadLetterID):
-			err = fmt.Errorf("%w: %w", errBadRequest, err)
-		case errors.Is(err, streamq.ErrNotFound):
-			back.Set("done", "gone")
-			err = nil
-		case errors.Is(err, streamq.ErrRequeueInFlight):
-			back.Set("done", "inflight")
-			err = nil
+		if len(ids) == 1 {
+			switch _, err = a.Requeue(ctx, ids[0]); {
+			case errors.Is(err, streamq.ErrInvalidDeadLetterID):
+				err = fmt.Errorf("%w: %w", errBadRequest, err)
+			case errors.Is(err, streamq.ErrNotFound):
+				back.Set("done", "gone")
+				err = nil
+			case errors.Is(err, streamq.ErrRequeueInFlight):
+				back.Set("done", "inflight")
+				err = nil
+			}
+			break
 		}
+		var n, gone, skipped int
+		for _, id := range ids {
+			switch _, err = a.Requeue(ctx, id); {
+			case err == nil:
+				n++
+			case errors.Is(err, streamq.ErrNotFound):
+				gone, err = gone+1, nil
+			case errors.Is(err, streamq.ErrRequeueInFlight):
+				skipped, err = skipped+1, nil
+			case errors.Is(err, streamq.ErrInvalidDeadLetterID):
+				err = fmt.Errorf("%w: %w", errBadRequest, err)
+			}
+			if err != nil {
+				break
+			}
+		}
+		count(n, gone, skipped)
+		back.Set("done", "requeue-sel")
 	case "purge":
 		var n int64
-		n, err = a.PurgeDeadLetters(ctx, id)
+		if n, err = a.PurgeDeadLetters(ctx, ids...); errors.Is(err, streamq.ErrInvalidDeadLetterID) {
+			err = fmt.Errorf("%w: %w", errBadRequest, err)
+		}
 		back.Set("n", strconv.FormatInt(n, 10))
+	case "cancel", "run":
+		var n, gone, skipped int
+		for _, id := range ids {
+			if op == "cancel" {
+				err = a.Cancel(ctx, id)
+			} else {
+				err = a.RunNow(ctx, id)
+			}
+			switch {
+			case err == nil:
+				n++
+			case errors.Is(err, streamq.ErrNotFound):
+				gone, err = gone+1, nil
+			case errors.Is(err, streamq.ErrNotScheduled):
+				skipped, err = skipped+1, nil
+			case errors.Is(err, streamq.ErrInvalidID):
+				err = fmt.Errorf("%w: %w", errBadRequest, err)
+			}
+			if err != nil {
+				break
+			}
+		}
+		count(n, gone, skipped)
 	case "requeue-all":
 		var n, skipped, left int64
 		n, skipped, left, err = requeueAll(ctx, a)
 		back.Set("n", strconv.FormatInt(n, 10))
 		back.Set("skipped", strconv.FormatInt(skipped, 10))
 		back.Set("left", strconv.FormatInt(left, 10))
-		back.Del("after")
+		back.Del("cursor")
 	case "purge-all":
 		var n int64
 		n, err = a.PurgeDeadLetters(ctx)
 		back.Set("n", strconv.FormatInt(n, 10))
-		back.Del("after")
+		back.Del("cursor")
 	case "pause":
 		err = a.Pause(ctx)
 	case "resume":
@@ -484,6 +586,30 @@ var funcs = template.FuncMap{
 		return strconv.FormatInt(n, 10)
 	},
 	"add": func(a, b int) int { return a + b },
+	"rel": relTime,
+	"ms": func(t time.Time) int64 {
+		if t.IsZero() {
+			return 0
+		}
+		return t.UnixMilli()
+	},
+	"agoMs": func(d time.Duration) int64 { return time.Now().Add(-d).UnixMilli() },
+	"utf8":  func(b []byte) bool { return utf8.Valid(b) },
+	// payload is a job's payload as text: itself when UTF-8, else base64.
+	"payload": func(b []byte) string {
+		if utf8.Valid(b) {
+			return string(b)
+		}
+		return base64.StdEncoding.EncodeToString(b)
+	},
+	"dur2": coarse,
+	"utcTitle": func(t time.Time) string {
+		if t.IsZero() {
+			return ""
+		}
+		return t.UTC().Format("2006-01-02 15:04:05 UTC")
+	},
+	"hasAction": func(actions []string, a string) bool { return slices.Contains(actions, a) },
 }
 
 func fmtDur(d time.Duration) string {

@@ -69,7 +69,10 @@ func WithScrapeTimeout(d time.Duration) CollectorOption {
 //	streamq_group_lag_entries{queue,group}                 not yet delivered (omitted while unknown)
 //	streamq_group_consumers{queue,group}                   live consumers
 //	streamq_group_oldest_pending_age_seconds{queue,group}  idle time of the oldest pending entry
-//	streamq_scrape_errors_total{queue}                     failed Admin.Stats reads
+//	streamq_group_dead_letter_entries{queue,group}         entries in the group's dead-letter stream
+//	streamq_processed_last_minute{queue}                   completions of the last complete minute (Admin.History)
+//	streamq_failed_last_minute{queue}                      failed attempts of the last complete minute
+//	streamq_scrape_errors_total{queue}                     failed Admin.Stats or Admin.History reads
 //	streamq_scrape_duration_seconds                        time the last read took
 //
 // Collect may be called concurrently.
@@ -79,7 +82,8 @@ type Collector struct {
 	timeout       time.Duration
 
 	queueEntries, scheduled, paused, dead, canceled *prometheus.Desc
-	pending, lag, consumers, oldest                 *prometheus.Desc
+	pending, lag, consumers, oldest, groupDead      *prometheus.Desc
+	processed, failed                               *prometheus.Desc
 	scrapeDuration                                  *prometheus.Desc
 	errors                                          *prometheus.CounterVec
 
@@ -88,6 +92,7 @@ type Collector struct {
 	took     time.Duration
 	stats    []streamq.Stats
 	statsOK  []bool
+	history  []*streamq.HistoryPoint // the last complete minute; nil when unread
 	hasReads bool
 }
 
@@ -112,6 +117,9 @@ func NewCollector(admins []*streamq.Admin, opts ...CollectorOption) *Collector {
 	c.lag = prometheus.NewDesc("streamq_group_lag_entries", "Entries not yet delivered to the group.", qg, nil)
 	c.consumers = prometheus.NewDesc("streamq_group_consumers", "Live consumers of the group.", qg, nil)
 	c.oldest = prometheus.NewDesc("streamq_group_oldest_pending_age_seconds", "Idle time of the group's longest-idle pending entry.", qg, nil)
+	c.groupDead = prometheus.NewDesc("streamq_group_dead_letter_entries", "Entries in the group's dead-letter stream.", qg, nil)
+	c.processed = prometheus.NewDesc("streamq_processed_last_minute", "Completions (outcomes and retries scheduled) of the last complete minute, over every consumer.", q, nil)
+	c.failed = prometheus.NewDesc("streamq_failed_last_minute", "Failed attempts (retries scheduled and dead letters) of the last complete minute, over every consumer.", q, nil)
 	c.scrapeDuration = prometheus.NewDesc("streamq_scrape_duration_seconds", "Time the last read of the queues' statistics took.", nil, nil)
 	c.errors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "streamq_scrape_errors_total",
 		Help: "Reads of a queue's statistics that failed."}, q)
@@ -124,7 +132,7 @@ func NewCollector(admins []*streamq.Admin, opts ...CollectorOption) *Collector {
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.queueEntries, c.scheduled, c.paused, c.dead, c.canceled, c.pending, c.lag,
-		c.consumers, c.oldest, c.scrapeDuration} {
+		c.consumers, c.oldest, c.groupDead, c.processed, c.failed, c.scrapeDuration} {
 		ch <- d
 	}
 	c.errors.Describe(ch)
@@ -132,8 +140,12 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	stats, ok, took := c.read()
+	stats, ok, hist, took := c.read()
 	for i, a := range c.admins {
+		if h := hist[i]; h != nil {
+			ch <- prometheus.MustNewConstMetric(c.processed, prometheus.GaugeValue, float64(h.Processed), a.Queue())
+			ch <- prometheus.MustNewConstMetric(c.failed, prometheus.GaugeValue, float64(h.Failed), a.Queue())
+		}
 		if !ok[i] {
 			continue
 		}
@@ -157,25 +169,27 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			}
 			gauge(c.consumers, float64(g.Consumers), g.Name)
 			gauge(c.oldest, g.OldestPendingAge.Seconds(), g.Name)
+			gauge(c.groupDead, float64(g.DeadLetters), g.Name)
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.scrapeDuration, prometheus.GaugeValue, took.Seconds())
 	c.errors.Collect(ch)
 }
 
-// read returns the statistics of every queue, read now or within the
-// cache interval.
-func (c *Collector) read() ([]streamq.Stats, []bool, time.Duration) {
+// read returns the statistics and last complete minute of every queue,
+// read now or within the cache interval.
+func (c *Collector) read() ([]streamq.Stats, []bool, []*streamq.HistoryPoint, time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.hasReads && time.Since(c.readAt) < c.cacheInterval {
-		return c.stats, c.statsOK, c.took
+		return c.stats, c.statsOK, c.history, c.took
 	}
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
 	stats := make([]streamq.Stats, len(c.admins))
 	ok := make([]bool, len(c.admins))
+	hist := make([]*streamq.HistoryPoint, len(c.admins))
 	var wg sync.WaitGroup
 	for i, a := range c.admins {
 		wg.Go(func() {
@@ -185,9 +199,16 @@ func (c *Collector) read() ([]streamq.Stats, []bool, time.Duration) {
 				return
 			}
 			stats[i], ok[i] = st, true
+			// The minute before the current one: the last complete one.
+			h, err := a.History(ctx, 2*time.Minute)
+			if err != nil || len(h) != 2 {
+				c.errors.WithLabelValues(a.Queue()).Inc()
+				return
+			}
+			hist[i] = &h[0]
 		})
 	}
 	wg.Wait()
-	c.stats, c.statsOK, c.readAt, c.took, c.hasReads = stats, ok, time.Now(), time.Since(start), true
-	return stats, ok, c.took
+	c.stats, c.statsOK, c.history, c.readAt, c.took, c.hasReads = stats, ok, hist, time.Now(), time.Since(start), true
+	return stats, ok, hist, c.took
 }

@@ -144,6 +144,15 @@ streamq_dead_letter_entries{queue="%[1]s"} %[2]d
 # HELP streamq_group_consumers Live consumers of the group.
 # TYPE streamq_group_consumers gauge
 streamq_group_consumers{group="streamq",queue="%[1]s"} %[3]d
+# HELP streamq_group_dead_letter_entries Entries in the group's dead-letter stream.
+# TYPE streamq_group_dead_letter_entries gauge
+streamq_group_dead_letter_entries{group="streamq",queue="%[1]s"} %[2]d
+# HELP streamq_failed_last_minute Failed attempts (retries scheduled and dead letters) of the last complete minute, over every consumer.
+# TYPE streamq_failed_last_minute gauge
+streamq_failed_last_minute{queue="%[1]s"} 0
+# HELP streamq_processed_last_minute Completions (outcomes and retries scheduled) of the last complete minute, over every consumer.
+# TYPE streamq_processed_last_minute gauge
+streamq_processed_last_minute{queue="%[1]s"} 0
 # HELP streamq_group_lag_entries Entries not yet delivered to the group.
 # TYPE streamq_group_lag_entries gauge
 streamq_group_lag_entries{group="streamq",queue="%[1]s"} %[4]d
@@ -172,7 +181,9 @@ streamq_scrape_errors_total{queue="%[1]s"} 0
 		require.EqualValues(t, 3, g.Pending)
 		// g.Lag is 9 on Redis; miniredis reports lag its own way. The gauge
 		// must equal whatever Stats says.
+		// Nothing completed, so the last minute's history is 0.
 		names := []string{"streamq_dead_letter_entries", "streamq_group_consumers", "streamq_group_lag_entries",
+			"streamq_group_dead_letter_entries", "streamq_processed_last_minute", "streamq_failed_last_minute",
 			"streamq_group_pending_entries", "streamq_queue_entries", "streamq_queue_paused",
 			"streamq_queue_scheduled_entries", "streamq_requests_canceled_total", "streamq_scrape_errors_total"}
 		require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(expected), names...))
@@ -203,4 +214,31 @@ func gaugeValue(t *testing.T, c prometheus.Collector, name string) float64 {
 	}
 	t.Fatalf("no metric %s", name)
 	return 0
+}
+
+// TestCollectorLastMinute: the last-minute gauges are the history's minute
+// before the current one (written here as the completion scripts write it:
+// processed + failed<<32 in the hour's hash).
+func TestCollectorLastMinute(t *testing.T) {
+	backends(t, func(t *testing.T, rdb *redis.Client) {
+		ctx := context.Background()
+		q := fmt.Sprintf("hist-%d", time.Now().UnixNano())
+		p, err := streamq.NewProducer[int, int](rdb, q, nil)
+		require.NoError(t, err)
+		defer p.Close()
+		require.NoError(t, p.Enqueue(ctx, "x", 1))
+		prev := time.Now().Truncate(time.Minute).Add(-time.Minute)
+		key := fmt.Sprintf("streamq:{%s}:hist:%d", q, prev.Unix()/3600)
+		require.NoError(t, rdb.HIncrBy(ctx, key, fmt.Sprint(prev.Minute()), 7+3<<32).Err())
+		a, err := streamq.NewAdmin(rdb, q, nil)
+		require.NoError(t, err)
+		col := streamqprom.NewCollector([]*streamq.Admin{a}, streamqprom.WithCacheInterval(0))
+		processed := gaugeValue(t, col, "streamq_processed_last_minute")
+		failed := gaugeValue(t, col, "streamq_failed_last_minute")
+		if !time.Now().Truncate(time.Minute).Add(-time.Minute).Equal(prev) {
+			t.Skip("a minute began while reading; the written minute is no longer the last complete one")
+		}
+		require.Equal(t, 7.0, processed)
+		require.Equal(t, 3.0, failed)
+	})
 }

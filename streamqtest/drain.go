@@ -155,7 +155,11 @@ func busy(ctx context.Context, client redis.UniversalClient, admin *streamq.Admi
 		if err != nil {
 			return "", err
 		}
-		if n > 0 {
+		r, err := client.ZCount(ctx, k.Retry, "-inf", limit).Result()
+		if err != nil {
+			return "", err
+		}
+		if n += r; n > 0 {
 			return fmt.Sprintf("%d scheduled jobs due within %v", n, dueWithin), nil
 		}
 	}

@@ -179,7 +179,7 @@ func storedPayload(ctx context.Context, client redis.UniversalClient, admin *str
 	// A delayed request or a retry of the answering group: its stream fields
 	// wait in the schedule's data, as length-prefixed strings: record key,
 	// start-count key, start count, and the fields (names and values, each
-	// length-prefixed in turn).
+	// length-prefixed in turn), then what Admin.Jobs shows.
 	data, err := client.HGet(ctx, k.ScheduleData, "r"+id).Result()
 	if errors.Is(err, redis.Nil) {
 		return nil, false, nil
@@ -188,7 +188,7 @@ func storedPayload(ctx context.Context, client redis.UniversalClient, admin *str
 		return nil, false, err
 	}
 	parts, ok := splitLengthPrefixed(data)
-	if !ok || len(parts) != 4 {
+	if !ok || len(parts) < 4 {
 		return nil, false, nil
 	}
 	fields, ok := splitLengthPrefixed(parts[3])

@@ -54,20 +54,25 @@ type command struct {
 
 // opts holds every flag of every command; each command registers the ones it uses.
 type opts struct {
-	redisURL   string
-	cluster    bool
-	timeout    time.Duration
-	json       bool
-	group      string
-	yes        bool
-	all        bool
-	force      bool
-	watch      bool
-	interval   time.Duration
-	count      int
-	after      string
-	limit      int64
-	staleAfter time.Duration
+	redisURL      string
+	cluster       bool
+	timeout       time.Duration
+	json          bool
+	group         string
+	yes           bool
+	all           bool
+	force         bool
+	watch         bool
+	interval      time.Duration
+	count         int
+	after         string
+	limit         int64
+	staleAfter    time.Duration
+	state         string
+	cursor        string
+	id            string
+	errorContains string
+	span          time.Duration
 }
 
 // runner is what a command runs with.
@@ -415,8 +420,9 @@ Commands:
 	fmt.Fprint(w, `
 Every read command takes --json: the JSON of the library's own types, so a
 program decodes it into them (dlq ls: []streamq.DeadLetter; dlq show:
-streamq.DeadLetter; job: streamq.JobInfo; stats: streamq.Stats; consumers:
-[]streamq.ConsumerInfo). Bytes are base64 (payload, result); when they are
+streamq.DeadLetter; job: streamq.JobInfo; jobs ls: streamq.JobsPage; stats:
+streamq.Stats; consumers: []streamq.ConsumerInfo; history:
+[]streamq.HistoryPoint). Bytes are base64 (payload, result); when they are
 UTF-8 text, payload_text and result_text hold the text as well. Durations
 are nanoseconds (fields ending in _ns), times RFC 3339 in UTC.
 Commands that delete (dlq purge, forget, dlq requeue --all) do nothing
@@ -430,6 +436,7 @@ Start here:
   streamq dlq ls orders              why requests failed for good
   streamq dlq requeue orders <id>    run one again
   streamq job orders order-1234      where one request id stands
+  streamq jobs ls orders --state scheduled   which jobs wait, and until when
 
 'streamq <command> --help' explains a command and its flags.
 `)

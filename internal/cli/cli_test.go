@@ -80,6 +80,9 @@ var normalizers = []struct {
 	{regexp.MustCompile(`\b\d{13}\b`), "<ms>"},
 	{regexp.MustCompile(`\b\d+(\.\d+)?(µs|ms|s|m\d+s|h\d+m\d+s)\b`), "<dur>"},
 	{regexp.MustCompile(`redis://127\.0\.0\.1:\d+`), "redis://<addr>"},
+	// Cursors of jobs ls are opaque.
+	{regexp.MustCompile(`--cursor [^;)\s]+`), "--cursor <cursor>"},
+	{regexp.MustCompile(`"(next|prev)": "[^"]*"`), `"$1": "<cursor>"`},
 	// tabwriter pads to the widest cell, which differs once values are
 	// replaced: compare columns, not spaces.
 	{regexp.MustCompile(`(\S) {2,}`), "$1  "},

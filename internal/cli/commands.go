@@ -79,13 +79,49 @@ is refused (exit 2).`,
 				fs.BoolVar(&o.yes, "yes", false, "confirm the deletion")
 			}, run: dlqPurge},
 		{name: "job", args: "<queue> <request-id>", summary: "where one request id stands", read: true,
-			help: `Shows a request id's state: scheduled (due when: delayed, or a retry waiting
-for its back-off), queued, running (on which consumer, after how many starts),
+			help: `Shows a request id's state: scheduled (due when), retrying (a failed attempt
+waiting for its back-off, due when), queued, running (on which consumer, after how many starts),
 succeeded (with its stored result), failed or dead-lettered (with the error),
 canceled (by Admin.Cancel while it waited in the schedule, with the stored
 message), and how long Redis keeps its record. Exit code 3 when Redis holds no
 record of the id (never produced, expired, or forgotten).`,
 			flags: groupFlag, run: job},
+		{name: "jobs ls", args: "<queue> --state <state>", summary: "list jobs in one state, a page at a time", read: true,
+			help: `Lists the jobs of a queue in one state (--state):
+  scheduled  delayed jobs waiting for their due time, soonest first
+  retrying   failed attempts waiting for their back-off, soonest first,
+             with the starts so far and the last error
+  queued     in the stream, not yet read, next to run first
+  running    held by a consumer (in its handler or read ahead), with the
+             time since it read or renewed the entry
+  dead       dead letters, newest first (--group for a fan-out group's)
+--limit at a time; the line under the table gives the cursors of the next
+and the previous page (--cursor). --id keeps one request id; --error keeps
+retrying and dead jobs whose last error contains the text (a filtered page
+scans a bounded number of jobs, so it may hold fewer matches than --limit:
+follow its next cursor for more). Each page costs a bounded number of round
+trips, whatever the queue's size. A cursor not printed by jobs ls exits 2.`,
+			flags: jobsFlags, run: jobsList},
+		{name: "jobs cancel", args: "<queue> <request-id>...", summary: "cancel scheduled jobs or waiting retries",
+			help: `Cancels jobs waiting in the schedule (delayed, or a retry waiting for its
+back-off): they never run, and their callers get ErrCanceled. A job that is
+already queued, running or completed is not cancelled (exit 1); an id Redis
+has no record of exits 3. Every id given is tried.`,
+			run: jobsCancel},
+		{name: "jobs run", args: "<queue> <request-id>...", summary: "run scheduled jobs or waiting retries now",
+			help: `Moves jobs waiting in the schedule (delayed, or a retry waiting for its
+back-off) to the queue at once, keeping their request id (dedup) and their
+count of starts. A job that is not waiting in the schedule exits 1; an id
+Redis has no record of exits 3. Every id given is tried.`,
+			run: jobsRun},
+		{name: "history", args: "<queue>", summary: "jobs processed and failed per minute (last 24h at most)", read: true,
+			help: `Shows the jobs processed and failed per minute over the last --span (at most
+24h), as the consumers' completions count them in Redis (every replica):
+the minutes with any, and the totals. --json prints every minute, oldest
+first, zero-filled.`,
+			flags: func(fs *flag.FlagSet, o *opts) {
+				fs.DurationVar(&o.span, "span", time.Hour, "how far back, whole minutes up to 24h")
+			}, run: history},
 		{name: "forget", args: "<queue> <request-id>", summary: "make Redis forget an id so it can run again (needs --yes)",
 			help: `Deletes a request id's record so that producing the id again runs it again. A
 queued request is removed from the stream and a scheduled one from the
@@ -267,7 +303,7 @@ func (r *runner) printStats(s streamq.Stats, prev *streamq.Stats, elapsed time.D
 		return nil
 	}
 	tw := r.table()
-	head := "GROUP\tCONSUMERS\tSTALE\tPENDING\tLAG\tOLDEST PENDING\tSUCCEEDED\tFAILED"
+	head := "GROUP\tCONSUMERS\tSTALE\tPENDING\tLAG\tOLDEST PENDING\tDEAD LETTERS\tSUCCEEDED\tFAILED"
 	if elapsed > 0 {
 		head += "\tSUCCEEDED/S\tFAILED/S"
 	}
@@ -277,8 +313,8 @@ func (r *runner) printStats(s streamq.Stats, prev *streamq.Stats, elapsed time.D
 		if g.Lag < 0 {
 			lag = "unknown"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%d\t%d", g.Name, g.Consumers, g.StaleConsumers, g.Pending, lag,
-			fmtDuration(g.OldestPendingAge), g.Succeeded, g.Failed)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%d\t%d\t%d", g.Name, g.Consumers, g.StaleConsumers, g.Pending, lag,
+			fmtDuration(g.OldestPendingAge), g.DeadLetters, g.Succeeded, g.Failed)
 		if elapsed > 0 {
 			var ps, pf int64
 			for _, p := range prev.Groups {
@@ -582,7 +618,7 @@ func job(ctx context.Context, r *runner) error {
 		fmt.Fprintf(tw, "entry\t%s (shard %d)\nenqueued\t%s (%s ago)\ndeliveries\t%d\n", j.EntryID, j.Shard,
 			j.Enqueued.UTC().Format(time.RFC3339), fmtDuration(time.Since(j.Enqueued)), j.Deliveries)
 	}
-	if j.State == streamq.JobScheduled || (j.State == streamq.JobLost && !j.Due.IsZero()) {
+	if j.State == streamq.JobScheduled || j.State == streamq.JobRetrying || (j.State == streamq.JobLost && !j.Due.IsZero()) {
 		fmt.Fprintf(tw, "due\t%s (in %s)\n", j.Due.UTC().Format(time.RFC3339), fmtDuration(time.Until(j.Due)))
 		if j.Deliveries > 0 {
 			fmt.Fprintf(tw, "deliveries\t%d (a retry)\n", j.Deliveries)

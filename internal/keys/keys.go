@@ -7,6 +7,7 @@ package keys
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -23,14 +24,20 @@ type Keys struct {
 	DeadLetter string
 	// Channel is the pub/sub channel that carries completion notices.
 	Channel string
-	// Schedule is the sorted set of scheduled jobs (delayed jobs and retries
-	// waiting for their time): member "r<request id>" (a job of every group)
-	// or "g<len(group)>:<group><request id>" (a retry of one fan-out group),
-	// score the due time in Unix milliseconds of the server's clock.
+	// Schedule is the sorted set of delayed jobs waiting for their time:
+	// member "r<request id>", score the due time in Unix milliseconds of the
+	// server's clock. (Before Retry existed, retries waited here too; such
+	// members still promote.)
 	Schedule string
-	// ScheduleData is the hash holding, per Schedule member, what promotion
-	// needs to append the job: its record key, start-count key, start count
-	// and stream fields (see internal/scripts/promote.lua).
+	// Retry is the sorted set of retries waiting for their back-off, like
+	// Schedule: member "r<request id>" (a retry of the answering group) or
+	// "g<len(group)>:<group><request id>" (a retry of one fan-out group).
+	Retry string
+	// ScheduleData is the hash holding, per Schedule or Retry member, what
+	// promotion needs to append the job: its record key, start-count key,
+	// start count and stream fields, then what Admin.Jobs shows: a retry's
+	// last error, a delayed job's production time (see
+	// internal/scripts/promote.lua).
 	ScheduleData string
 	// Wake is the pub/sub channel on which a job scheduled ahead of every
 	// other one wakes the consumers' promoters.
@@ -70,6 +77,7 @@ func buildTagged(base string) Keys {
 		Channel:      base + "done",
 		Schedule:     base + "schedule",
 		ScheduleData: base + "schedule:data",
+		Retry:        base + "retry",
 		Wake:         base + "wake",
 		Fanout:       base + "fanout",
 		Counts:       base + "counts",
@@ -78,6 +86,16 @@ func buildTagged(base string) Keys {
 		startsPrefix: base + "starts:",
 	}
 }
+
+// History returns the key of the hash counting the completions of the hour
+// that starts at Unix time hour*3600 s: field the minute of the hour
+// ("0".."59"), value processed + failed<<32 (see complete.lua). It expires
+// about 25 hours after its last minute's first completion.
+func (k Keys) History(hour int64) string { return k.base + "hist:" + strconv.FormatInt(hour, 10) }
+
+// RunNowMarker returns the key that remembers, for a while, the entry a
+// schedule member was promoted to by Admin.RunNow, so a resend succeeds.
+func (k Keys) RunNowMarker(member string) string { return k.base + "runnow:" + member }
 
 // Record returns the key of the record (dedup marker, then result) of a request id.
 func (k Keys) Record(id string) string { return k.recordPrefix + id }

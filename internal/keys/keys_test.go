@@ -11,7 +11,7 @@ import (
 func TestNewSharesOneHashTag(t *testing.T) {
 	k, err := New("orders")
 	require.NoError(t, err)
-	for _, name := range []string{k.Stream, k.DeadLetter, k.Channel, k.Schedule, k.ScheduleData, k.Wake, k.Fanout, k.Counts, k.Record("a:b")} {
+	for _, name := range []string{k.Stream, k.DeadLetter, k.Channel, k.Schedule, k.Retry, k.History(494000), k.RunNowMarker("rx"), k.ScheduleData, k.Wake, k.Fanout, k.Counts, k.Record("a:b")} {
 		require.True(t, strings.HasPrefix(name, "streamq:{orders}:"), name)
 	}
 	require.Equal(t, "streamq:{orders}:id:a:b", k.Record("a:b"))

@@ -1,10 +1,10 @@
--- cancel.lua: cancel a scheduled request (a delayed job, or a retry of the
--- answering group waiting for its time).
+-- cancel.lua: cancel a scheduled request (a delayed job in the schedule, or
+-- a retry of the answering group waiting in the retry set).
 --
 -- A request is scheduled while its record says "P@<due>"; a flow's parent
--- waiting for its children ("P&") is cancelled the same way (its children
--- still run; the last one's completion finds the record cancelled and
--- appends nothing). Cancelling removes
+-- waiting for its children ("P&") is cancelled the same way (Admin.Cancel
+-- then cancels its children that have no outcome; a child's completion
+-- finds the record cancelled and appends nothing). Cancelling removes
 -- it from the schedule, stores the outcome "C<message>" (ARGV[2] TTL) and
 -- announces it like any outcome, so every caller waiting on it gets
 -- ErrCanceled. One step: a promoter running at the same time either appended
@@ -15,7 +15,7 @@
 --
 -- With ARGV[7] = "q" (the children of a cancelled flow parent), a queued
 -- request is cancelled too: its entry, held by no consumer of group ARGV[6],
--- is deleted. A flow's child (KEYS[6..8] given) counts its "C" outcome in its
+-- is deleted. A flow's child (KEYS[7..9] given) counts its "C" outcome in its
 -- parent's flow, and the last child's releases the parent (flowrelease.lua,
 -- which scripts.go puts in front of this file).
 --
@@ -23,8 +23,9 @@
 -- KEYS[2]      the schedule (sorted set)
 -- KEYS[3]      the schedule's data (hash)
 -- KEYS[4]      the shard's counts (hash)
--- KEYS[5]      the stream
--- KEYS[6..8]   optional: the flow hash, record and stream of the request's
+-- KEYS[5]      the retry set (sorted set)
+-- KEYS[6]      the stream
+-- KEYS[7..9]   optional: the flow hash, record and stream of the request's
 --              parent, when it is a flow's child
 -- ARGV[1]      the request id
 -- ARGV[2]      TTL of the stored outcome in milliseconds
@@ -56,7 +57,7 @@ if string.sub(cur, 1, 2) ~= "P@" and cur ~= "P&" then
   -- Queued: in the stream and held by no consumer of the group.
   local eid = string.sub(cur, 2)
   if ARGV[6] ~= "" then
-    local ok, p = pcall(redis.call, "XPENDING", KEYS[5], ARGV[6], eid, eid, 1)
+    local ok, p = pcall(redis.call, "XPENDING", KEYS[6], ARGV[6], eid, eid, 1)
     if ok and p[1] then
       return {1, cur}
     end
@@ -65,19 +66,20 @@ if string.sub(cur, 1, 2) ~= "P@" and cur ~= "P&" then
 end
 redis.call("HINCRBY", KEYS[4], "canceled", 1)
 if queued then
-  redis.call("XDEL", KEYS[5], queued)
+  redis.call("XDEL", KEYS[6], queued)
 else
   local member = "r" .. ARGV[1]
   redis.call("ZREM", KEYS[2], member)
+  redis.call("ZREM", KEYS[5], member)
   redis.call("HDEL", KEYS[3], member)
 end
 local outcome = "C" .. ARGV[5]
 redis.call("SET", KEYS[1], outcome, "PX", ARGV[2])
 redis.call(ARGV[4], ARGV[3], #ARGV[1] .. ":" .. ARGV[1] .. #outcome .. ":" .. outcome)
-if KEYS[6] then
+if KEYS[7] then
   local _, childDone, release = flowLib()
-  if childDone(KEYS[6], KEYS[1], outcome) then
-    release(KEYS[6], KEYS[7], KEYS[8])
+  if childDone(KEYS[7], KEYS[1], outcome) then
+    release(KEYS[7], KEYS[8], KEYS[9])
   end
 end
 return {2, cur}

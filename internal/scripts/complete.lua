@@ -18,7 +18,15 @@
 --      letters that follow run under memory pressure too;
 --   3. per item: the dead letter (before its record, so that a retry would
 --      write it again rather than never), then the record;
---   4. the notice.
+--   4. the notice;
+--   5. the history: one HINCRBY adds this call's completions to the field of
+--      the minute of ARGV[7] in the hour's history hash, as processed +
+--      failed<<32 (one command carries both counts); a PEXPIRE of 25 hours
+--      follows only when the reply equals the increment (the field was just
+--      created: at most once per minute and shard). Every item but "S"
+--      counts as processed, "E" and "L" also as failed (retry.lua counts the
+--      retries it schedules as both). With fan-out groups, every group's
+--      completions count.
 -- A whole rerun (a lost reply) is harmless: the records hold this batch's
 -- outcomes, so every item counts as "already recorded" and nothing is added.
 --
@@ -30,6 +38,7 @@
 -- KEYS[3+n+...]    for each child of a flow among the items (ARGV[9]), in item
 --                  order, three keys: the flow hash, the parent's record and the
 --                  parent's stream (flowrelease.lua)
+-- KEYS[#KEYS-1]    the history hash of the hour of ARGV[7]
 -- KEYS[#KEYS]      the group's start-count hash (see charge.lua): completed ids are
 --                  removed from it
 -- ARGV[1]          consumer group
@@ -38,7 +47,7 @@
 -- ARGV[4]          "1": store successful results; "0": store only a done marker "N"
 -- ARGV[5]          dead-letter stream length cap (approximate)
 -- ARGV[6]          consumer name (recorded in dead letters)
--- ARGV[7]          time in milliseconds (recorded in dead letters)
+-- ARGV[7]          time in milliseconds (recorded in dead letters; the history minute)
 -- ARGV[8]          "PUBLISH", or "SPUBLISH" on a cluster (sharded pub/sub)
 -- ARGV[9]          "1": a fan-out group (records nothing, publishes nothing, never
 --                  deletes entries; a final failure is a dead letter of the group
@@ -96,8 +105,15 @@ end
 -- reply says whether this is the group's first completion of the entry.
 local ids = {}
 local firstAck = {}
+local processed, failed = 0, 0
 for i = 1, n do
   local _, eid, _, code = item(i)
+  if code ~= "S" then
+    processed = processed + 1
+    if code == "E" or code == "L" then
+      failed = failed + 1
+    end
+  end
   if fanout and code == "L" then
     firstAck[i] = redis.call("XACK", KEYS[1], group, eid) == 1
   else
@@ -216,6 +232,16 @@ end
 -- 4. The notice.
 if #notice > 0 then
   redis.call(ARGV[8], channel, table.concat(notice))
+end
+
+-- 5. The history.
+if processed > 0 then
+  local hist = KEYS[#KEYS - 1]
+  local inc = string.format("%.0f", processed + failed * 4294967296)
+  local minute = tostring(math.floor(tonumber(ARGV[7]) / 60000) % 60)
+  if redis.call("HINCRBY", hist, minute, inc) == tonumber(inc) then
+    redis.call("PEXPIRE", hist, 90000000)
+  end
 end
 
 return n

@@ -14,6 +14,7 @@
 -- KEYS[3]  the group's start-count hash (see charge.lua)
 -- KEYS[4]  the shard's schedule (sorted set)
 -- KEYS[5]  the schedule's data (hash)
+-- KEYS[6]  the shard's retry set (sorted set)
 -- ARGV[1]  consumer group
 -- ARGV[2]  "1": forget even while a consumer holds the entry
 -- ARGV[3]  the request id (its member in the schedule is "r" .. id)
@@ -28,6 +29,7 @@ if not rec then
 end
 if string.sub(rec, 1, 2) == "P@" then
   redis.call("ZREM", KEYS[4], member)
+  redis.call("ZREM", KEYS[6], member)
   redis.call("HDEL", KEYS[5], member)
 elseif rec == "P&" then
   -- A flow's parent waiting for its children: no entry yet (the flow hash

@@ -7,36 +7,44 @@
 -- KEYS[3]  the group's start-count hash (see charge.lua)
 -- KEYS[4]  the shard's schedule (sorted set)
 -- KEYS[5]  the schedule's data (hash)
+-- KEYS[6]  the shard's retry set (sorted set)
 -- ARGV[1]  consumer group
 -- ARGV[2]  the request id (its member in the schedule is "r" .. id)
 --
--- Returns {record or false, record PTTL in ms, present 0/1, holder consumer
--- or false, holder idle ms or false, starts or false}. The last four are read
--- only while the request is in flight: for "P<entry id>", present says the
--- entry is in the stream; for "P@<due>" (scheduled), present says the request
--- is in the schedule, and starts is the start count its schedule data carries
--- (a retry's starts so far; "0" for a delayed request). "P&" (a flow's
--- parent waiting for its children) reads nothing more.
+-- Returns {record or false, record PTTL in ms, present 0/1/2, holder
+-- consumer or false, holder idle ms or false, starts or false, last error or
+-- false}. The rest are read only while the request is in flight: for
+-- "P<entry id>", present says the entry is in the stream; for "P@<due>"
+-- (scheduled), present is 1 when the request is in the schedule (a delayed
+-- request), 2 when it is in the retry set, or in the schedule with a
+-- start-count key in its data (a retry scheduled before the retry set
+-- existed), and starts is the start count its schedule data carries
+-- (a retry's starts so far; "0" for a delayed request), the last error the
+-- error message a retry's data keeps. "P&" (a flow's parent waiting for its
+-- children) reads nothing more.
 local member = "r" .. ARGV[2]
 local rec = redis.call("GET", KEYS[1])
 if not rec then
-  return {false, -2, 0, false, false, false}
+  return {false, -2, 0, false, false, false, false}
 end
 local ttl = redis.call("PTTL", KEYS[1])
 if string.sub(rec, 1, 1) ~= "P" then
-  return {rec, ttl, 0, false, false, false}
+  return {rec, ttl, 0, false, false, false, false}
 end
 if string.sub(rec, 2, 2) == "@" then
   local raw = redis.call("HGET", KEYS[5], member)
   local present = 0
-  if redis.call("ZSCORE", KEYS[4], member) then
+  if redis.call("ZSCORE", KEYS[6], member) then
+    present = 2
+  elseif redis.call("ZSCORE", KEYS[4], member) then
     present = 1
   end
-  local starts = false
+  local starts, lastErr = false, false
   if raw then
-    -- Length-prefixed strings: record key, start-count hash key, count, ...
+    -- Length-prefixed strings: record key, start-count hash key, count,
+    -- fields, error (a retry's), ...
     local pos, i = 1, 0
-    while pos <= #raw and i < 3 do
+    while pos <= #raw and i < 5 do
       local colon = string.find(raw, ":", pos, true)
       if not colon then
         break
@@ -46,16 +54,20 @@ if string.sub(rec, 2, 2) == "@" then
         break
       end
       i = i + 1
-      if i == 3 then
+      if i == 2 and len > 0 and present == 1 then
+        present = 2 -- a retry an older version left in the schedule
+      elseif i == 3 then
         starts = string.sub(raw, colon + 1, colon + len)
+      elseif i == 5 then
+        lastErr = string.sub(raw, colon + 1, colon + len)
       end
       pos = colon + 1 + len
     end
   end
-  return {rec, ttl, present, false, false, starts}
+  return {rec, ttl, present, false, false, starts, lastErr}
 end
 if rec == "P&" then
-  return {rec, ttl, 0, false, false, false} -- a flow's parent waiting for its children
+  return {rec, ttl, 0, false, false, false, false} -- a flow's parent waiting for its children
 end
 local eid = string.sub(rec, 2)
 local present = 0
@@ -68,4 +80,4 @@ if ok and p[1] then
   holder, idle = p[1][2], p[1][3]
 end
 local starts = redis.call("HGET", KEYS[3], eid)
-return {rec, ttl, present, holder, idle, starts}
+return {rec, ttl, present, holder, idle, starts, false}

@@ -200,7 +200,8 @@ for i = 1, n do
           undo[#undo + 1] = oldData and {"HSET", scheduleData, member, oldData} or {"HDEL", scheduleData, member}
         end
         redis.call("ZADD", schedule, due, member)
-        redis.call("HSET", scheduleData, member, enc({key, "", "0", enc(fields)}))
+        -- Then no error (a retry's), and when it was produced (Admin.Jobs).
+        redis.call("HSET", scheduleData, member, enc({key, "", "0", enc(fields), "", tostring(serverNow())}))
         if (not head or due < head) and (not wakeAt or due < wakeAt) then
           wakeAt = due
         end

@@ -1,8 +1,10 @@
--- promote.lua: append the scheduled jobs that are due to the stream.
+-- promote.lua: append the scheduled jobs that are due to the stream, or
+-- (Admin.RunNow) one scheduled job at once.
 --
--- Jobs wait in the schedule (a sorted set scored by due time in Unix ms) with
--- their data in a hash (see produce.lua and retry.lua). One call moves at most
--- ARGV[1] due jobs, atomically: each is removed from the schedule and appended
+-- Jobs wait in the schedule (delayed jobs) or the retry set (retries), sorted
+-- sets scored by due time in Unix ms, with their data in a hash (see
+-- produce.lua and retry.lua). One call moves at most ARGV[1] due jobs,
+-- earliest first from each set (the schedule's first), atomically: each is removed from the schedule and appended
 -- in the same step, so any number of promoters running this script at once
 -- append every job exactly once. "Due" is read from the server's clock (TIME),
 -- one clock for every producer and consumer.
@@ -22,11 +24,23 @@
 -- KEYS[1]      the stream
 -- KEYS[2]      the schedule (sorted set)
 -- KEYS[3]      the schedule's data (hash)
+-- KEYS[4]      the retry set (sorted set)
+-- KEYS[5]      RunNow only: the member's run-now marker
+-- KEYS[6]      RunNow only: the request's record (KEYS[1] for a fan-out
+--              group's retry, which has none)
 -- ARGV[1]      the most jobs to append in this call
 -- ARGV[2]      TTL of a start-count hash in milliseconds, refreshed when written
+-- ARGV[3]      RunNow only: the member to append now, whatever its due time
+-- ARGV[4]      RunNow only: TTL of the run-now marker in milliseconds
 --
--- Returns {appended, next due time in Unix ms or -1 when nothing is
--- scheduled, the server's time in Unix ms}.
+-- Returns {jobs moved (appended, or dropped for an outcome), next due time
+-- in Unix ms over both sets or -1 when nothing is scheduled, the server's
+-- time in Unix ms}. With ARGV[3] (RunNow) it
+-- returns {1, entry id} when it appended the member, or when the marker
+-- says an earlier call did (a resend after a lost reply; the marker, set with
+-- the append and kept ARGV[4] ms, holds the entry id); {0, record or false}
+-- when the member is in neither set; {2, record} when it was dropped because
+-- the request already has an outcome.
 --
 -- The data of a job is length-prefixed strings ("<len>:<s>"...): its record
 -- key ("" for none), its start-count hash key ("" for none), its start count,
@@ -48,11 +62,12 @@ local function dec(s)
   return out
 end
 
-local due = redis.call("ZRANGEBYSCORE", KEYS[2], "-inf", now, "LIMIT", 0, tonumber(ARGV[1]))
-local appended = 0
-for _, member in ipairs(due) do
+-- promote removes member from set and appends it; it returns the new
+-- entry id, or false when the job was dropped (no data, or an outcome).
+local function promote(member, set)
   local raw = redis.call("HGET", KEYS[3], member)
-  redis.call("ZREM", KEYS[2], member)
+  redis.call("ZREM", set, member)
+  local eid = false
   if raw then
     redis.call("HDEL", KEYS[3], member)
     local d = dec(raw)
@@ -72,7 +87,7 @@ for _, member in ipairs(due) do
         fields[#fields + 1] = "n"
         fields[#fields + 1] = tostring(count)
       end
-      local eid = redis.call("XADD", KEYS[1], "*", unpack(fields))
+      eid = redis.call("XADD", KEYS[1], "*", unpack(fields))
       if cur and string.sub(cur, 1, 2) == "P@" then
         redis.call("SET", rec, "P" .. eid, "KEEPTTL")
       end
@@ -80,14 +95,61 @@ for _, member in ipairs(due) do
         redis.call("HSET", starts, eid, count)
         redis.call("PEXPIRE", starts, ARGV[2])
       end
+    end
+  end
+  return eid
+end
+
+if ARGV[3] then
+  -- RunNow: one member, due or not.
+  local member = ARGV[3]
+  local done = redis.call("GET", KEYS[5])
+  if done then
+    return {1, done}
+  end
+  local set = false
+  if redis.call("ZSCORE", KEYS[4], member) then
+    set = KEYS[4]
+  elseif redis.call("ZSCORE", KEYS[2], member) then
+    set = KEYS[2]
+  end
+  local rec = false
+  if KEYS[6] ~= KEYS[1] then
+    rec = redis.pcall("GET", KEYS[6])
+    if type(rec) == "table" then
+      rec = false
+    end
+  end
+  if not set then
+    return {0, rec}
+  end
+  local eid = promote(member, set)
+  if not eid then
+    return {2, rec or ""}
+  end
+  redis.call("SET", KEYS[5], eid, "PX", ARGV[4])
+  return {1, eid}
+end
+
+local appended = 0
+local limit = tonumber(ARGV[1])
+for _, set in ipairs({KEYS[2], KEYS[4]}) do
+  if appended < limit then
+    local due = redis.call("ZRANGEBYSCORE", set, "-inf", now, "LIMIT", 0, limit - appended)
+    for _, member in ipairs(due) do
+      -- Counted whether appended or dropped, so a call never does more than
+      -- ARGV[1] jobs' work.
+      promote(member, set)
       appended = appended + 1
     end
   end
 end
 
-local head = redis.call("ZRANGE", KEYS[2], 0, 0, "WITHSCORES")
 local nextDue = -1
-if head[2] then
-  nextDue = tonumber(head[2])
+for _, set in ipairs({KEYS[2], KEYS[4]}) do
+  local head = redis.call("ZRANGE", set, 0, 0, "WITHSCORES")
+  if head[2] and (nextDue < 0 or tonumber(head[2]) < nextDue) then
+    nextDue = tonumber(head[2])
+  end
 end
 return {appended, nextDue, now}

@@ -3,8 +3,11 @@
 --
 -- A failed attempt that is to be retried after a delay leaves the stream:
 -- its entry is acknowledged (and deleted when the stream has one group), and
--- the job waits in the schedule until the delay has passed on the server's
--- clock, when promote.lua appends it again as a new entry. Its start count
+-- the job waits in the retry set (a sorted set like the schedule, so that
+-- retries and delayed jobs are listed apart) until the delay has passed on
+-- the server's clock, when promote.lua appends it again as a new entry. Its
+-- data (in the schedule's data hash) also keeps the attempt's error message
+-- for Admin.Jobs. Its start count
 -- moves with it (from the group's start-count hash into the schedule's data,
 -- then back under the new entry id), so MaxDeliveries and Deliveries stay
 -- exact; each move is one atomic step, so a crash at any point leaves the
@@ -24,20 +27,28 @@
 --
 -- Reads come first, then XACK (the first write, not refused under maxmemory).
 --
+-- History: one HINCRBY adds the retries scheduled to the minute's field of
+-- the hour's history hash (processed + failed<<32, both the count), and a
+-- PEXPIRE of 25 hours follows only when that created the field (once per
+-- minute and shard). See complete.lua.
+--
 -- KEYS[1]      the stream
 -- KEYS[2]      the group's start-count hash
--- KEYS[3]      the schedule (sorted set)
+-- KEYS[3]      the retry set (sorted set)
 -- KEYS[4]      the schedule's data (hash)
 -- KEYS[4+i]    the record key of item i (KEYS[1] when it has none, or for a
 --              fan-out group)
+-- KEYS[5+n]    the history hash of the hour of ARGV[7]
 -- ARGV[1]      consumer group
 -- ARGV[2]      this consumer's name
 -- ARGV[3]      a scheduled record lives at least the delay plus this (ms)
 -- ARGV[4]      "1": a fan-out group; "0": the answering group
 -- ARGV[5]      the wake channel
 -- ARGV[6]      "PUBLISH" or "SPUBLISH"
--- ARGV[7+4(i-1) .. 10+4(i-1)]  item i: entry id, request id, delay in ms,
---              payload (used only when the stream entry is gone). A delay
+-- ARGV[7]      the caller's time in Unix ms (the history minute)
+-- ARGV[8+5(i-1) .. 12+5(i-1)]  item i: entry id, request id, delay in ms,
+--              payload (used only when the stream entry is gone), the
+--              attempt's error message (kept for Admin.Jobs). A delay
 --              ending in ":f" marks a failed payload fetch: the handler did
 --              not start, so the entry's field "f" (failed fetches in a row)
 --              is incremented; any other retry drops "f".
@@ -47,7 +58,8 @@
 local stream, starts, schedule, scheduleData = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, me, inflight = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local fanout = ARGV[4] == "1"
-local n = (#ARGV - 6) / 4
+local n = (#ARGV - 7) / 5
+local hist = KEYS[5 + n]
 
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -64,13 +76,13 @@ end
 local items = {}
 local out = {}
 for i = 1, n do
-  local b = 7 + 4 * (i - 1)
+  local b = 8 + 5 * (i - 1)
   local d = ARGV[b + 2]
   local fetchFailed = string.sub(d, -2) == ":f"
   if fetchFailed then
     d = string.sub(d, 1, -3)
   end
-  local it = {eid = ARGV[b], rid = ARGV[b + 1], delay = tonumber(d), payload = ARGV[b + 3], key = KEYS[4 + i]}
+  local it = {eid = ARGV[b], rid = ARGV[b + 1], delay = tonumber(d), payload = ARGV[b + 3], err = ARGV[b + 4], key = KEYS[4 + i]}
   local p = redis.call("XPENDING", stream, group, it.eid, it.eid, 1)
   if not p[1] or p[1][2] ~= me then
     out[i] = -1
@@ -138,8 +150,10 @@ end
 local h = redis.call("ZRANGE", schedule, 0, 0, "WITHSCORES")
 local head = h[2] and tonumber(h[2])
 local wakeAt
+local scheduled = 0
 for i = 1, n do
   if out[i] == 1 then
+    scheduled = scheduled + 1
     local it = items[i]
     local due = now + it.delay
     local member
@@ -155,7 +169,7 @@ for i = 1, n do
       end
     end
     redis.call("ZADD", schedule, due, member)
-    redis.call("HSET", scheduleData, member, enc({rec, starts, it.count, enc(it.fields)}))
+    redis.call("HSET", scheduleData, member, enc({rec, starts, it.count, enc(it.fields), it.err}))
     if (not head or due < head) and (not wakeAt or due < wakeAt) then
       wakeAt = due
     end
@@ -163,5 +177,13 @@ for i = 1, n do
 end
 if wakeAt then
   redis.call(ARGV[6], ARGV[5], tostring(wakeAt))
+end
+if scheduled > 0 then
+  -- A failed attempt counts as processed and as failed (see complete.lua).
+  local inc = string.format("%.0f", scheduled + scheduled * 4294967296)
+  local minute = tostring(math.floor(tonumber(ARGV[7]) / 60000) % 60)
+  if redis.call("HINCRBY", hist, minute, inc) == tonumber(inc) then
+    redis.call("PEXPIRE", hist, 90000000)
+  end
 end
 return out

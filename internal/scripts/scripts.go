@@ -46,6 +46,8 @@ var (
 	retrySrc string
 	//go:embed cancel.lua
 	cancelSrc string
+	//go:embed jobs.lua
+	jobsSrc string
 	//go:embed flowrelease.lua
 	flowReleaseSrc string
 	//go:embed flow.lua
@@ -76,6 +78,8 @@ var (
 	Promote  = redis.NewScript(promoteSrc)
 	Retry    = redis.NewScript(retrySrc)
 	Cancel   = redis.NewScript(flowReleaseSrc + cancelSrc)
+	// Jobs reads one shard's part of an Admin.Jobs page.
+	Jobs = redis.NewScript(jobsSrc)
 	// Flow produces a parent with its children (flowrelease.lua in front).
 	Flow = redis.NewScript(flowReleaseSrc + flowSrc)
 	// Progress stores and announces a handler's progress value.

@@ -1,6 +1,7 @@
 // Command streamq-web serves the streamq dashboard (package streamqdash) on
-// its own: every queue of one Redis, its consumers and dead letters, and job
-// lookup.
+// its own: every queue of one Redis, its jobs in every state (scheduled,
+// retrying, queued, running, dead letters) with their actions, its
+// consumers, a 24-hour chart, and job lookup.
 //
 //	go install github.com/streamq/streamq/streamqdash/cmd/streamq-web@latest
 //	streamq-web --addr 127.0.0.1:8080 --redis redis://localhost:6379/0
