@@ -128,8 +128,13 @@ func (a *Admin) shards(ctx context.Context) ([]keys.Keys, error) {
 
 // Stats describes a queue at one moment.
 type Stats struct {
-	// Length is the number of entries in the stream.
+	// Length is the number of entries in the stream (in the streams of
+	// every priority level).
 	Length int64 `json:"length"`
+	// Levels splits Length and the groups' pending entries by priority level
+	// (see Priority), highest first; nil while the queue has only the
+	// default level's stream.
+	Levels []LevelStats `json:"levels,omitempty"`
 	// DeadLetters is the number of entries in the dead-letter stream.
 	DeadLetters int64 `json:"dead_letters"`
 	// Scheduled is the number of jobs waiting in the schedule: delayed
@@ -148,6 +153,17 @@ type Stats struct {
 	Paused bool `json:"paused"`
 	// PausedAt is when the queue was paused; the zero time when it is not.
 	PausedAt time.Time `json:"paused_at,omitzero"`
+}
+
+// LevelStats describes one priority level of a queue.
+type LevelStats struct {
+	// Priority is the level.
+	Priority PriorityLevel `json:"priority"`
+	// Length is the number of entries in the level's streams.
+	Length int64 `json:"length"`
+	// Pending is the number of the level's entries delivered to a group and
+	// not yet acknowledged, summed over the groups.
+	Pending int64 `json:"pending"`
 }
 
 // GroupStats describes one consumer group.
@@ -213,6 +229,9 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 			return s, fmt.Errorf("streamq: stats of %s: %w", a.queue, err)
 		}
 	}
+	if err := a.levelStats(ctx, shards, &s, byName); err != nil {
+		return s, fmt.Errorf("streamq: stats of %s: %w", a.queue, err)
+	}
 	for i := range s.Groups {
 		g := &s.Groups[i]
 		cs, err := a.groupConsumers(ctx, shards, g.Name)
@@ -263,11 +282,75 @@ func (a *Admin) shardStats(ctx context.Context, k keys.Keys, answering string, s
 			return err
 		}
 	}
+	_, err = a.streamGroupStats(ctx, k, length, dead, answering, s, byName)
+	return err
+}
+
+// levelStats adds the streams of the priority levels other than the default
+// to s, and fills s.Levels when one of them exists.
+func (a *Admin) levelStats(ctx context.Context, shards []keys.Keys, s *Stats, byName map[string]int) error {
+	var levels [numLevels]LevelStats
+	found := false
+	for _, l := range [...]int{levelHigh, levelLow, levelNormal} {
+		if l == levelNormal && !found {
+			break // only the default level: no split
+		}
+		levels[l].Priority = levelValue[l]
+		for _, k := range shards {
+			k = k.AtLevel(levelNames[l])
+			n, err := a.client.Exists(ctx, k.Stream).Result()
+			if err != nil {
+				return err
+			}
+			if n == 0 {
+				continue
+			}
+			length, err := a.client.XLen(ctx, k.Stream).Result()
+			if err != nil {
+				return err
+			}
+			levels[l].Length += length
+			if l == levelNormal {
+				// Counted in s by shardStats: only the pending entries here.
+				groups, err := a.client.XInfoGroups(ctx, k.Stream).Result()
+				if err != nil {
+					return err
+				}
+				for _, g := range groups {
+					levels[l].Pending += g.Pending
+				}
+				continue
+			}
+			found = true
+			s.Length += length
+			// The dead letters are the shard's, counted once by shardStats.
+			pending, err := a.streamGroupStats(ctx, k, length, -1, "", s, byName)
+			if err != nil {
+				return err
+			}
+			levels[l].Pending += pending
+		}
+	}
+	if found {
+		for _, l := range levelOrder {
+			s.Levels = append(s.Levels, levels[l])
+		}
+	}
+	return nil
+}
+
+// streamGroupStats adds the groups of k.Stream (holding length entries) to
+// s and returns their pending entries. dead is the length of the answering
+// group's dead-letter stream (group answering); -1 counts no dead letters (a
+// priority level's stream: they are the shard's).
+func (a *Admin) streamGroupStats(ctx context.Context, k keys.Keys, length, dead int64, answering string, s *Stats, byName map[string]int) (int64, error) {
+	var pending int64
 	groups, err := a.client.XInfoGroups(ctx, k.Stream).Result()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	for _, g := range groups {
+		pending += g.Pending
 		i, ok := byName[g.Name]
 		if !ok {
 			i = len(s.Groups)
@@ -276,23 +359,25 @@ func (a *Admin) shardStats(ctx context.Context, k keys.Keys, answering string, s
 		}
 		gs := &s.Groups[i]
 		gs.Pending += g.Pending
-		groupDead := dead
-		if g.Name != answering {
-			if groupDead, err = a.client.XLen(ctx, k.GroupDeadLetter(g.Name)).Result(); err != nil {
-				return err
+		if dead >= 0 {
+			groupDead := dead
+			if g.Name != answering {
+				if groupDead, err = a.client.XLen(ctx, k.GroupDeadLetter(g.Name)).Result(); err != nil {
+					return 0, err
+				}
 			}
+			gs.DeadLetters += groupDead
 		}
-		gs.DeadLetters += groupDead
 		lag := g.Lag
 		switch {
 		case lag < 0 || lag > length-g.Pending:
 			// Redis cannot tell, or counts entries deleted unread.
 			if lag, err = a.countLag(ctx, k.Stream, g.LastDeliveredID, length); err != nil {
-				return err
+				return 0, err
 			}
 		case lag > 0 && lag < length-g.Pending:
 			if lag, err = a.checkLag(ctx, k.Stream, g.LastDeliveredID, lag); err != nil {
-				return err
+				return 0, err
 			}
 		}
 		switch {
@@ -308,14 +393,14 @@ func (a *Admin) shardStats(ctx context.Context, k keys.Keys, answering string, s
 				Stream: k.Stream, Group: g.Name, Start: "-", End: "+", Count: 1000,
 			}).Result()
 			if err != nil {
-				return err
+				return 0, err
 			}
 			for _, p := range pend {
 				gs.OldestPendingAge = max(gs.OldestPendingAge, p.Idle)
 			}
 		}
 	}
-	return nil
+	return pending, nil
 }
 
 // lagCountLimit bounds the entries countLag reads on each side of a group's

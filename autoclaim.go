@@ -41,10 +41,15 @@ const maxReadCount = 1000
 func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 	defer r.feeder.Done()
 	o := &r.c.opts
+	read := r.bg
+	if r.c.levelIndex(shard) != levelNormal && !r.awaitLevel(ctx, read, shard) {
+		return
+	}
 	// Each call asks for at most maxReadCount entries: Redis allocates for the
 	// whole COUNT of an XAUTOCLAIM up front, and bigger batches gain nothing.
-	share := min(max(1, o.Prefetch/len(r.c.shards)), maxReadCount)
-	read := r.bg
+	share := min(max(1, o.Prefetch/r.c.nShards), maxReadCount)
+	level := r.c.levelIndex(shard)
+	backlogged := false // what this feeder last told the ring (setBacklog)
 	history, cursor := true, "-"
 	claimCursor, nextClaim := "0-0", time.Now()
 	nextAdopt := time.Now().Add(o.ClaimInterval)
@@ -75,6 +80,10 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 			// ends in time for its entries to be released.
 			block := min(o.ReadBlock, o.ShutdownTimeout, time.Until(nextClaim), time.Until(nextAdopt))
 			got, err = r.readNew(read, shard, n, max(block, time.Millisecond))
+			if full := got == n; err == nil && full != backlogged {
+				backlogged = full
+				r.ring.setBacklog(level, full) // only read with priority levels in use
+			}
 		}
 		r.givePlaces(shard, n-got)
 		if err != nil {
@@ -93,6 +102,36 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 			continue
 		}
 		b = backoff{}
+	}
+}
+
+// awaitLevel is how the feeder of a priority level's stream starts: it
+// costs nothing but one EXISTS per ClaimInterval until the stream exists (a
+// producer appended, or scheduled, a request of that level), so a queue that
+// never uses a level never reads, claims or holds places for it. Then it
+// creates the group on the stream and joins the ring's feeders. It reports
+// false when ctx ended first.
+func (r *run[Req, Resp]) awaitLevel(ctx, read context.Context, shard int) bool {
+	o := &r.c.opts
+	stream := r.c.shards[shard].Stream
+	var b backoff
+	for {
+		n, err := r.c.client.Exists(read, stream).Result()
+		if err == nil && n == 1 {
+			if err = r.c.ensureGroup(read, shard); err == nil {
+				r.ring.addFeeder()
+				r.places.addFeeder(r.c.realShard(shard))
+				return true
+			}
+		}
+		wait := o.ClaimInterval
+		if err != nil {
+			r.c.log.WarnContext(r.runCtx, "streamq: checking a priority level's stream failed; retrying", "stream", stream, "err", err)
+			wait = b.next()
+		}
+		if sleepCtx(ctx, wait) != nil {
+			return false
+		}
 	}
 }
 

@@ -219,6 +219,9 @@ type produceItem struct {
 	// fields are extra stream fields, name then value, written beside the
 	// id and payload.
 	fields []string
+	// level is the request's priority level (levelNormal unless Priority
+	// set another).
+	level int
 	// headerBytes is the size of the encoded headers, counted against
 	// MaxPayloadBytes with the payload.
 	headerBytes int
@@ -259,6 +262,17 @@ func (it *produceItem) apply(s produceSettings) error {
 	if s.retryFailed {
 		it.flags += flagRetryFailed
 	}
+	if s.prioritySet {
+		l, ok := levelOf[s.priority]
+		if !ok {
+			return fmt.Errorf("%w: Priority(%d): the levels are PriorityHigh (1), PriorityNormal (0) and PriorityLow (-1)", ErrInvalidOptions, int(s.priority))
+		}
+		if l != levelNormal {
+			it.level = l
+			it.flags += levelFlags[l]
+			it.fields = append(it.fields, fieldPriority, levelNames[l])
+		}
+	}
 	return nil
 }
 
@@ -297,6 +311,13 @@ func (p *Producer[Req, Resp]) runProduce(ctx context.Context, shard int, items [
 	if atomic {
 		args[1] = "1"
 	}
+	leveled := false
+	for _, it := range items {
+		leveled = leveled || it.level != levelNormal
+	}
+	if leveled {
+		args[1] = args[1].(string) + "L" // the level streams follow the schedule's keys
+	}
 	for _, it := range items {
 		keys = append(keys, k.Record(it.id))
 		args = append(args, it.id, it.payload, it.due, it.flags, len(it.fields))
@@ -305,6 +326,9 @@ func (p *Producer[Req, Resp]) runProduce(ctx context.Context, shard int, items [
 		}
 	}
 	keys = append(keys, k.Schedule, k.ScheduleData)
+	if leveled {
+		keys = append(keys, k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow]))
+	}
 	args = append(args, k.Wake, publishCommand(p.sharded))
 	res, err := scripts.Produce.Run(ctx, p.client, keys, args...).Slice()
 	if err != nil {

@@ -42,6 +42,8 @@ type Message[Req any] struct {
 	ProducedAt, ReadAt, StartedAt time.Time
 	// Deadline is the request's deadline (see Deadline); zero when none.
 	Deadline time.Time
+	// Priority is the request's priority level (see Priority).
+	Priority PriorityLevel
 
 	link  messageLink // the run, for Progress and Children; nil when built by hand
 	shard int
@@ -56,9 +58,15 @@ type Handler[Req, Resp any] func(ctx context.Context, m *Message[Req]) (Resp, er
 
 // Consumer handles the requests of one queue, as one member of a consumer group.
 type Consumer[Req, Resp any] struct {
-	client  redis.UniversalClient
-	queue   string
+	client redis.UniversalClient
+	queue  string
+	// shards holds the consumer's streams: for level l (see levelNames) and
+	// shard i, shards[l*nShards+i] names shard i's keys with the level's
+	// stream. The first nShards are the shards' own streams (the default
+	// level), so a slot's shard is an index into shards, one feeder and one
+	// committer each; realShard maps it to its shard.
 	shards  []keys.Keys
+	nShards int
 	sharded bool // notices use sharded pub/sub (Redis Cluster)
 	slots   *slotRefresher
 	metaOK  atomic.Bool
@@ -66,6 +74,8 @@ type Consumer[Req, Resp any] struct {
 	handler Handler[Req, Resp]
 	log     *slog.Logger
 	running atomic.Bool
+	// lastRun is the state of the latest Run, for tests to look into.
+	lastRun atomic.Pointer[run[Req, Resp]]
 	// onGrant, set by tests before Run, sees every rate-limit grant.
 	onGrant func(now time.Time, first time.Duration, n int)
 	// background counts goroutines that may outlive Run: shutdown work
@@ -105,10 +115,17 @@ func NewConsumer[Req, Resp any](client redis.UniversalClient, queue string, hand
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidOptions, err)
 	}
+	streams := make([]keys.Keys, 0, numLevels*len(shards))
+	for _, name := range levelNames {
+		for _, k := range shards {
+			streams = append(streams, k.AtLevel(name))
+		}
+	}
 	return &Consumer[Req, Resp]{
 		client:  client,
 		queue:   queue,
-		shards:  shards,
+		shards:  streams,
+		nShards: len(shards),
 		sharded: isCluster(client),
 		slots:   newSlotRefresher(client),
 		opts:    o,
@@ -175,6 +192,7 @@ func (c *Consumer[Req, Resp]) Run(ctx context.Context) error {
 		return nil // ctx ended before Redis could be reached
 	}
 	r := newRun(c)
+	c.lastRun.Store(r)
 	r.start(ctx)
 	<-ctx.Done()
 	r.shutdown()
@@ -278,11 +296,13 @@ func (c *Consumer[Req, Resp]) checkAnswering(ctx context.Context) error {
 func (c *Consumer[Req, Resp]) ensureGroupRetry(ctx context.Context) error {
 	var b backoff
 	for {
-		err := checkShards(ctx, c.client, c.queue, len(c.shards), &c.metaOK, c.log)
+		err := checkShards(ctx, c.client, c.queue, c.nShards, &c.metaOK, c.log)
 		if err == nil {
 			err = c.checkAnswering(ctx)
 		}
-		for shard := range c.shards {
+		// The default level's streams; a level's feeder creates its group
+		// once the level's stream exists (awaitLevel).
+		for shard := range c.nShards {
 			if err == nil {
 				err = c.ensureGroup(ctx, shard)
 			}
@@ -356,15 +376,19 @@ type run[Req, Resp any] struct {
 }
 
 func newRun[Req, Resp any](c *Consumer[Req, Resp]) *run[Req, Resp] {
-	ring := newRing(c.opts.Prefetch, len(c.shards))
+	ring := newRing(c.opts.Prefetch, c.nShards)
 	if c.opts.holdPrefetch {
 		ring.groupReads = false // tests of a full ring read whatever room there is
+	}
+	ring.strict = c.opts.StrictPriority
+	for l := range numLevels {
+		ring.weights[l] = c.opts.PriorityWeights[weightIndex[l]]
 	}
 	return &run[Req, Resp]{
 		c:         c,
 		ring:      ring,
 		ahead:     newReadAhead(c.opts.Workers, c.opts.Prefetch, c.opts.holdPrefetch),
-		places:    newShardPlaces(c.opts.Prefetch, len(c.shards)),
+		places:    newShardPlaces(c.opts.Prefetch, c.nShards),
 		owned:     make(map[ownedKey]*slot),
 		pause:     newPauseGate(),
 		stopLoops: make(chan struct{}),
@@ -406,9 +430,9 @@ func (r *run[Req, Resp]) start(ctx context.Context) {
 		r.loops.Add(1)
 		go r.trimLoop()
 	}
-	r.loops.Add(len(r.c.shards))
-	for shard := range r.c.shards {
-		go r.promoteLoop(shard)
+	r.loops.Add(r.c.nShards)
+	for shard := range r.c.nShards {
+		go r.promoteLoop(shard) // one per shard: its levels share the schedule
 	}
 	r.feeder.Add(len(r.c.shards))
 	for shard := range r.c.shards {
@@ -495,7 +519,7 @@ func (r *run[Req, Resp]) forget(slots ...*slot) {
 	for _, s := range slots {
 		if s.handedOff.Load() {
 			r.ring.giveSettled(1)
-			r.places.give(s.shard, 1)
+			r.places.give(r.c.realShard(s.shard), 1)
 		} else {
 			r.givePlaces(s.shard, 1)
 		}
@@ -506,20 +530,27 @@ func (r *run[Req, Resp]) forget(slots ...*slot) {
 // takes up to limit places, from the shard's share and from the ring. The
 // feeder pushes at most that many slots and gives back the rest.
 func (r *run[Req, Resp]) reservePlaces(ctx context.Context, shard, limit int) (int, error) {
-	n, err := r.places.reserve(ctx, shard, limit)
+	n, err := r.places.reserve(ctx, r.c.realShard(shard), limit)
 	if err != nil {
 		return 0, err
 	}
-	got, err := r.ring.reserve(ctx, n)
-	r.places.give(shard, n-got)
+	got, err := r.ring.reserveLevel(ctx, r.c.levelIndex(shard), n)
+	r.places.give(r.c.realShard(shard), n-got)
 	return got, err
 }
 
-// givePlaces returns n places of a shard.
+// givePlaces returns n places of a shard (a stream: see Consumer.shards).
 func (r *run[Req, Resp]) givePlaces(shard, n int) {
-	r.ring.give(n)
-	r.places.give(shard, n)
+	r.ring.giveLevel(r.c.levelIndex(shard), n)
+	r.places.give(r.c.realShard(shard), n)
 }
+
+// realShard returns the shard of stream index v (see Consumer.shards): the
+// levels of a shard share its places.
+func (c *Consumer[Req, Resp]) realShard(v int) int { return v % c.nShards }
+
+// levelIndex returns the level of stream index v (see levelNames).
+func (c *Consumer[Req, Resp]) levelIndex(v int) int { return v / c.nShards }
 
 // shardPlaces splits Prefetch between the shards: a shard holds at most its
 // share of entries (read, running, or handled and not yet recorded), so a
@@ -529,10 +560,16 @@ type shardPlaces struct {
 	free  []int
 	max   []int
 	freed []chan struct{} // capacity 1 each: "the shard's free went up"
+	// feeders counts the feeders sharing a shard's places (its default
+	// level's, and one per priority level in use): one reservation takes
+	// at most max/feeders, so a feeder that gives its places back and
+	// takes them again at once cannot starve its shard's other levels.
+	feeders []int
 }
 
 func newShardPlaces(prefetch, shards int) *shardPlaces {
-	p := &shardPlaces{free: make([]int, shards), max: make([]int, shards), freed: make([]chan struct{}, shards)}
+	p := &shardPlaces{free: make([]int, shards), max: make([]int, shards), freed: make([]chan struct{}, shards),
+		feeders: make([]int, shards)}
 	for i := range shards {
 		n := prefetch / shards
 		if i < prefetch%shards {
@@ -540,6 +577,7 @@ func newShardPlaces(prefetch, shards int) *shardPlaces {
 		}
 		p.free[i], p.max[i] = max(n, 1), max(n, 1)
 		p.freed[i] = make(chan struct{}, 1)
+		p.feeders[i] = 1
 	}
 	return p
 }
@@ -549,10 +587,14 @@ func (p *shardPlaces) share(shard int) int { return p.max[shard] }
 func (p *shardPlaces) reserve(ctx context.Context, shard, limit int) (int, error) {
 	for {
 		p.mu.Lock()
-		n := min(p.free[shard], limit)
+		n := min(p.free[shard], limit, max(1, p.max[shard]/p.feeders[shard]))
 		p.free[shard] -= n
+		left := p.free[shard]
 		p.mu.Unlock()
 		if n > 0 {
+			if left > 0 && p.feeders[shard] > 1 {
+				p.signal(shard) // another level's feeder may wait for the rest
+			}
 			return n, nil
 		}
 		select {
@@ -570,10 +612,23 @@ func (p *shardPlaces) give(shard, n int) {
 	p.mu.Lock()
 	p.free[shard] += n
 	p.mu.Unlock()
+	p.signal(shard)
+}
+
+func (p *shardPlaces) signal(shard int) {
 	select {
 	case p.freed[shard] <- struct{}{}:
 	default:
 	}
+}
+
+// addFeeder counts one more feeder (a priority level's) sharing a shard's
+// places.
+func (p *shardPlaces) addFeeder(shard int) {
+	p.mu.Lock()
+	p.feeders[shard]++
+	p.mu.Unlock()
+	p.signal(shard)
 }
 
 // untrack stops renewing the leases of slots' entries.
@@ -602,9 +657,10 @@ func (r *run[Req, Resp]) admit(shard int, msgs []redis.XMessage, at int64, start
 	o := &r.c.opts
 	admitted := 0
 	now := time.Now()
+	level := r.c.levelIndex(shard)
 	for i, m := range msgs {
 		n := starts(i)
-		s := &slot{shard: shard, ready: make(chan struct{}), meta: parseMeta(m.Values, now)}
+		s := &slot{shard: shard, level: level, ready: make(chan struct{}), meta: parseMeta(m.Values, now)}
 		s.entry = Entry{EntryID: m.ID, Deliveries: n + 1}
 		id, idOK := m.Values[fieldID].(string)
 		data, dataOK := m.Values[fieldPayload].(string)

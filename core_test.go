@@ -318,10 +318,11 @@ func TestOptionsAreValidated(t *testing.T) {
 	client, _ := miniRedis(t)
 	h := func(context.Context, *Message[string]) (string, error) { return "", nil }
 	for name, o := range map[string]*ConsumerOptions{
-		"Workers":       {Workers: -1},
-		"Prefetch":      {Workers: 8, Prefetch: 4},
-		"MinIdle":       {MinIdle: time.Microsecond},
-		"MaxDeliveries": {MaxDeliveries: -2},
+		"Workers":         {Workers: -1},
+		"Prefetch":        {Workers: 8, Prefetch: 4},
+		"MinIdle":         {MinIdle: time.Microsecond},
+		"MaxDeliveries":   {MaxDeliveries: -2},
+		"PriorityWeights": {PriorityWeights: [3]int{6, 0, 1}},
 	} {
 		_, err := NewConsumer(client, "q", h, o)
 		require.ErrorIs(t, err, ErrInvalidOptions, name)

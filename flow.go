@@ -52,7 +52,7 @@ type Child struct {
 
 // ChildOf returns a child of a flow: request req with id on queue q,
 // encoded with q's codec (JSONCodec when q has none; []byte as is). opts
-// may set Headers and Deadline (Timeout); At, After and RetryFailed are
+// may set Headers and Deadline (Timeout); At, After, RetryFailed and Priority are
 // refused by ProduceFlow. The child is deduplicated like any request.
 func ChildOf[Req, Resp any](q Queue[Req, Resp], id string, req Req, opts ...ProduceOption) Child {
 	codec := q.codec
@@ -106,7 +106,7 @@ type FlowOptions struct {
 	// FailOnChildFailure.
 	Policy FlowPolicy
 	// Parent are the parent's produce options: Headers and Deadline
-	// (Timeout). At, After and RetryFailed are refused. Defaults to none.
+	// (Timeout). At, After, RetryFailed and Priority are refused. Defaults to none.
 	Parent []ProduceOption
 }
 
@@ -147,7 +147,7 @@ func (p *Producer[Req, Resp]) ProduceFlow(ctx context.Context, id string, req Re
 		return nil, err
 	}
 	if parent.due != 0 || parent.flags != "" {
-		return nil, fmt.Errorf("%w: a flow's parent cannot take At, After or RetryFailed", ErrInvalidOptions)
+		return nil, fmt.Errorf("%w: a flow's parent cannot take At, After, RetryFailed or a Priority other than normal", ErrInvalidOptions)
 	}
 	if err := p.ensureSubscribed(ctx); err != nil {
 		return nil, err
@@ -191,7 +191,7 @@ func (p *Producer[Req, Resp]) ProduceFlow(ctx context.Context, id string, req Re
 			return fmt.Errorf("child %q: %w", c.id, err)
 		}
 		if it.due != 0 || it.flags != "" {
-			return fmt.Errorf("%w: child %q: a flow's child cannot take At, After or RetryFailed", ErrInvalidOptions, c.id)
+			return fmt.Errorf("%w: child %q: a flow's child cannot take At, After, RetryFailed or a Priority other than normal", ErrInvalidOptions, c.id)
 		}
 		ck, err := p.childKeys(c.queue, c.id)
 		if err != nil {

@@ -284,6 +284,8 @@ func TestFlowRefusals(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidOptions)
 	_, err = p.ProduceFlow(ctx, "p", "x", []Child{ChildOf(q, "c", "y", After(time.Second))}, nil)
 	require.ErrorIs(t, err, ErrInvalidOptions)
+	_, err = p.ProduceFlow(ctx, "p", "x", []Child{ChildOf(q, "c", "y", Priority(PriorityHigh))}, nil)
+	require.ErrorIs(t, err, ErrInvalidOptions)
 	_, err = p.ProduceFlow(ctx, "p", "x", []Child{ChildOf(q, "", "y")}, nil)
 	require.ErrorIs(t, err, ErrInvalidID)
 	_, err = p.ProduceFlow(ctx, "p", "x", []Child{ChildOf(q, "c", "y")}, &FlowOptions{Policy: 7})

@@ -344,6 +344,23 @@ type ConsumerOptions struct {
 	// Defaults to 1.
 	Shards int
 
+	// PriorityWeights are the shares of the priority levels (high, normal,
+	// low; see Priority) in the order workers take messages from the ring
+	// while more than one level has messages waiting there: of every 10
+	// starts with the default {6, 3, 1}, 6 are high, 3 normal and 1 low, so
+	// the lowest level is never starved; a level with nothing waiting
+	// leaves its turns to the others. Each weight is at least 1. Ignored
+	// with StrictPriority. Defaults to DefaultPriorityWeights ({6, 3, 1})
+	// when all three are 0.
+	PriorityWeights [3]int
+
+	// StrictPriority makes workers always take the highest level waiting in
+	// the ring: no message of a lower level starts while one of a higher
+	// level waits there. A lower level then runs only while the higher ones
+	// have nothing read, and may starve under constant higher load.
+	// Defaults to false (weighted, see PriorityWeights).
+	StrictPriority bool
+
 	// Middleware wraps the handling of every message, the first outermost:
 	// tracing, metrics, logging written once for every Consumer type. See
 	// Middleware for what it sees and how its errors and panics count.
@@ -405,6 +422,16 @@ func (o *ConsumerOptions) resolve() error {
 	setDefault(&o.ConsumerIdleTimeout, DefaultConsumerIdleTimeout)
 	setDefault(&o.DeadLetterMaxLen, DefaultDeadLetterMaxLen)
 	setDefault(&o.Shards, 1)
+	if o.PriorityWeights == [3]int{} {
+		o.PriorityWeights = DefaultPriorityWeights
+	}
+	var weightErr error
+	for i, w := range o.PriorityWeights {
+		if w < 1 && weightErr == nil {
+			weightErr = optionError("PriorityWeights[%d] is %d; each weight must be at least 1 (or leave all three 0 for the default %v)",
+				i, w, DefaultPriorityWeights)
+		}
+	}
 	if o.RateLimit != nil {
 		rl := *o.RateLimit // resolve sets defaults: not in the caller's value
 		o.RateLimit = &rl
@@ -442,6 +469,7 @@ func (o *ConsumerOptions) resolve() error {
 		atLeast("ConsumerIdleTimeout", o.ConsumerIdleTimeout, time.Second),
 		positive("DeadLetterMaxLen", o.DeadLetterMaxLen),
 		shardCount(o.Shards),
+		weightErr,
 		o.RateLimit.resolve(),
 		validName("Group", o.Group),
 		validName("Name", o.Name),

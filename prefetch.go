@@ -153,7 +153,8 @@ func (f *CacheFetcher) cacheKey(e Entry) string {
 // and then closes ready; after ready, the worker that took the slot owns it.
 // lost and cancel are shared with the lease loop and guarded by mu.
 type slot struct {
-	shard int
+	shard int // the stream's index (see Consumer.shards)
+	level int // its priority level (see levelNames)
 	entry Entry
 	dead  string // non-empty: dead-letter with this reason instead of handling
 	skip  bool   // requeued for another group: acknowledge without handling
@@ -283,7 +284,8 @@ func (s *slot) setCancel(cancel context.CancelCauseFunc) bool {
 }
 
 // ring is the bounded, ordered prefetch ring. The feeder pushes slots in stream
-// order and workers take them in that order. A slot holds its place in the
+// order and workers take them in that order, within each priority level (one
+// queue per level; pick chooses the level). A slot holds its place in the
 // budget from reserve until its place is given back, so memory is bounded by
 // the depth even when workers finish out of order. Waiting for room uses a
 // signal, never a sleep.
@@ -308,13 +310,39 @@ type ring struct {
 	// other feeders' blocked reads hold places that are not entries.
 	groupReads bool
 	freed      chan struct{} // capacity 1: "free or target went up"
+	// With priority levels (leveled, set once a level's feeder joined),
+	// out counts each level's places out and not settled, and backlog
+	// counts the level's feeders whose last read filled its reservation
+	// (more is likely waiting). A backlogged level holds at most its
+	// weighted share of the target among the backlogged levels
+	// (levelRoom), or, with strict, none while a higher one is
+	// backlogged: so the ring holds the levels in about the proportions
+	// workers take them.
+	leveled bool
+	out     [numLevels]int
+	backlog [numLevels]int
 
 	qmu    sync.Mutex
 	queued sync.Cond // signalled on push and close; L is &qmu
-	buf    []*slot   // circular: n slots from head, in push order
-	head   int
-	n      int
+	q      [numLevels]slotQueue
+	n      int // slots queued, all levels
 	closed bool
+	// mixed is set once a slot of a level other than the default was
+	// pushed: until then take is today's plain FIFO.
+	mixed bool
+	// strict takes the highest level queued first (StrictPriority); else
+	// weights (per level) share the takes while several levels are queued,
+	// by smooth weighted round robin over credit. Set before use.
+	strict  bool
+	weights [numLevels]int
+	credit  [numLevels]int
+}
+
+// slotQueue is one level's queue of slots, in push order.
+type slotQueue struct {
+	buf  []*slot // circular: n slots from head
+	head int
+	n    int
 }
 
 // ringMinCap is the smallest storage the ring allocates; ringKeepCap is the
@@ -342,6 +370,12 @@ func newRing(depth, shards int) *ring {
 // counts as the target binding (see binding): the target grows when workers
 // wait for it.
 func (r *ring) reserve(ctx context.Context, limit int) (int, error) {
+	return r.reserveLevel(ctx, levelNormal, limit)
+}
+
+// reserveLevel is reserve for the feeder of a priority level (see
+// levelRoom).
+func (r *ring) reserveLevel(ctx context.Context, level, limit int) (int, error) {
 	for {
 		r.mu.Lock()
 		room := max(0, min(r.free, r.target-r.ahead()))
@@ -349,12 +383,16 @@ func (r *ring) reserve(ctx context.Context, limit int) (int, error) {
 		if r.ahead() > 0 && room < r.minRead() && r.queuedSlots() > 0 {
 			avail = 0 // the workers have entries waiting: read more at once later
 		}
+		if r.leveled {
+			avail = min(avail, r.levelRoom(level))
+		}
 		fair := max(1, r.target/r.shards)
 		n := min(avail, fair)
 		if n > 0 {
 			r.capped = avail > fair
 		}
 		r.free -= n
+		r.out[level] += n
 		left := min(r.free, r.target-r.ahead())
 		r.mu.Unlock()
 		if n > 0 {
@@ -371,15 +409,74 @@ func (r *ring) reserve(ctx context.Context, limit int) (int, error) {
 	}
 }
 
+// levelRoom is how many more places level may take while levels are
+// backlogged. With strict, none while a higher level is. A level whose
+// streams are drained (its last reads came back short) takes one place at a
+// time while another level is backlogged: enough for a blocking read to take
+// what arrives at once (after which its reads fill up and it counts as
+// backlogged), and never the places the backlogged levels need (a drained
+// feeder gives its places back after each empty read and would take them
+// again first). A backlogged level holds at most its weight's share of the
+// target among the backlogged levels (at least 1). mu is held.
+func (r *ring) levelRoom(level int) int {
+	const unlimited = 1 << 30
+	sum := 0
+	for l, b := range r.backlog {
+		if b > 0 {
+			sum += r.weights[l]
+		}
+	}
+	if sum == 0 {
+		return unlimited
+	}
+	if r.strict {
+		for _, l := range levelOrder {
+			if l == level {
+				break
+			}
+			if r.backlog[l] > 0 {
+				return 0
+			}
+		}
+	}
+	if r.backlog[level] == 0 {
+		return 1
+	}
+	if r.strict {
+		return unlimited
+	}
+	return max(0, max(1, r.target*r.weights[level]/sum)-r.out[level])
+}
+
+// setBacklog records that a feeder of level found its stream backlogged (its
+// read filled its reservation) or drained, where it was not before.
+func (r *ring) setBacklog(level int, backlogged bool) {
+	r.mu.Lock()
+	if backlogged {
+		r.backlog[level]++
+	} else {
+		r.backlog[level]--
+	}
+	r.mu.Unlock()
+	if !backlogged {
+		r.signal() // a lower level may read more now
+	}
+}
+
 // push appends a slot into a place taken with reserve. It never blocks: the
 // reservation is the bound.
 func (r *ring) push(s *slot) {
 	r.qmu.Lock()
-	if r.n == len(r.buf) {
-		r.resize(max(ringMinCap, 2*len(r.buf)))
+	q := &r.q[s.level]
+	if q.n == len(q.buf) {
+		q.resize(max(ringMinCap, 2*len(q.buf)))
 	}
-	r.buf[(r.head+r.n)%len(r.buf)] = s
+	q.buf[(q.head+q.n)%len(q.buf)] = s
+	q.n++
 	r.n++
+	if s.level != levelNormal {
+		r.mixed = true
+	}
 	r.qmu.Unlock()
 	r.queued.Signal()
 }
@@ -416,28 +513,79 @@ func (r *ring) tryTake() (*slot, bool) {
 	return r.pop(), true
 }
 
-// pop removes the oldest of r.n > 0 queued slots; qmu is held.
+// pop removes the next of r.n > 0 queued slots: the oldest of its level,
+// the level chosen by pick; qmu is held.
 func (r *ring) pop() *slot {
-	s := r.buf[r.head]
-	r.buf[r.head] = nil
-	r.head = (r.head + 1) % len(r.buf)
-	r.n--
-	if len(r.buf) > ringKeepCap && r.n <= len(r.buf)/4 {
-		r.resize(len(r.buf) / 2) // give memory back after a burst
+	l := levelNormal
+	if r.mixed {
+		l = r.pick()
 	}
+	s := r.q[l].pop()
+	r.n--
 	if r.n == 0 && r.groupReads {
 		r.signal() // a feeder waiting for a fuller read reads what room there is
 	}
 	return s
 }
 
-// resize moves the queued slots into new storage of size c (>= r.n); qmu is held.
-func (r *ring) resize(c int) {
-	buf := make([]*slot, c)
-	for i := range r.n {
-		buf[i] = r.buf[(r.head+i)%len(r.buf)]
+// pick chooses the level of the next slot taken, among the levels with slots
+// queued: the highest with strict, else by smooth weighted round robin (each
+// queued level gains its weight in credit, the richest is taken and pays the
+// sum), so that while levels stay queued their takes follow the weights,
+// evenly spread, and a level with nothing queued gives its turns away. qmu is
+// held.
+func (r *ring) pick() int {
+	best, total := -1, 0
+	for _, l := range levelOrder {
+		if r.q[l].n == 0 {
+			continue
+		}
+		if r.strict {
+			return l
+		}
+		r.credit[l] += r.weights[l]
+		total += r.weights[l]
+		if best < 0 || r.credit[l] > r.credit[best] {
+			best = l
+		}
 	}
-	r.buf, r.head = buf, 0
+	r.credit[best] -= total
+	return best
+}
+
+// pop removes the oldest of q.n > 0 slots.
+func (q *slotQueue) pop() *slot {
+	s := q.buf[q.head]
+	q.buf[q.head] = nil
+	q.head = (q.head + 1) % len(q.buf)
+	q.n--
+	if len(q.buf) > ringKeepCap && q.n <= len(q.buf)/4 {
+		q.resize(len(q.buf) / 2) // give memory back after a burst
+	}
+	return s
+}
+
+// resize moves the queued slots into new storage of size c (>= q.n).
+func (q *slotQueue) resize(c int) {
+	buf := make([]*slot, c)
+	for i := range q.n {
+		buf[i] = q.buf[(q.head+i)%len(q.buf)]
+	}
+	q.buf, q.head = buf, 0
+}
+
+// addFeeder counts one more feeder sharing the ring (a priority level's,
+// started once its stream exists): reservations take a fair share of the
+// target among them, and reads no longer wait for half the target.
+func (r *ring) addFeeder() {
+	r.mu.Lock()
+	r.qmu.Lock()
+	r.shards++
+	r.leveled = true
+	r.groupReads = false
+	r.qmu.Unlock()
+	r.mu.Unlock()
+	r.signal()
 }
 
 // slots yields queued slots in ring order, waiting for each, until the ring
@@ -462,10 +610,12 @@ func (r *ring) close() {
 // ahead is how many places are out for entries not handed off yet; mu is held.
 func (r *ring) ahead() int { return r.depth - r.free - r.settled }
 
-// settle marks one place out as handed off: room for the read-ahead.
-func (r *ring) settle() {
+// settle marks one place out (of a slot of level) as handed off: room for
+// the read-ahead.
+func (r *ring) settle(level int) {
 	r.mu.Lock()
 	r.settled++
+	r.out[level]--
 	r.mu.Unlock()
 	r.signal()
 }
@@ -483,12 +633,16 @@ func (r *ring) giveSettled(n int) {
 }
 
 // give returns n places to the ring.
-func (r *ring) give(n int) {
+func (r *ring) give(n int) { r.giveLevel(levelNormal, n) }
+
+// giveLevel returns n places of a level's feeder or slots to the ring.
+func (r *ring) giveLevel(level, n int) {
 	if n == 0 {
 		return
 	}
 	r.mu.Lock()
 	r.free += n
+	r.out[level] -= n
 	r.mu.Unlock()
 	r.signal()
 }

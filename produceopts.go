@@ -27,6 +27,9 @@ type produceSettings struct {
 	deadline time.Time
 	// retryFailed is set by RetryFailed.
 	retryFailed bool
+	// priority is set by Priority; used when prioritySet.
+	priority    PriorityLevel
+	prioritySet bool
 }
 
 // RetryFailed lets the request run again when its id's stored outcome is a

@@ -167,7 +167,7 @@ func (r *run[Req, Resp]) process(s *slot, flush func()) (owed bool) {
 	hctx, stop := r.bound(ctx, s.meta.deadline)
 	msg := &Message[Req]{ID: s.entry.ID, EntryID: s.entry.EntryID, Payload: req, Deliveries: s.entry.Deliveries,
 		Headers: s.meta.headers, ProducedAt: entryTime(s.entry.EntryID), ReadAt: s.meta.readAt, StartedAt: time.Now(),
-		Deadline: s.meta.deadline, link: r, shard: s.shard, flow: s.meta.flow}
+		Deadline: s.meta.deadline, Priority: levelValue[s.level], link: r, shard: s.shard, flow: s.meta.flow}
 	resp, err := r.call(hctx, s, msg)
 	stop()
 	cancel(nil)
@@ -198,8 +198,8 @@ func (r *run[Req, Resp]) handOff(cp *completion) {
 	cp.done = make(chan struct{})
 	cp.s.outcome = cp.done
 	cp.s.handedOff.Store(true)
-	r.ring.settle() // no longer read-ahead: the feeder may read in its place
-	cp.s.data = nil // the fetched payload
+	r.ring.settle(cp.s.level) // no longer read-ahead: the feeder may read in its place
+	cp.s.data = nil           // the fetched payload
 	if _, inline := r.c.opts.Fetcher.(InlineFetcher); inline && cp.code != recordDead && cp.code != recordRetry {
 		cp.s.entry.Data = nil // the payload itself; dead letters and retries keep it
 	}
@@ -237,7 +237,7 @@ func (r *run[Req, Resp]) call(ctx context.Context, s *slot, msg *Message[Req]) (
 		return r.c.handler(ctx, msg)
 	}
 	defer r.recovered(ctx, "middleware", msg, &err)
-	d := &Delivery{Queue: r.c.queue, Group: r.c.opts.Group, Consumer: r.c.opts.Name, Shard: s.shard,
+	d := &Delivery{Queue: r.c.queue, Group: r.c.opts.Group, Consumer: r.c.opts.Name, Shard: r.c.realShard(s.shard),
 		ID: msg.ID, EntryID: msg.EntryID, Deliveries: msg.Deliveries, MaxDeliveries: r.c.opts.MaxDeliveries,
 		Headers: msg.Headers, ProducedAt: msg.ProducedAt, ReadAt: msg.ReadAt, StartedAt: msg.StartedAt,
 		Deadline: msg.Deadline}

@@ -169,12 +169,20 @@ func storedPayload(ctx context.Context, client redis.UniversalClient, admin *str
 	}
 	k := shards[info.Shard]
 	if info.State != streamq.JobScheduled && info.EntryID != "" && !strings.HasPrefix(info.EntryID, "@") {
-		msgs, err := client.XRangeN(ctx, k.Stream, info.EntryID, info.EntryID, 1).Result()
-		if err != nil || len(msgs) == 0 {
-			return nil, false, err
+		// The entry is on the stream of its priority level: the default's or
+		// another's, the one whose entry carries the id.
+		for _, stream := range []string{k.Stream, k.LevelStream("high"), k.LevelStream("low")} {
+			msgs, err := client.XRangeN(ctx, stream, info.EntryID, info.EntryID, 1).Result()
+			if err != nil {
+				return nil, false, err
+			}
+			if len(msgs) == 0 || msgs[0].Values["id"] != id {
+				continue
+			}
+			p, ok := msgs[0].Values["p"].(string)
+			return []byte(p), ok, nil
 		}
-		p, ok := msgs[0].Values["p"].(string)
-		return []byte(p), ok, nil
+		return nil, false, nil
 	}
 	// A delayed request or a retry of the answering group: its stream fields
 	// wait in the schedule's data, as length-prefixed strings: record key,

@@ -157,3 +157,41 @@ func TestNewClientBackend(t *testing.T) {
 		t.Fatalf("failure %q", got)
 	}
 }
+
+// TestPriorityLevels: RequireProduced finds a request queued on a priority
+// level's stream, with its payload, and Drain runs every level.
+func TestPriorityLevels(t *testing.T) {
+	ctx := context.Background()
+	client, _ := streamqtest.NewMiniredis(t)
+	p, err := streamq.NewProducer[order, receipt](client, "q", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for id, lvl := range map[string]streamq.PriorityLevel{"h": streamq.PriorityHigh, "l": streamq.PriorityLow, "n": streamq.PriorityNormal} {
+		if err := p.Enqueue(ctx, id, order{Item: id}, streamq.Priority(lvl)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range []string{"h", "l", "n"} {
+		streamqtest.RequireProduced(ctx, t, client, "q", id, &streamqtest.RequireOptions{State: streamq.JobQueued, Payload: order{Item: id}})
+	}
+	var mu sync.Mutex
+	ran := map[string]streamq.PriorityLevel{}
+	c, err := streamq.NewConsumer(client, "q", func(ctx context.Context, m *streamq.Message[order]) (receipt, error) {
+		mu.Lock()
+		ran[m.ID] = m.Priority
+		mu.Unlock()
+		return receipt{}, nil
+	}, &streamq.ConsumerOptions{ReadBlock: 50 * time.Millisecond, ClaimInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	streamqtest.Drain(ctx, t, client, "q", c, nil)
+	mu.Lock()
+	defer mu.Unlock()
+	want := map[string]streamq.PriorityLevel{"h": streamq.PriorityHigh, "l": streamq.PriorityLow, "n": streamq.PriorityNormal}
+	if len(ran) != 3 || ran["h"] != want["h"] || ran["l"] != want["l"] || ran["n"] != want["n"] {
+		t.Fatalf("ran %v, want %v", ran, want)
+	}
+}

@@ -418,3 +418,22 @@ func TestCLIJobShowsAFlow(t *testing.T) {
 	s.golden("job-flow-waiting", 0, "job", "reports", "report-1")
 	s.golden("job-progress", 0, "job", "pages", "page-1")
 }
+
+// TestCLIStatsByPriority: stats prints each level's depth once the queue
+// uses priority levels.
+func TestCLIStatsByPriority(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	ctx := context.Background()
+	p, err := streamq.NewProducer[string, string](client, "urgent", nil)
+	require.NoError(t, err)
+	defer p.Close()
+	for i, lvl := range []streamq.PriorityLevel{streamq.PriorityHigh, streamq.PriorityLow, streamq.PriorityLow} {
+		err := p.Enqueue(ctx, fmt.Sprint(i), "x", streamq.Priority(lvl))
+		require.NoError(t, err)
+	}
+	s := &session{t: t, url: "redis://" + srv.Addr() + "/0"}
+	out, _, code := s.run("stats", "urgent")
+	require.Equal(t, ExitOK, code)
+	require.Contains(t, out, "by priority: high 1 (0 pending), normal 0 (0 pending), low 2 (0 pending)\n")
+}

@@ -291,6 +291,13 @@ func stats(ctx context.Context, r *runner) error {
 // printStats prints s; with prev and elapsed > 0 also the rates since prev.
 func (r *runner) printStats(s streamq.Stats, prev *streamq.Stats, elapsed time.Duration) error {
 	fmt.Fprintf(r.stdout, "queue %s: %d entries, %d scheduled, %d dead letters, %d canceled\n", r.args[0], s.Length, s.Scheduled, s.DeadLetters, s.Canceled)
+	if len(s.Levels) > 0 {
+		parts := make([]string, len(s.Levels))
+		for i, l := range s.Levels {
+			parts[i] = fmt.Sprintf("%s %d (%d pending)", l.Priority, l.Length, l.Pending)
+		}
+		fmt.Fprintf(r.stdout, "by priority: %s\n", strings.Join(parts, ", "))
+	}
 	if s.Paused {
 		since := ""
 		if !s.PausedAt.IsZero() {

@@ -87,6 +87,22 @@ func buildTagged(base string) Keys {
 	}
 }
 
+// LevelStream returns the stream of priority level name ("high", "low") of
+// the queue: the Stream name followed by ":" and the level's name. The
+// default level's entries are in Stream itself, so a queue that never uses
+// priorities has no other stream. Every level of a shard shares the shard's
+// hash tag, its records, schedule and dead letters.
+func (k Keys) LevelStream(name string) string { return k.Stream + ":" + name }
+
+// AtLevel returns k with Stream set to the stream of level name ("" keeps
+// the default level's stream); every other name is the shard's.
+func (k Keys) AtLevel(name string) Keys {
+	if name != "" {
+		k.Stream = k.LevelStream(name)
+	}
+	return k
+}
+
 // History returns the key of the hash counting the completions of the hour
 // that starts at Unix time hour*3600 s: field the minute of the hour
 // ("0".."59"), value processed + failed<<32 (see complete.lua). It expires

@@ -15,6 +15,8 @@
 -- KEYS[4]  the shard's schedule (sorted set)
 -- KEYS[5]  the schedule's data (hash)
 -- KEYS[6]  the shard's retry set (sorted set)
+-- KEYS[7]  optional: the stream of priority level "high" of the shard
+-- KEYS[8]  optional: the stream of priority level "low" of the shard
 -- ARGV[1]  consumer group
 -- ARGV[2]  "1": forget even while a consumer holds the entry
 -- ARGV[3]  the request id (its member in the schedule is "r" .. id)
@@ -22,6 +24,24 @@
 -- Returns {"missing"} when there is no record; {"held", consumer} when a
 -- consumer holds the entry and ARGV[2] is not "1"; otherwise {"ok", the
 -- record's value before it was deleted}.
+
+-- entryStream returns the stream holding entry eid of request rid: the
+-- shard's (KEYS[2]) or a priority level's (KEYS[7], KEYS[8]); KEYS[2] when
+-- no stream holds it.
+local function entryStream(eid, rid)
+  for _, s in ipairs({KEYS[2], KEYS[7], KEYS[8]}) do
+    local e = redis.call("XRANGE", s, eid, eid, "COUNT", 1)
+    if e[1] and e[1][2] then
+      local f = e[1][2]
+      for j = 1, #f - 1, 2 do
+        if f[j] == "id" and f[j + 1] == rid then
+          return s
+        end
+      end
+    end
+  end
+  return KEYS[2]
+end
 local member = "r" .. ARGV[3]
 local rec = redis.call("GET", KEYS[1])
 if not rec then
@@ -36,14 +56,15 @@ elseif rec == "P&" then
   -- expires; a child's completion finds the record gone and appends nothing).
 elseif string.sub(rec, 1, 1) == "P" then
   local eid = string.sub(rec, 2)
-  local ok, p = pcall(redis.call, "XPENDING", KEYS[2], ARGV[1], eid, eid, 1)
+  local stream = entryStream(eid, ARGV[3])
+  local ok, p = pcall(redis.call, "XPENDING", stream, ARGV[1], eid, eid, 1)
   if ok and p[1] then
     if ARGV[2] ~= "1" then
       return {"held", p[1][2]}
     end
-    redis.call("XACK", KEYS[2], ARGV[1], eid)
+    redis.call("XACK", stream, ARGV[1], eid)
   end
-  redis.call("XDEL", KEYS[2], eid)
+  redis.call("XDEL", stream, eid)
   redis.call("HDEL", KEYS[3], eid)
 end
 redis.call("DEL", KEYS[1])

@@ -8,6 +8,8 @@
 -- KEYS[4]  the shard's schedule (sorted set)
 -- KEYS[5]  the schedule's data (hash)
 -- KEYS[6]  the shard's retry set (sorted set)
+-- KEYS[7]  optional: the stream of priority level "high" of the shard
+-- KEYS[8]  optional: the stream of priority level "low" of the shard
 -- ARGV[1]  consumer group
 -- ARGV[2]  the request id (its member in the schedule is "r" .. id)
 --
@@ -22,6 +24,24 @@
 -- (a retry's starts so far; "0" for a delayed request), the last error the
 -- error message a retry's data keeps. "P&" (a flow's parent waiting for its
 -- children) reads nothing more.
+
+-- entryStream returns the stream holding entry eid of request rid: the
+-- shard's (KEYS[2]) or a priority level's (KEYS[7], KEYS[8]); KEYS[2] when
+-- no stream holds it.
+local function entryStream(eid, rid)
+  for _, s in ipairs({KEYS[2], KEYS[7], KEYS[8]}) do
+    local e = redis.call("XRANGE", s, eid, eid, "COUNT", 1)
+    if e[1] and e[1][2] then
+      local f = e[1][2]
+      for j = 1, #f - 1, 2 do
+        if f[j] == "id" and f[j + 1] == rid then
+          return s
+        end
+      end
+    end
+  end
+  return KEYS[2]
+end
 local member = "r" .. ARGV[2]
 local rec = redis.call("GET", KEYS[1])
 if not rec then
@@ -70,12 +90,13 @@ if rec == "P&" then
   return {rec, ttl, 0, false, false, false, false} -- a flow's parent waiting for its children
 end
 local eid = string.sub(rec, 2)
+local stream = entryStream(eid, ARGV[2])
 local present = 0
-if #redis.call("XRANGE", KEYS[2], eid, eid, "COUNT", 1) > 0 then
+if #redis.call("XRANGE", stream, eid, eid, "COUNT", 1) > 0 then
   present = 1
 end
 local holder, idle = false, false
-local ok, p = pcall(redis.call, "XPENDING", KEYS[2], ARGV[1], eid, eid, 1)
+local ok, p = pcall(redis.call, "XPENDING", stream, ARGV[1], eid, eid, 1)
 if ok and p[1] then
   holder, idle = p[1][2], p[1][3]
 end

@@ -14,14 +14,21 @@
 -- KEYS[1+i]        the record key of item i (i = 1..n)
 -- KEYS[n+2]        the schedule (sorted set)
 -- KEYS[n+3]        the schedule's data (hash)
+-- KEYS[n+4], [n+5] the streams of priority levels "high" and "low", only
+--                  when ARGV[2] ends in "L"
 -- ARGV[1]          TTL of a new in-flight record, in milliseconds
--- ARGV[2]          "1": all or nothing (a batch); "0": items are independent
+-- ARGV[2]          "1": all or nothing (a batch); "0": items are independent;
+--                  followed by "L" when level streams follow the schedule's
+--                  keys (an item of another priority level than the default)
 -- ARGV[3...]       the items, one after another, each as:
 --                    request id, payload, due time (Unix ms of the server's
 --                    clock; "0": now), flags (single letters: "r", the due
 --                    time is a delay in ms from now; "f", a stored failure
 --                    "E..." or dead letter "L..." does not deduplicate: the
---                    record is replaced as for a new id), f (a count),
+--                    record is replaced as for a new id; "H" or "L", the
+--                    item goes to the high or low level's stream instead of
+--                    KEYS[1], its extra fields naming the level so that a
+--                    retry or a delayed item is appended there too), f (a count),
 --                    then f strings: extra stream fields, name then value
 -- ARGV[after the items]    the wake channel, then "PUBLISH" or "SPUBLISH"
 --
@@ -48,9 +55,24 @@
 -- write is a new id's XADD or record SET, which Redis refuses under maxmemory
 -- before anything is written.
 local ttl = tonumber(ARGV[1])
-local atomic = ARGV[2] == "1"
+local atomic = string.sub(ARGV[2], 1, 1) == "1"
+local leveled = string.sub(ARGV[2], 2, 2) == "L"
 local n = #KEYS - 3
+if leveled then
+  n = n - 2
+end
 local stream, schedule, scheduleData = KEYS[1], KEYS[n + 2], KEYS[n + 3]
+-- streamOf returns the stream an item with these flags is appended to.
+local function streamOf(flags)
+  if leveled then
+    if string.find(flags, "H", 1, true) then
+      return KEYS[n + 4]
+    elseif string.find(flags, "L", 1, true) then
+      return KEYS[n + 5]
+    end
+  end
+  return stream
+end
 
 -- The server's clock, read only when an item has a due time.
 local now
@@ -79,10 +101,18 @@ local wakeAt
 -- Atomic batches log how to take back each write (Lua does not roll back):
 -- an invalid item undoes them all, newest first, and fails the call.
 local undo
-local hadStream = true
+local created = {} -- streams this call created (atomic batches only)
 if atomic then
   undo = {}
-  hadStream = redis.call("EXISTS", stream) == 1
+  local streams = {stream}
+  if leveled then
+    streams[2], streams[3] = KEYS[n + 4], KEYS[n + 5]
+  end
+  for _, s in ipairs(streams) do
+    if redis.call("EXISTS", s) == 0 then
+      created[#created + 1] = s
+    end
+  end
 end
 -- notWrongType raises a pcall error that is not WRONGTYPE (out of memory at
 -- the first write, say): only another program's key is an item's fault.
@@ -96,8 +126,10 @@ local function rejectAll(i, key)
   for j = #undo, 1, -1 do
     redis.call(unpack(undo[j]))
   end
-  if not hadStream then
-    redis.call("DEL", stream) -- created by this call's XADD
+  for _, s in ipairs(created) do
+    if redis.call("XLEN", s) == 0 then
+      redis.call("DEL", s) -- created by this call's XADD
+    end
   end
   return redis.error_reply("WRONGTYPE item " .. i .. ": key " .. key .. " is not a streamq record")
 end
@@ -209,14 +241,15 @@ for i = 1, n do
         out[o + 1], out[o + 2] = 0, ""
       end
     else
-      local eid = redis.call("XADD", stream, "*", "id", id, "p", payload, unpack(ARGV, fa, fz))
+      local to = streamOf(flags)
+      local eid = redis.call("XADD", to, "*", "id", id, "p", payload, unpack(ARGV, fa, fz))
       err = claimRecord(key, prev, "P" .. eid, ttl)
       if err then
-        redis.call("XDEL", stream, eid)
+        redis.call("XDEL", to, eid)
         notWrongType(err)
       else
         if undo then
-          undo[#undo + 1] = {"XDEL", stream, eid}
+          undo[#undo + 1] = {"XDEL", to, eid}
         end
         written[key] = eid
         out[o + 1], out[o + 2] = 0, eid

@@ -25,9 +25,12 @@
 -- KEYS[2]      the schedule (sorted set)
 -- KEYS[3]      the schedule's data (hash)
 -- KEYS[4]      the retry set (sorted set)
--- KEYS[5]      RunNow only: the member's run-now marker
+-- KEYS[5]      RunNow only: the member's run-now marker (else any key of
+--              the shard, unused: the promoter passes KEYS[1])
 -- KEYS[6]      RunNow only: the request's record (KEYS[1] for a fan-out
---              group's retry, which has none)
+--              group's retry, which has none; else unused, as KEYS[5])
+-- KEYS[7]      optional: the stream of priority level "high"
+-- KEYS[8]      optional: the stream of priority level "low"
 -- ARGV[1]      the most jobs to append in this call
 -- ARGV[2]      TTL of a start-count hash in milliseconds, refreshed when written
 -- ARGV[3]      RunNow only: the member to append now, whatever its due time
@@ -44,7 +47,9 @@
 --
 -- The data of a job is length-prefixed strings ("<len>:<s>"...): its record
 -- key ("" for none), its start-count hash key ("" for none), its start count,
--- and its stream fields (themselves length-prefixed, name then value). Keys
+-- and its stream fields (themselves length-prefixed, name then value). A job
+-- whose fields hold "pr" (its priority level: "high" or "low") is appended to
+-- that level's stream (KEYS[7], KEYS[8]), any other to KEYS[1]. Keys
 -- named in the data carry the shard's hash tag (their names are built by the
 -- writer from internal/keys), so they are in this call's slot.
 local t = redis.call("TIME")
@@ -87,7 +92,17 @@ local function promote(member, set)
         fields[#fields + 1] = "n"
         fields[#fields + 1] = tostring(count)
       end
-      eid = redis.call("XADD", KEYS[1], "*", unpack(fields))
+      local to = KEYS[1]
+      for j = 1, #fields - 1, 2 do
+        if fields[j] == "pr" then
+          if fields[j + 1] == "high" and KEYS[7] then
+            to = KEYS[7]
+          elseif fields[j + 1] == "low" and KEYS[8] then
+            to = KEYS[8]
+          end
+        end
+      end
+      eid = redis.call("XADD", to, "*", unpack(fields))
       if cur and string.sub(cur, 1, 2) == "P@" then
         redis.call("SET", rec, "P" .. eid, "KEEPTTL")
       end
