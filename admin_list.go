@@ -60,6 +60,12 @@ type JobSummary struct {
 	State JobState `json:"state"`
 	// Shard is the shard holding the job (0 for an unsharded queue).
 	Shard int `json:"shard"`
+	// Priority is the job's priority level (Priority): the level stream a
+	// queued or running job is in, or the level a scheduled job or retry
+	// keeps in its fields. Dead letters do not keep their level (a requeued
+	// one runs at the default level): PriorityNormal. PriorityNormal (the
+	// default) is omitted in JSON.
+	Priority PriorityLevel `json:"priority,omitempty"`
 	// EntryID is the stream entry of a queued, running or dead job.
 	EntryID string `json:"entry_id,omitempty"`
 	// Group is the fan-out group of a fan-out retry or dead letter.
@@ -124,7 +130,7 @@ type jobsCursor struct {
 	state  JobState
 	back   bool   // before the key (a Prev cursor)
 	hasKey bool   // false: from the first (Next) or last (Prev) job
-	num    int64  // the due time (sorted sets), or the shard (streams)
+	num    int64  // the due time (sorted sets), or the source (streams: see pageItem.src)
 	str    string // the member (sorted sets), or the entry id (streams)
 }
 
@@ -175,9 +181,13 @@ type pageItem struct {
 	member string // sorted sets: the member
 	ms     uint64 // streams: the entry id
 	seq    uint64
+	// src is the stream read (streams): the shard for dead letters; for
+	// queued and running jobs level*shards+shard (levels as in levelNames),
+	// so that the default level's sources are the shards.
+	src int
 }
 
-// shardPart is one shard's reply to jobs.lua.
+// shardPart is one source's reply to jobs.lua (see pageItem.src).
 type shardPart struct {
 	total    int64
 	behind   bool // jobs lie on the other side of the cursor
@@ -191,13 +201,18 @@ type shardPart struct {
 // group: three round trips in all, whatever the queue's size; an ID search
 // of a queued or running job is Admin.Job's). The orders:
 //   - JobScheduled and JobRetrying: soonest due first (then by member);
-//   - JobQueued: oldest entry first, the next to run first;
+//   - JobQueued: oldest entry first (by entry id, over every priority
+//     level's stream: not the order consumers take them in, which favours
+//     the higher levels);
 //   - JobRunning: by entry id, oldest first (not by idle time: Redis lists
 //     pending entries by id);
 //   - JobDeadLettered: newest first.
 //
-// With several shards, the shards' pages are merged by that order (entries
-// of one millisecond by their sequence, then by shard). The cursor holds the
+// Queued and running jobs are read from each shard's stream of every
+// priority level (JobSummary.Priority), a level without a stream reading
+// nothing. With several shards or levels, the streams' pages are merged by
+// that order (entries of one millisecond by their sequence, then by level
+// and shard). The cursor holds the
 // sort key of the page's edge, so jobs added or removed meanwhile neither
 // shift nor repeat the pages that follow.
 //
@@ -256,14 +271,20 @@ func (a *Admin) Jobs(ctx context.Context, q JobsQuery) (JobsPage, error) {
 	if q.ID != "" && (q.State == JobQueued || q.State == JobRunning) {
 		return a.jobByID(ctx, q, len(shards))
 	}
-	if cur.hasKey && !zsetState(q.State) && int(cur.num) >= len(shards) {
-		return page, fmt.Errorf("%w: the cursor names shard %d of a queue with %d shards", ErrInvalidCursor, cur.num, len(shards))
+	// The sources read: the shards, and for queued and running jobs each
+	// shard's stream of every priority level (pageItem.src).
+	sources := len(shards)
+	if q.State == JobQueued || q.State == JobRunning {
+		sources = numLevels * len(shards)
 	}
-	which := make([]int, 0, len(shards))
+	if cur.hasKey && !zsetState(q.State) && int(cur.num) >= sources {
+		return page, fmt.Errorf("%w: the cursor names stream %d of a queue with %d shards", ErrInvalidCursor, cur.num, len(shards))
+	}
+	which := make([]int, 0, sources)
 	if q.ID != "" {
 		which = append(which, keys.ShardOf(q.ID, len(shards)))
 	} else {
-		for i := range shards {
+		for i := range sources {
 			which = append(which, i)
 		}
 	}
@@ -309,8 +330,8 @@ func travelLess(x, y *pageItem, zset, up bool) bool {
 		less = x.score < y.score || (x.score == y.score && x.member < y.member)
 		greater = x.score > y.score || (x.score == y.score && x.member > y.member)
 	} else {
-		kx := [3]uint64{x.ms, x.seq, uint64(x.sum.Shard)}
-		ky := [3]uint64{y.ms, y.seq, uint64(y.sum.Shard)}
+		kx := [3]uint64{x.ms, x.seq, uint64(x.src)}
+		ky := [3]uint64{y.ms, y.seq, uint64(y.src)}
 		for i := range kx {
 			if kx[i] != ky[i] {
 				less, greater = kx[i] < ky[i], kx[i] > ky[i]
@@ -361,7 +382,7 @@ func (a *Admin) mergeParts(page *JobsPage, q JobsQuery, cur jobsCursor, parts []
 		if zset {
 			c.num, c.str = it.score, it.member
 		} else {
-			c.num, c.str = int64(it.sum.Shard), fmt.Sprintf("%d-%d", it.ms, it.seq)
+			c.num, c.str = int64(it.src), fmt.Sprintf("%d-%d", it.ms, it.seq)
 		}
 		return c
 	}
@@ -399,8 +420,9 @@ func (a *Admin) mergeParts(page *JobsPage, q JobsQuery, cur jobsCursor, parts []
 	}
 }
 
-// readParts sends one jobs.lua call per shard in which, pipelined, and
-// parses the replies.
+// readParts sends one jobs.lua call per source in which (a shard, or for
+// queued and running jobs a shard's level stream: pageItem.src), pipelined,
+// and parses the replies.
 func (a *Admin) readParts(ctx context.Context, q JobsQuery, t deadTarget, shards []keys.Keys, which []int, cur jobsCursor, up bool, want, window int) ([]shardPart, error) {
 	type call struct {
 		keys []string
@@ -419,8 +441,9 @@ func (a *Admin) readParts(ctx context.Context, q JobsQuery, t deadTarget, shards
 			only = fanoutMember(t.group, q.ID)
 		}
 	}
-	for i, shard := range which {
-		k := shards[shard]
+	for i, src := range which {
+		shard, level := src%len(shards), src/len(shards)
+		k := shards[shard].AtLevel(levelNames[level])
 		var c call
 		switch q.State {
 		case JobScheduled, JobRetrying:
@@ -438,10 +461,11 @@ func (a *Admin) readParts(ctx context.Context, q JobsQuery, t deadTarget, shards
 			from, excl := "", "0"
 			if cur.hasKey {
 				from = cur.str
-				// Entries of one id sort by shard: this shard's entry with the
-				// cursor's id lies after the cursor when the shard is later.
-				after := shard > int(cur.num)
-				before := shard < int(cur.num)
+				// Entries of one id sort by source: this source's entry with
+				// the cursor's id lies after the cursor when the source is
+				// later.
+				after := src > int(cur.num)
+				before := src < int(cur.num)
 				if (up && !after) || (!up && !before) {
 					excl = "1"
 				}
@@ -554,9 +578,10 @@ func payloadBytes(v any) []byte {
 	return nil
 }
 
-// parsePart parses one shard's jobs.lua reply.
-func (a *Admin) parsePart(state JobState, shard, nShards int, res []any) (shardPart, error) {
+// parsePart parses one source's jobs.lua reply (see pageItem.src).
+func (a *Admin) parsePart(state JobState, src, nShards int, res []any) (shardPart, error) {
 	var p shardPart
+	shard, level := src%nShards, src/nShards
 	if len(res) < 5 {
 		return p, fmt.Errorf("streamq: list %s jobs of %s: unexpected reply %v", state, a.queue, res)
 	}
@@ -568,13 +593,14 @@ func (a *Admin) parsePart(state JobState, shard, nShards int, res []any) (shardP
 	} else {
 		p.frontier.ms, p.frontier.seq = parseStreamID(asString(res[3]))
 		p.frontier.sum.Shard = shard
+		p.frontier.src = src
 	}
 	for _, raw := range res[5:] {
 		row, ok := raw.([]any)
 		if !ok {
 			return p, fmt.Errorf("streamq: list %s jobs of %s: unexpected row %v", state, a.queue, raw)
 		}
-		it := pageItem{sum: JobSummary{State: state, Shard: shard}}
+		it := pageItem{sum: JobSummary{State: state, Shard: shard, Priority: levelValue[level]}, src: src}
 		s := &it.sum
 		switch state {
 		case JobScheduled, JobRetrying:
@@ -592,6 +618,9 @@ func (a *Admin) parsePart(state JobState, shard, nShards int, res []any) (shardP
 			}
 			if len(row) > 5 {
 				s.Payload = payloadBytes(row[5])
+			}
+			if len(row) > 6 {
+				s.Priority = levelNamed(asString(row[6]))
 			}
 		case JobRunning:
 			if len(row) < 6 {
@@ -644,6 +673,17 @@ func (a *Admin) parsePart(state JobState, shard, nShards int, res []any) (shardP
 		p.items = append(p.items, it)
 	}
 	return p, nil
+}
+
+// levelNamed returns the level of a "pr" field's value; PriorityNormal for
+// "" or an unknown name.
+func levelNamed(name string) PriorityLevel {
+	for l, n := range levelNames {
+		if n != "" && n == name {
+			return levelValue[l]
+		}
+	}
+	return PriorityNormal
 }
 
 // jobByID answers an ID search of queued or running jobs from the id's

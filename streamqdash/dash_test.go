@@ -727,3 +727,58 @@ func TestRequeueInFlight(t *testing.T) {
 	require.EqualValues(t, 1, s.DeadLetters, "the skipped one stays")
 	require.EqualValues(t, 1, s.Scheduled)
 }
+
+// TestPriorityLevelsShown: the queue page shows a card per priority level
+// (entries and pending) under the counts only when the queue uses levels,
+// api/queue carries the levels, and the queued tab lists the jobs of every
+// level with a badge naming the level of those not normal.
+func TestPriorityLevelsShown(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	ctx := context.Background()
+	p, err := streamq.NewProducer[string, string](client, "rush", &streamq.ProducerOptions{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	defer p.Close()
+	require.NoError(t, p.Enqueue(ctx, "plain-1", "x"))
+	h, err := New(client, &Options{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	b := newBrowser(t, mount(t, h))
+
+	code, body, _ := b.get("queue?q=rush&tab=queued")
+	require.Equal(t, http.StatusOK, code, body)
+	require.NotContains(t, body, `id="levels"`, "no level cards while only the default level is used")
+	require.NotContains(t, body, `class="badge prio"`)
+
+	for id, l := range map[string]streamq.PriorityLevel{"urgent-1": streamq.PriorityHigh, "urgent-2": streamq.PriorityHigh, "bulk-1": streamq.PriorityLow} {
+		_, err := p.Produce(ctx, id, "x", streamq.Priority(l))
+		require.NoError(t, err)
+	}
+	code, body, _ = b.get("queue?q=rush&tab=queued")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, `id="levels"`)
+	for _, c := range []struct{ level, n string }{{"high", "2"}, {"normal", "1"}, {"low", "1"}} {
+		card := regexp.MustCompile(`<div id="level-` + c.level + `"><span class="n" data-f="level_` + c.level + `">(\d+)</span>`).FindStringSubmatch(body)
+		require.NotNil(t, card, "a card for level %s", c.level)
+		require.Equal(t, c.n, card[1], "level %s entries", c.level)
+	}
+	require.Less(t, strings.Index(body, `id="level-high"`), strings.Index(body, `id="level-low"`), "highest first")
+	rows := regexp.MustCompile(`(?s)<tr data-id="([^"]+)".*?</tr>`).FindAllStringSubmatch(body, -1)
+	badges := map[string]string{}
+	for _, r := range rows {
+		badge := regexp.MustCompile(`data-priority="(\w+)"`).FindStringSubmatch(r[0])
+		if badge != nil {
+			badges[r[1]] = badge[1]
+		} else {
+			badges[r[1]] = ""
+		}
+	}
+	require.Equal(t, map[string]string{"plain-1": "", "urgent-1": "high", "urgent-2": "high", "bulk-1": "low"}, badges)
+
+	code, body, _ = b.get("api/queue?q=rush&tab=queued")
+	require.Equal(t, http.StatusOK, code, body)
+	var r queueResponse
+	require.NoError(t, json.Unmarshal([]byte(body), &r))
+	require.Equal(t, []streamq.LevelStats{{Priority: streamq.PriorityHigh, Length: 2}, {Priority: streamq.PriorityNormal, Length: 1}, {Priority: streamq.PriorityLow, Length: 1}}, r.Queue.Levels)
+	require.EqualValues(t, 4, r.Page.Total)
+	require.Len(t, r.Page.Jobs, 4)
+}

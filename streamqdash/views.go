@@ -46,12 +46,15 @@ type QueueSummary struct {
 	Failed    int64 `json:"failed"`
 	// Paused reports whether the queue is paused.
 	Paused bool `json:"paused"`
+	// Levels splits Length and Pending by priority level, highest first
+	// (Stats.Levels); omitted while the queue has only the default level.
+	Levels []streamq.LevelStats `json:"levels,omitempty"`
 	// Error is why the queue's statistics could not be read ("" when they were).
 	Error string `json:"error,omitempty"`
 }
 
 func summarize(name string, s streamq.Stats) QueueSummary {
-	q := QueueSummary{Name: name, Length: s.Length, Scheduled: s.Scheduled, DeadLetters: s.DeadLetters, Canceled: s.Canceled, Paused: s.Paused}
+	q := QueueSummary{Name: name, Length: s.Length, Scheduled: s.Scheduled, DeadLetters: s.DeadLetters, Canceled: s.Canceled, Paused: s.Paused, Levels: s.Levels}
 	for _, g := range s.Groups {
 		q.Pending += g.Pending
 		q.Consumers += g.Consumers

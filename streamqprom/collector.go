@@ -63,6 +63,8 @@ func WithScrapeTimeout(d time.Duration) CollectorOption {
 //	streamq_queue_entries{queue}                           entries in the stream
 //	streamq_queue_scheduled_entries{queue}                 delayed jobs and retries waiting
 //	streamq_queue_paused{queue}                            1 while paused
+//	streamq_level_entries{queue,priority}                  entries of a priority level (Stats.Levels)
+//	streamq_level_pending_entries{queue,priority}          a level's entries delivered, not acknowledged
 //	streamq_dead_letter_entries{queue}                     entries in the dead-letter stream
 //	streamq_requests_canceled_total{queue}                 requests cancelled by Admin.Cancel (counter)
 //	streamq_group_pending_entries{queue,group}             delivered, not acknowledged
@@ -75,6 +77,9 @@ func WithScrapeTimeout(d time.Duration) CollectorOption {
 //	streamq_scrape_errors_total{queue}                     failed Admin.Stats or Admin.History reads
 //	streamq_scrape_duration_seconds                        time the last read took
 //
+// The level gauges ("high", "normal", "low") are exported only while the
+// queue uses priority levels (Stats.Levels is not nil).
+//
 // Collect may be called concurrently.
 type Collector struct {
 	admins        []*streamq.Admin
@@ -84,6 +89,7 @@ type Collector struct {
 	queueEntries, scheduled, paused, dead, canceled *prometheus.Desc
 	pending, lag, consumers, oldest, groupDead      *prometheus.Desc
 	processed, failed                               *prometheus.Desc
+	levelEntries, levelPending                      *prometheus.Desc
 	scrapeDuration                                  *prometheus.Desc
 	errors                                          *prometheus.CounterVec
 
@@ -120,6 +126,9 @@ func NewCollector(admins []*streamq.Admin, opts ...CollectorOption) *Collector {
 	c.groupDead = prometheus.NewDesc("streamq_group_dead_letter_entries", "Entries in the group's dead-letter stream.", qg, nil)
 	c.processed = prometheus.NewDesc("streamq_processed_last_minute", "Completions (outcomes and retries scheduled) of the last complete minute, over every consumer.", q, nil)
 	c.failed = prometheus.NewDesc("streamq_failed_last_minute", "Failed attempts (retries scheduled and dead letters) of the last complete minute, over every consumer.", q, nil)
+	ql := []string{"queue", "priority"}
+	c.levelEntries = prometheus.NewDesc("streamq_level_entries", "Entries in the streams of the priority level (exported while the queue uses levels).", ql, nil)
+	c.levelPending = prometheus.NewDesc("streamq_level_pending_entries", "Entries of the priority level delivered to a group and not yet acknowledged, over the groups.", ql, nil)
 	c.scrapeDuration = prometheus.NewDesc("streamq_scrape_duration_seconds", "Time the last read of the queues' statistics took.", nil, nil)
 	c.errors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "streamq_scrape_errors_total",
 		Help: "Reads of a queue's statistics that failed."}, q)
@@ -132,7 +141,7 @@ func NewCollector(admins []*streamq.Admin, opts ...CollectorOption) *Collector {
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.queueEntries, c.scheduled, c.paused, c.dead, c.canceled, c.pending, c.lag,
-		c.consumers, c.oldest, c.groupDead, c.processed, c.failed, c.scrapeDuration} {
+		c.consumers, c.oldest, c.groupDead, c.processed, c.failed, c.levelEntries, c.levelPending, c.scrapeDuration} {
 		ch <- d
 	}
 	c.errors.Describe(ch)
@@ -162,6 +171,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			p = 1
 		}
 		gauge(c.paused, p)
+		for _, l := range st.Levels {
+			gauge(c.levelEntries, float64(l.Length), l.Priority.String())
+			gauge(c.levelPending, float64(l.Pending), l.Priority.String())
+		}
 		for _, g := range st.Groups {
 			gauge(c.pending, float64(g.Pending), g.Name)
 			if g.Lag >= 0 {

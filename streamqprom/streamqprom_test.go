@@ -242,3 +242,68 @@ func TestCollectorLastMinute(t *testing.T) {
 		require.Equal(t, 3.0, failed)
 	})
 }
+
+// TestCollectorLevels: the level gauges equal Stats.Levels (entries and
+// pending per level, one of them held by a consumer), and are absent from a
+// queue that uses no priority levels.
+func TestCollectorLevels(t *testing.T) {
+	backends(t, func(t *testing.T, rdb *redis.Client) {
+		ctx := context.Background()
+		p, err := streamq.NewProducer[int, int](rdb, "leveled", nil)
+		require.NoError(t, err)
+		defer p.Close()
+		plain, err := streamq.NewProducer[int, int](rdb, "plain", nil)
+		require.NoError(t, err)
+		defer plain.Close()
+		require.NoError(t, plain.Enqueue(ctx, "x", 1))
+		for i := range 3 {
+			require.NoError(t, p.Enqueue(ctx, fmt.Sprint("h", i), i, streamq.Priority(streamq.PriorityHigh)))
+		}
+		require.NoError(t, p.Enqueue(ctx, "n", 1))
+		for i := range 2 {
+			require.NoError(t, p.Enqueue(ctx, fmt.Sprint("l", i), i, streamq.Priority(streamq.PriorityLow)))
+		}
+		// One entry held by a consumer: pending on its level.
+		started := make(chan struct{}, 1)
+		c, err := streamq.NewConsumer(rdb, "leveled", func(ctx context.Context, msg *streamq.Message[int]) (int, error) {
+			started <- struct{}{}
+			<-ctx.Done()
+			return 0, ctx.Err()
+		}, &streamq.ConsumerOptions{Workers: 1, Prefetch: 1, ShutdownTimeout: 10 * time.Millisecond, ReadBlock: 10 * time.Millisecond})
+		require.NoError(t, err)
+		runCtx, cancel := context.WithCancel(ctx)
+		ran := make(chan error, 1)
+		go func() { ran <- c.Run(runCtx) }()
+		<-started
+
+		a, err := streamq.NewAdmin(rdb, "leveled", nil)
+		require.NoError(t, err)
+		ap, err := streamq.NewAdmin(rdb, "plain", nil)
+		require.NoError(t, err)
+		st, err := a.Stats(ctx)
+		require.NoError(t, err)
+		require.Len(t, st.Levels, 3)
+		var pending int64
+		var b strings.Builder
+		b.WriteString("# HELP streamq_level_entries Entries in the streams of the priority level (exported while the queue uses levels).\n# TYPE streamq_level_entries gauge\n")
+		for _, l := range st.Levels {
+			fmt.Fprintf(&b, "streamq_level_entries{priority=%q,queue=\"leveled\"} %d\n", l.Priority.String(), l.Length)
+		}
+		b.WriteString("# HELP streamq_level_pending_entries Entries of the priority level delivered to a group and not yet acknowledged, over the groups.\n# TYPE streamq_level_pending_entries gauge\n")
+		for _, l := range st.Levels {
+			fmt.Fprintf(&b, "streamq_level_pending_entries{priority=%q,queue=\"leveled\"} %d\n", l.Priority.String(), l.Pending)
+			pending += l.Pending
+		}
+		require.EqualValues(t, []int64{3, 1, 2}, []int64{st.Levels[0].Length, st.Levels[1].Length, st.Levels[2].Length})
+		require.EqualValues(t, 1, pending, "the held entry is pending on its level")
+		col := streamqprom.NewCollector([]*streamq.Admin{a, ap}, streamqprom.WithCacheInterval(time.Hour))
+		reg := prometheus.NewPedanticRegistry()
+		reg.MustRegister(col)
+		require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(b.String()), "streamq_level_entries", "streamq_level_pending_entries"))
+		problems, err := testutil.CollectAndLint(col)
+		require.NoError(t, err)
+		require.Empty(t, problems)
+		cancel()
+		require.NoError(t, <-ran)
+	})
+}

@@ -120,31 +120,54 @@ func orDash(s string) string {
 
 func (r *runner) printJobs(state streamq.JobState, jobs []streamq.JobSummary) error {
 	tw := r.table()
+	// A PRIORITY column only when a job on the page has a level other
+	// than normal.
+	leveled := false
+	for _, j := range jobs {
+		leveled = leveled || j.Priority != streamq.PriorityNormal
+	}
+	head := func(h string) {
+		if leveled {
+			h += "\tPRIORITY"
+		}
+		fmt.Fprintln(tw, h)
+	}
+	end := func(j streamq.JobSummary) {
+		if leveled {
+			fmt.Fprintf(tw, "\t%s", j.Priority)
+		}
+		fmt.Fprintln(tw)
+	}
 	switch state {
 	case streamq.JobScheduled:
-		fmt.Fprintln(tw, "REQUEST ID\tDUE\tPRODUCED\tSHARD")
+		head("REQUEST ID\tDUE\tPRODUCED\tSHARD")
 		for _, j := range jobs {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", j.ID, when(j.Due), when(j.ProducedAt), j.Shard)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d", j.ID, when(j.Due), when(j.ProducedAt), j.Shard)
+			end(j)
 		}
 	case streamq.JobRetrying:
-		fmt.Fprintln(tw, "REQUEST ID\tNEXT RUN\tSTARTS\tGROUP\tLAST ERROR")
+		head("REQUEST ID\tNEXT RUN\tSTARTS\tGROUP\tLAST ERROR")
 		for _, j := range jobs {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", j.ID, when(j.Due), j.Deliveries, orDash(j.Group), oneLine(j.LastError, 60))
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s", j.ID, when(j.Due), j.Deliveries, orDash(j.Group), oneLine(j.LastError, 60))
+			end(j)
 		}
 	case streamq.JobQueued:
-		fmt.Fprintln(tw, "REQUEST ID\tENTRY\tPRODUCED\tSHARD")
+		head("REQUEST ID\tENTRY\tPRODUCED\tSHARD")
 		for _, j := range jobs {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", j.ID, j.EntryID, when(j.ProducedAt), j.Shard)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d", j.ID, j.EntryID, when(j.ProducedAt), j.Shard)
+			end(j)
 		}
 	case streamq.JobRunning:
-		fmt.Fprintln(tw, "REQUEST ID\tCONSUMER\tREAD OR RENEWED\tSTARTS\tENTRY")
+		head("REQUEST ID\tCONSUMER\tREAD OR RENEWED\tSTARTS\tENTRY")
 		for _, j := range jobs {
-			fmt.Fprintf(tw, "%s\t%s\t%s ago\t%d\t%s\n", j.ID, j.Consumer, fmtDuration(j.Idle), j.Deliveries, j.EntryID)
+			fmt.Fprintf(tw, "%s\t%s\t%s ago\t%d\t%s", j.ID, j.Consumer, fmtDuration(j.Idle), j.Deliveries, j.EntryID)
+			end(j)
 		}
 	default:
-		fmt.Fprintln(tw, "DEAD LETTER ID\tREQUEST ID\tSTARTS\tAT\tCONSUMER\tERROR")
+		head("DEAD LETTER ID\tREQUEST ID\tSTARTS\tAT\tCONSUMER\tERROR")
 		for _, j := range jobs {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", j.DeadLetterID, orDash(j.ID), j.Deliveries, j.At.UTC().Format(time.RFC3339), orDash(j.Consumer), oneLine(j.LastError, 60))
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s", j.DeadLetterID, orDash(j.ID), j.Deliveries, j.At.UTC().Format(time.RFC3339), orDash(j.Consumer), oneLine(j.LastError, 60))
+			end(j)
 		}
 	}
 	return tw.Flush()

@@ -188,3 +188,37 @@ func TestCLIJobs(t *testing.T) {
 	s.golden("history-bad-span", ExitUsage, "history", "orders", "--span", "48h")
 	s.golden("history-unknown-queue", ExitNotFound, "history", "ordrs")
 }
+
+// TestCLIJobsPriority: jobs ls lists the jobs of every priority level and
+// adds a PRIORITY column when a job on the page has a level other than
+// normal (the other goldens show that a page of normal jobs has none); the
+// JSON names a non-default level and omits the default.
+func TestCLIJobsPriority(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	ctx := context.Background()
+	p, err := streamq.NewProducer[string, string](client, "rush", &streamq.ProducerOptions{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	defer p.Close()
+	require.NoError(t, p.Enqueue(ctx, "plain-1", "x"))
+	_, err = p.Produce(ctx, "urgent-1", "x", streamq.Priority(streamq.PriorityHigh))
+	require.NoError(t, err)
+	_, err = p.Produce(ctx, "bulk-1", "x", streamq.Priority(streamq.PriorityLow))
+	require.NoError(t, err)
+	_, err = p.Produce(ctx, "bulk-later", "x", streamq.Priority(streamq.PriorityLow), streamq.After(time.Hour))
+	require.NoError(t, err)
+	s := &session{t: t, url: "redis://" + srv.Addr() + "/0"}
+	s.golden("jobs-ls-queued-priority", 0, "jobs", "ls", "rush", "--state", "queued")
+	s.golden("jobs-ls-scheduled-priority", 0, "jobs", "ls", "rush", "--state", "scheduled")
+	stdout, stderr, code := s.run("jobs", "ls", "rush", "--state", "queued", "--json")
+	require.Equal(t, 0, code, stderr)
+	var page struct {
+		Jobs []map[string]any `json:"jobs"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &page))
+	levels := map[string]any{}
+	for _, j := range page.Jobs {
+		levels[j["id"].(string)] = j["priority"]
+	}
+	require.Equal(t, map[string]any{"plain-1": nil, "urgent-1": "high", "bulk-1": "low"}, levels)
+}

@@ -1,6 +1,7 @@
 -- jobs.lua: read one shard's part of an Admin.Jobs page, in one step (reads
--- only). Admin.Jobs sends one call per shard, pipelined, and merges the
--- shards' parts by the state's sort key; each call's work is bounded by the
+-- only). Admin.Jobs sends one call per shard (for queued and running jobs,
+-- per shard and priority level stream), pipelined, and merges the parts by
+-- the state's sort key; each call's work is bounded by the
 -- page size and, with a filter, by a scan window, whatever the queue's size.
 --
 -- ARGV[1] is the mode:
@@ -17,7 +18,8 @@
 --   ARGV[9] only this member ("": any); the cursor is then ignored
 --   Returns {total, behind, more, frontier score, frontier member, then per
 --   match: member, score, start count, error, production time (ms or ""),
---   payload (its first 4096 bytes)}.
+--   payload (its first 4096 bytes), priority level (field "pr": "high",
+--   "low", or "" for the default)}.
 --   behind: 1 when members lie on the other side of the cursor; more: 1 when
 --   members lie beyond the last one scanned; the frontier is the last member
 --   scanned ("" when none).
@@ -98,13 +100,15 @@ if mode == "z" then
       return nil
     end
     local f = dec(d[4] or "")
-    local payload = ""
+    local payload, level = "", ""
     for j = 1, #f, 2 do
       if f[j] == "p" then
         payload = string.sub(f[j + 1] or "", 1, cap)
+      elseif f[j] == "pr" then
+        level = f[j + 1] or ""
       end
     end
-    return {member, score, d[3] or "0", d[5] or "", d[6] or "", payload}
+    return {member, score, d[3] or "0", d[5] or "", d[6] or "", payload, level}
   end
   if ARGV[9] ~= "" then
     local score = redis.call("ZSCORE", set, ARGV[9])

@@ -110,6 +110,10 @@
       set(s, "canceled", String(q.canceled));
       set(s, "consumers", String(q.consumers));
       set(s, "stale_consumers", String(q.stale_consumers));
+      (q.levels || []).forEach(function (l) {
+        set(s, "level_" + l.priority, String(l.length));
+        set(s, "level_pending_" + l.priority, String(l.pending));
+      });
       var state = s.querySelector('[data-f="state"]');
       if (state) {
         var badge = q.paused ? "paused" : q.consumers === 0 && (q.length > 0 || q.pending > 0) ? "no consumers" : "";
