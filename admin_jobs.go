@@ -38,6 +38,9 @@ const (
 	// schedule; it never ran (Error holds the stored message). Its callers
 	// get ErrCanceled until the record expires (AdminOptions.ResultTTL).
 	JobCanceled JobState = "canceled"
+	// JobWaiting: a flow's parent waiting for its children (ProduceFlow);
+	// Children shows theirs.
+	JobWaiting JobState = "waiting"
 	// JobLost: the record says in flight, but its stream entry is gone and no
 	// consumer holds it (the stream was deleted or trimmed by hand), or it
 	// says scheduled and the schedule does not hold it (deleted by hand). Producing
@@ -83,6 +86,14 @@ type JobInfo struct {
 	Error string `json:"error,omitempty"`
 	// TTL is how long the record lives on: -1 when it has no expiry.
 	TTL time.Duration `json:"ttl_ns"`
+	// Progress is the last value the request's handler reported
+	// (Message.Progress), as its codec encoded it; nil when none is stored.
+	Progress []byte `json:"progress,omitempty"`
+	// Children are, for a flow's parent (ProduceFlow) whose flow hash
+	// lives, its children's outcomes so far, in order; a child without one
+	// yet has Err "the child has no outcome yet". Admin.Job of a child's id
+	// shows where it stands. Nil for any other request.
+	Children []ChildResult `json:"children,omitempty"`
 }
 
 // Job looks up a request id: whether it is scheduled (until when), a retry
@@ -138,6 +149,10 @@ func (a *Admin) Job(ctx context.Context, id string) (JobInfo, error) {
 	case "C":
 		info.State, info.Error = JobCanceled, value
 	case "P":
+		if value == "&" {
+			info.State = JobWaiting
+			break
+		}
 		if due, ok := strings.CutPrefix(value, "@"); ok {
 			// Scheduled: a delayed request or a retry waiting for its back-off.
 			info.State = JobScheduled
@@ -177,6 +192,19 @@ func (a *Admin) Job(ctx context.Context, id string) (JobInfo, error) {
 		}
 	default:
 		return info, fmt.Errorf("%w: the record of %q in %s starts with %q, which streamq never writes", ErrWrongType, id, a.queue, code)
+	}
+	// The progress value and a flow's children: one more round trip.
+	pipe := a.client.Pipeline()
+	progCmd := pipe.Get(ctx, k.Progress(id))
+	flowCmd := pipe.HGetAll(ctx, k.Flow(id))
+	_, _ = pipe.Exec(ctx)
+	if v, err := progCmd.Result(); err == nil {
+		if _, val, ok := parseStoredProgress(v); ok {
+			info.Progress = []byte(val)
+		}
+	}
+	if h, err := flowCmd.Result(); err == nil && len(h) > 0 {
+		info.Children, _ = parseFlowChildren(h, k.Flow(id))
 	}
 	return info, nil
 }

@@ -72,6 +72,10 @@ func clusterSuite(t *testing.T, c *redistest.Cluster, client redis.UniversalClie
 		t.Parallel()
 		testClusterDelayed(t, client)
 	})
+	t.Run("Flow", func(t *testing.T) {
+		t.Parallel()
+		testClusterFlow(t, client)
+	})
 }
 
 // testClusterDelayed: delayed jobs on every shard of a sharded queue run once,

@@ -18,6 +18,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/streamq/streamq/internal/keys"
 	"github.com/streamq/streamq/internal/scripts"
 )
 
@@ -566,10 +567,23 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 	args[6] = now
 	var txArgs []any // the staged writes' section, when some item has one
 	var txKeys []string
+	var flowKeys []string // the children of flows: three keys each, after the records
+	var children []byte   // "0:<item>,<item>...": complete.lua's ARGV[9] when there are children
 	for i, cp := range batch {
 		e := cp.s.entry
 		if e.ID != "" && !o.Fanout {
 			keyList = append(keyList, k.Record(e.ID))
+			if cp.s.meta.parent != "" && cp.code != recordSkip {
+				if rec, stream, ok := keys.FlowParent(cp.s.meta.parent); ok {
+					flowKeys = append(flowKeys, cp.s.meta.parent, rec, stream)
+					if children == nil {
+						children = []byte("0:")
+					} else {
+						children = append(children, ',')
+					}
+					children = strconv.AppendInt(children, int64(i+1), 10)
+				}
+			}
 		} else {
 			keyList = append(keyList, dead)
 		}
@@ -586,12 +600,16 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 		}
 		args = append(args, e.EntryID, e.ID, codeArg[cp.code], value, payload, e.Deliveries)
 	}
+	if children != nil {
+		args[8] = string(children)
+		keyList = append(keyList, flowKeys...)
+	}
 	keyList = append(keyList, k.History(now/msPerHour)) // the minute's history (complete.lua)
 	keyList = append(keyList, fixed.starts)             // complete.lua drops start counts there
 	if txArgs != nil {
 		// Staged writes: their keys after the start counts, their section after the items.
 		keyList = append(keyList, txKeys...)
-		args[8] = args[8].(string) + ":" + strconv.Itoa(len(txArgs))
+		args[8] = args[8].(string) + "/" + strconv.Itoa(len(txArgs))
 		args = append(args, txArgs...)
 	}
 	return keyList, args

@@ -47,7 +47,10 @@ type Message[Req any] struct {
 
 	// tx is the shard's template (a Consumer's message that staged nothing)
 	// or the Tx that Tx made.
-	tx *Tx
+	tx    *Tx
+	link  messageLink // the run, for Progress and Children; nil when built by hand
+	shard int
+	flow  bool // a flow's parent (entry field "fp")
 }
 
 // Handler handles one request. Its context is cancelled when the consumer shuts

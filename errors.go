@@ -145,9 +145,11 @@ func wrapf(err error, format string, args ...any) error {
 // unprefixed is err's text without a leading "streamq: ".
 func unprefixed(err error) string { return strings.TrimPrefix(err.Error(), "streamq: ") }
 
-// Is makes errors.Is match ErrFailed, and ErrDeadLettered when dead-lettered.
+// Is makes errors.Is match ErrFailed, ErrDeadLettered when dead-lettered,
+// and ErrChildFailed for a flow's parent failed by its children.
 func (e *RequestError) Is(target error) bool {
 	return target == ErrFailed || (e.DeadLettered && target == ErrDeadLettered) ||
+		(!e.DeadLettered && target == ErrChildFailed && strings.HasPrefix(e.Message, unprefixed(ErrChildFailed))) ||
 		(e.DeadLettered && target == ErrDeadlineExceeded &&
 			strings.HasPrefix(strings.TrimPrefix(e.Message, "streamq: "), unprefixed(ErrDeadlineExceeded)))
 }

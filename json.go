@@ -2,6 +2,7 @@ package streamq
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"unicode/utf8"
 )
@@ -102,4 +103,37 @@ func resultText(b []byte) *string {
 		return nil
 	}
 	return utf8Text(b)
+}
+
+// childResultJSON is ChildResult's JSON shape: the error as its text.
+type childResultJSON struct {
+	Queue      string  `json:"queue"`
+	ID         string  `json:"id"`
+	Result     []byte  `json:"result,omitempty"`
+	ResultText *string `json:"result_text,omitempty"`
+	Error      string  `json:"error,omitempty"`
+}
+
+// MarshalJSON encodes the child's result as base64 ("result", with
+// "result_text" when it is valid UTF-8) and its error as text ("error").
+func (c ChildResult) MarshalJSON() ([]byte, error) {
+	v := childResultJSON{Queue: c.Queue, ID: c.ID, Result: c.Result, ResultText: utf8Text(c.Result)}
+	if c.Err != nil {
+		v.Error = c.Err.Error()
+	}
+	return json.Marshal(v)
+}
+
+// UnmarshalJSON decodes what MarshalJSON encodes; the error comes back as
+// an error with the same text (its type is not kept).
+func (c *ChildResult) UnmarshalJSON(b []byte) error {
+	var v childResultJSON
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*c = ChildResult{Queue: v.Queue, ID: v.ID, Result: v.Result}
+	if v.Error != "" {
+		c.Err = errors.New(v.Error)
+	}
+	return nil
 }

@@ -183,6 +183,15 @@ type messageMeta struct {
 	headers  map[string]string
 	deadline time.Time
 	readAt   time.Time
+	// parent is the flow hash of the flow this entry is a child of (field
+	// "pa"), or "": its outcome is counted there (complete.lua).
+	parent string
+	// flow: the entry is a flow's parent (field "fp"): Message.Children
+	// reads its flow hash.
+	flow bool
+	// flowFailed is a flow parent's failure when a child failed under
+	// FailOnChildFailure (field "ff"): recorded without running the handler.
+	flowFailed string
 }
 
 // parseMeta reads the optional fields of an entry. Entries written without
@@ -190,6 +199,11 @@ type messageMeta struct {
 // not parse is ignored, so it never stops the request from running.
 func parseMeta(values map[string]any, readAt time.Time) messageMeta {
 	m := messageMeta{readAt: readAt}
+	if len(values) > 2 { // a plain entry has only its id and payload
+		m.parent, _ = values[fieldParent].(string)
+		m.flow = values[fieldFlow] != nil
+		m.flowFailed, _ = values[fieldFlowFailed].(string)
+	}
 	if h, ok := values[fieldHeaders].(string); ok && h != "" {
 		var hs map[string]string
 		if json.Unmarshal([]byte(h), &hs) == nil && len(hs) > 0 {

@@ -100,6 +100,7 @@ func nilCtxReceivers(t *testing.T) []any {
 		FetcherFunc(fetched),
 		&CacheFetcher{Client: client, DeleteOnComplete: true},
 		WrapFetcher(&CacheFetcher{Client: client, DeleteOnComplete: true}, nil),
+		&Message[string]{},
 	}
 }
 

@@ -49,6 +49,9 @@ type Producer[Req, Resp any] struct {
 	budget  *byteBudget
 	waiters *waiters
 	sends   sendTracker // requests Send accepted, for Flush
+	// flowQueues caches, per queue name, the keys of a queue other than this
+	// one that a flow's children went to (ProduceFlow): name -> []keys.Keys.
+	flowQueues sync.Map
 
 	metaOK     atomic.Bool // the queue's recorded shard count matches ours
 	subscribed atomic.Bool // subs are confirmed and the loops run
@@ -382,7 +385,7 @@ func (p *Producer[Req, Resp]) hand(ctx context.Context, it *produceItem) error {
 // settle turns a produce outcome into a promise, which takes over the
 // reference on c.
 func (p *Producer[Req, Resp]) settle(id string, c *call, out produceOutcome) (*Promise[Resp], error) {
-	pr := &Promise[Resp]{id: id, c: c, codec: p.opts.Codec, w: p.waiters, released: make(chan struct{})}
+	pr := &Promise[Resp]{id: id, c: c, codec: p.opts.Codec, w: p.waiters, src: p, released: make(chan struct{})}
 	switch out.code {
 	case outcomeAppended, outcomeInflight:
 		if out.code == outcomeInflight {
@@ -546,6 +549,17 @@ func (p *Producer[Req, Resp]) listen(ps *redis.PubSub, ch <-chan any) {
 	for m := range ch {
 		switch m := m.(type) {
 		case *redis.Message:
+			if len(m.Payload) > 0 && m.Payload[0] == '~' {
+				// A progress notice (progress.lua); completion notices start
+				// with a digit.
+				id, seq, v, err := parseProgressNotice(m.Payload[1:])
+				if err != nil {
+					p.log.WarnContext(p.lifetime, "streamq: ignoring a malformed progress notice", "err", err)
+				} else {
+					p.waiters.progress(id, seq, v)
+				}
+				continue
+			}
 			if err := parseNotice(m.Payload, p.waiters.resolveID); err != nil {
 				p.log.WarnContext(p.lifetime, "streamq: ignoring a malformed completion notice", "err", err)
 			}
@@ -620,6 +634,13 @@ func (p *Producer[Req, Resp]) checkWaiting(ctx context.Context) error {
 	}
 	for shard, ids := range byShard {
 		if err := p.checkRecords(ctx, p.shards[shard], ids); err != nil {
+			return err
+		}
+	}
+	// Progress notices lost with the subscription: the stored latest value,
+	// for the requests whose promises listen (none: nothing read).
+	for id, st := range p.waiters.progressListeners() {
+		if err := p.readProgress(ctx, id, st); err != nil && !errors.Is(err, redis.Nil) {
 			return err
 		}
 	}
@@ -711,6 +732,11 @@ type Promise[Resp any] struct {
 	released chan struct{} // closed by Release
 	relOnce  sync.Once
 
+	src      progressSource // the producer, for a late Progress; nil when none
+	progOnce sync.Once
+	prog     *progressState // set by the first Progress
+	progCh   chan []byte
+
 	once sync.Once
 	resp Resp
 	err  error
@@ -778,6 +804,10 @@ func (pr *Promise[Resp]) Release() {
 	pr.relOnce.Do(func() {
 		close(pr.released)
 		pr.w.drop(pr.id, pr.c)
+		pr.progOnce.Do(func() { pr.progCh = closedProgress }) // no channel made after Release
+		if pr.prog != nil {
+			pr.prog.unsubscribe(pr.progCh)
+		}
 	})
 }
 
@@ -839,6 +869,10 @@ type call struct {
 	refs       int       // guarded by waiters.mu: Produce calls in progress and unreleased promises
 	appended   bool      // guarded by waiters.mu: the request is recorded in Redis
 	appendedAt time.Time // guarded by waiters.mu: when appended was first set
+	// prog is the request's progress, made by the first Promise.Progress
+	// (nil until then: a request nobody asks about pays nothing). Guarded
+	// by waiters.mu; its fields by its own mutex.
+	prog *progressState
 }
 
 // waiters maps request ids to their calls. A call is registered before its
@@ -946,6 +980,9 @@ func (w *waiters) resolve(id string, c *call, record string, err error) {
 	}
 	c.record, c.err = record, err
 	close(c.done)
+	if c.prog != nil {
+		c.prog.close()
+	}
 }
 
 func (w *waiters) appendedIDs() []string {

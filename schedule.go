@@ -209,9 +209,13 @@ func describeRecord(b byte) string {
 }
 
 // Cancel cancels a request that waits in the schedule: one produced with At
-// or After whose time has not come, or a retry waiting for its back-off.
+// or After whose time has not come, or a retry waiting for its back-off; or
+// a flow's parent waiting for its children (ProduceFlow), whose children
+// that are scheduled, queued or waiting are cancelled with it (running ones
+// finish; what is cancelled counts once each in Stats.Canceled).
 // Its callers get ErrCanceled (through the stored outcome, kept ResultTTL,
 // and a notice), and producing the id again meanwhile returns that outcome.
+// A cancelled child of a flow counts as a failed child for its parent.
 // Each cancellation counts once in Stats.Canceled. Cancelling a cancelled
 // request again returns nil and counts nothing (so does a resend after a lost
 // reply). A request that is already in the stream, running or completed
@@ -227,14 +231,30 @@ func (a *Admin) Cancel(ctx context.Context, id string) error {
 		return err
 	}
 	k := shards[keys.ShardOf(id, len(shards))]
-	res, err := scripts.Cancel.Run(ctx, a.client, []string{k.Record(id), k.Schedule, k.ScheduleData, k.Counts, k.Retry},
-		id, a.opts.ResultTTL.Milliseconds(), k.Channel, publishCommand(isCluster(a.client)),
-		"canceled by Admin.Cancel at "+time.Now().UTC().Format(time.RFC3339Nano)).Slice()
-	if err != nil {
-		if errors.Is(err, redis.Nil) {
-			return fmt.Errorf("%w: request %q of %s", ErrNotFound, id, a.queue)
+	// A flow's child names its parent in its stream fields: in the schedule's
+	// data while it waits there, in its own flow hash while it is a nested
+	// parent waiting for its children.
+	pipe := a.client.Pipeline()
+	data := pipe.HGet(ctx, k.ScheduleData, "r"+id)
+	stored := pipe.HGet(ctx, k.Flow(id), "e")
+	_, _ = pipe.Exec(ctx)
+	parent := ""
+	if raw, err := data.Result(); err == nil {
+		if d, ok := splitLengthPrefixed(raw); ok && len(d) >= 4 {
+			parent = fieldOf(d[3], fieldParent)
 		}
-		return fmt.Errorf("streamq: cancel %q: %w", id, err)
+	}
+	if raw, err := stored.Result(); err == nil && parent == "" {
+		parent = fieldOf(raw, fieldParent)
+	}
+	answering, err := a.client.Get(ctx, keys.AnsweringGroup(a.queue)).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("streamq: cancel %q: read the answering group: %w", id, err)
+	}
+	msg := "canceled by Admin.Cancel at " + time.Now().UTC().Format(time.RFC3339Nano)
+	res, err := a.cancel(ctx, k, id, answering, parent, msg, false)
+	if err != nil {
+		return err
 	}
 	code, _ := res[0].(int64)
 	switch code {
@@ -251,5 +271,92 @@ func (a *Admin) Cancel(ctx context.Context, id string) error {
 		}
 		return fmt.Errorf("%w: request %q of %s is %s", ErrNotScheduled, id, a.queue, state)
 	}
+	return a.cancelChildren(ctx, k.Flow(id), msg, 0)
+}
+
+// cancel runs cancel.lua for id in shard k; parent is the flow hash of the
+// request's parent, or "".
+func (a *Admin) cancel(ctx context.Context, k keys.Keys, id, group, parent, msg string, queued bool) ([]any, error) {
+	keyList := []string{k.Record(id), k.Schedule, k.ScheduleData, k.Counts, k.Retry, k.Stream}
+	if rec, stream, ok := keys.FlowParent(parent); ok {
+		keyList = append(keyList, parent, rec, stream)
+	}
+	q := ""
+	if queued {
+		q = "q"
+	}
+	res, err := scripts.Cancel.Run(ctx, a.client, keyList,
+		id, a.opts.ResultTTL.Milliseconds(), k.Channel, publishCommand(isCluster(a.client)), msg, group, q).Slice()
+	if err != nil {
+		if errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("%w: request %q of %s", ErrNotFound, id, a.queue)
+		}
+		return nil, fmt.Errorf("streamq: cancel %q: %w", id, err)
+	}
+	return res, nil
+}
+
+// cancelChildren cancels the children of a cancelled flow parent (flow is
+// its flow hash) that have no outcome yet and are scheduled, queued or
+// waiting for children of their own (recursively); running children finish.
+// A flow hash that is gone (not a flow) cancels nothing.
+func (a *Admin) cancelChildren(ctx context.Context, flow, msg string, depth int) error {
+	h, err := a.client.HGetAll(ctx, flow).Result()
+	if err != nil {
+		return fmt.Errorf("streamq: read the children of %s: %w", flow, err)
+	}
+	if len(h) == 0 || depth > MaxFlowChildren {
+		return nil
+	}
+	order, ok := splitLengthPrefixed(h["o"])
+	if !ok {
+		return nil
+	}
+	for i := 0; i+2 < len(order); i += 3 {
+		if h["k:"+order[i]] != "" {
+			continue // has its outcome
+		}
+		queue, id := order[i+1], order[i+2]
+		n, err := queueShards(ctx, a.client, queue)
+		if err != nil {
+			return err
+		}
+		ks, err := keys.Shards(queue, n)
+		if err != nil {
+			return err
+		}
+		ck := ks[keys.ShardOf(id, n)]
+		group, err := a.client.Get(ctx, keys.AnsweringGroup(queue)).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return fmt.Errorf("streamq: cancel child %q: read the answering group: %w", id, err)
+		}
+		// The parent is cancelled: the child's outcome need not count there.
+		res, err := a.cancel(ctx, ck, id, group, "", msg, true)
+		if err != nil {
+			return err
+		}
+		if code, _ := res[0].(int64); code == 2 {
+			if prev, _ := res[1].(string); prev == "P&" {
+				if err := a.cancelChildren(ctx, ck.Flow(id), msg, depth+1); err != nil {
+					return err
+				}
+			}
+		}
+	}
 	return nil
+}
+
+// fieldOf returns the value of stream field name in length-prefixed fields
+// (name, value, ...), or "".
+func fieldOf(encoded, name string) string {
+	f, ok := splitLengthPrefixed(encoded)
+	if !ok {
+		return ""
+	}
+	for i := 0; i+1 < len(f); i += 2 {
+		if f[i] == name {
+			return f[i+1]
+		}
+	}
+	return ""
 }

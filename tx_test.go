@@ -243,7 +243,7 @@ func TestTxCompleteScriptOwnershipAndResend(t *testing.T) {
 			require.NoError(t, tx.SAdd(k.TxKey("done"), eid))
 			txArgs, txKeys := tx.appendArgs(nil, nil, 1)
 			ks := append([]string{k.Stream, k.DeadLetter, k.Fanout, k.Record(id), k.History(1), starts}, txKeys...)
-			args := append([]any{DefaultGroup, k.Channel, 60000, "1", 100, "me", 1, "PUBLISH", "0:" + strconv.Itoa(len(txArgs)),
+			args := append([]any{DefaultGroup, k.Channel, 60000, "1", 100, "me", 1, "PUBLISH", "0/" + strconv.Itoa(len(txArgs)),
 				eid, id, "R", `"ok"`, "x", 1}, txArgs...)
 			v, err := scripts.Complete.Run(ctx, client, ks, args...).Result()
 			require.NoError(t, err)
@@ -476,7 +476,7 @@ func TestTxPlainCallUnchanged(t *testing.T) {
 	batch[1].s.tx = tx
 	ks, args = r.completeArgs(0, &fixed, batch)
 	require.Equal(t, "n", ks[len(ks)-1])
-	require.Equal(t, "0:6", args[8], "item index, command count, header, argument count, INCR, n")
+	require.Equal(t, "0/6", args[8], "item index, command count, header, argument count, INCR, n")
 }
 
 // TestTxCompleteScriptMixedBatch: one complete.lua call with a plain item,
@@ -518,7 +518,7 @@ func TestTxCompleteScriptMixedBatch(t *testing.T) {
 			}
 		}
 		ks = append(append(ks, k.History(1), starts), txKeys...)
-		args[8] = "0:" + strconv.Itoa(len(txArgs))
+		args[8] = "0/" + strconv.Itoa(len(txArgs))
 		args = append(args, txArgs...)
 		v, err := scripts.Complete.Run(ctx, client, ks, args...).Result()
 		require.NoError(t, err)

@@ -117,6 +117,12 @@ func (r *run[Req, Resp]) process(s *slot, flush func()) (owed bool) {
 		r.deadLetter(s, s.dead)
 		return true
 	}
+	if s.meta.flowFailed != "" {
+		// A flow's parent whose children failed: its outcome is that
+		// failure, and the handler does not run (no start is charged).
+		r.handOff(&completion{s: s, code: recordFailed, value: []byte(s.meta.flowFailed)})
+		return true
+	}
 	// Wait while the queue is paused, then for a rate-limit token: neither
 	// counts as a delivery, and the entry stays leased meanwhile.
 	if !r.mayStart(flush) {
@@ -161,7 +167,7 @@ func (r *run[Req, Resp]) process(s *slot, flush func()) (owed bool) {
 	hctx, stop := r.bound(ctx, s.meta.deadline)
 	msg := &Message[Req]{ID: s.entry.ID, EntryID: s.entry.EntryID, Payload: req, Deliveries: s.entry.Deliveries,
 		Headers: s.meta.headers, ProducedAt: entryTime(s.entry.EntryID), ReadAt: s.meta.readAt, StartedAt: time.Now(),
-		Deadline: s.meta.deadline, Priority: levelValue[s.level], tx: r.c.tx[s.shard]}
+		Deadline: s.meta.deadline, Priority: levelValue[s.level], tx: r.c.tx[s.shard], link: r, shard: s.shard, flow: s.meta.flow}
 	resp, err := r.call(hctx, s, msg)
 	tx := msg.tx.close() // nil unless the handler staged writes
 	stop()

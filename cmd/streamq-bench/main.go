@@ -41,6 +41,12 @@
 //	            consumers promote and run them. Rows "schedule" (scheduling
 //	            rate and cost) and "promote" (from the first due time until
 //	            all ran; latency: handler start - due time). No baseline.
+//	flow        flows of ten children (ProduceFlow + Wait from P producers with
+//	            -callers goroutines each, all on one queue); the parent's
+//	            handler reads its children (Message.Children). n counts the
+//	            children: jobs/s and Redis CPU are per child, the parents'
+//	            cost included. Latency: ProduceFlow to the parent's outcome.
+//	            No baseline.
 //	all         every scenario above, in that order.
 //
 // Without -redis host:port the program starts its own redis-server on a free
@@ -128,6 +134,7 @@ var scenarios = []scenario{
 	{"drain", 200_000, runDrain},
 	{"fairness", 60, runFairness},
 	{"delayed", 20_000, runDelayed},
+	{"flow", 50_000, runFlow},
 }
 
 func main() {
@@ -139,9 +146,9 @@ func main() {
 
 func run() error {
 	var cfg config
-	flag.StringVar(&cfg.scenario, "scenario", "all", "throughput, few, rpc, latency, prefetch, batch, drain, fairness, delayed or all")
+	flag.StringVar(&cfg.scenario, "scenario", "all", "throughput, few, rpc, latency, prefetch, batch, drain, fairness, delayed, flow or all")
 	flag.StringVar(&cfg.redisAddr, "redis", "", "host:port of a Redis to use; empty starts a private redis-server")
-	flag.IntVar(&cfg.n, "n", 0, "jobs per measured run; 0 uses each scenario's default (throughput 200000, few 30000, rpc 100000, latency 2000, prefetch 500, batch 200000, drain 200000, fairness 60, delayed 20000)")
+	flag.IntVar(&cfg.n, "n", 0, "jobs per measured run; 0 uses each scenario's default (throughput 200000, few 30000, rpc 100000, latency 2000, prefetch 500, batch 200000, drain 200000, fairness 60, delayed 20000, flow 50000)")
 	flag.IntVar(&cfg.producers, "producers", 4, "producers (each with its own client, like separate processes)")
 	flag.IntVar(&cfg.workers, "workers", 8, "handler goroutines in all, spread over -consumers consumers")
 	flag.IntVar(&cfg.consumers, "consumers", 2, "consumers (each with its own client)")
@@ -173,7 +180,7 @@ func run() error {
 		}
 	}
 	if len(chosen) == 0 {
-		return fmt.Errorf("unknown -scenario %q: use throughput, few, rpc, latency, prefetch, batch, drain, fairness, delayed or all", cfg.scenario)
+		return fmt.Errorf("unknown -scenario %q: use throughput, few, rpc, latency, prefetch, batch, drain, fairness, delayed, flow or all", cfg.scenario)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)

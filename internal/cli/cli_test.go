@@ -397,6 +397,28 @@ func buildCLI(t *testing.T) string {
 	return bin
 }
 
+// TestCLIJobShowsAFlow: a waiting flow parent lists its children, and a
+// request's progress shows.
+func TestCLIJobShowsAFlow(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	s := &session{t: t, url: "redis://" + srv.Addr() + "/0"}
+	ctx := context.Background()
+	reports := streamq.NewQueue[string, string]("reports")
+	pages := streamq.NewQueue[string, string]("pages")
+	p, err := reports.NewProducer(client, &streamq.ProducerOptions{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	defer p.Close()
+	_, err = p.ProduceFlow(ctx, "report-1", "r", []streamq.Child{
+		streamq.ChildOf(pages, "page-1", "p1"), streamq.ChildOf(pages, "page-2", "p2"),
+	}, nil)
+	require.NoError(t, err)
+	// A stored progress value, as a handler's Message.Progress leaves it.
+	require.NoError(t, client.Set(ctx, "streamq:{pages}:progress:page-1", `3:{"percent":40}`, time.Hour).Err())
+	s.golden("job-flow-waiting", 0, "job", "reports", "report-1")
+	s.golden("job-progress", 0, "job", "pages", "page-1")
+}
+
 // TestCLIStatsByPriority: stats prints each level's depth once the queue
 // uses priority levels.
 func TestCLIStatsByPriority(t *testing.T) {

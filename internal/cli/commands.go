@@ -647,6 +647,19 @@ func job(ctx context.Context, r *runner) error {
 		}
 		fmt.Fprintf(tw, "%s\t%s\n", label, j.Error)
 	}
+	switch {
+	case len(j.Progress) > 0 && utf8.Valid(j.Progress):
+		fmt.Fprintf(tw, "progress\t%s\n", j.Progress)
+	case len(j.Progress) > 0:
+		fmt.Fprintf(tw, "progress (base64)\t%s\n", encodeBase64(j.Progress))
+	}
+	for _, c := range j.Children { // a flow's parent: one line per child
+		state := "done"
+		if c.Err != nil {
+			state = c.Err.Error()
+		}
+		fmt.Fprintf(tw, "child\t%s/%s: %s\n", c.Queue, c.ID, state)
+	}
 	ttl := "no expiry"
 	if j.TTL >= 0 {
 		ttl = "expires in " + fmtDuration(j.TTL)

@@ -116,6 +116,34 @@ func (k Keys) RunNowMarker(member string) string { return k.base + "runnow:" + m
 // Record returns the key of the record (dedup marker, then result) of a request id.
 func (k Keys) Record(id string) string { return k.recordPrefix + id }
 
+// Flow returns the key of the hash of the flow whose parent is request id:
+// its pending child count, its policy, the parent's stream fields, and each
+// child's outcome (see internal/scripts/flow.lua).
+func (k Keys) Flow(id string) string { return k.base + "flow:" + id }
+
+// Progress returns the key holding the last progress value a handler
+// reported for request id ("<seq>:<value>").
+func (k Keys) Progress(id string) string { return k.base + "progress:" + id }
+
+// FlowParent returns, for a key built by Flow, the parent's record and
+// stream keys (same queue, same shard), and false for any other string.
+func FlowParent(flow string) (record, stream string, ok bool) {
+	if !strings.HasPrefix(flow, "streamq:") {
+		return "", "", false
+	}
+	end := strings.Index(flow, "}:")
+	if end < 0 || !strings.Contains(flow[:end], "{") {
+		return "", "", false
+	}
+	base := flow[:end+2]
+	id, ok := strings.CutPrefix(flow[end+2:], "flow:")
+	if !ok || id == "" {
+		return "", "", false
+	}
+	k := buildTagged(base)
+	return k.Record(id), k.Stream, true
+}
+
 // RequeueMarker returns the key that remembers, for a while, which entry the
 // dead letter id of the dead-letter stream deadLetter was requeued as. The id
 // (a stream id, without ':') comes first, so each pair has its own key.

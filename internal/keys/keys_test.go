@@ -111,3 +111,22 @@ func TestKeySlotFollowsRedisHashTags(t *testing.T) {
 		require.Equal(t, KeySlot(s.Stream), s.TagSlot())
 	}
 }
+
+func TestFlowParentRoundTrips(t *testing.T) {
+	for _, n := range []int{1, 3} {
+		ks, err := Shards("jobs:a", n)
+		require.NoError(t, err)
+		for _, k := range ks {
+			rec, stream, ok := FlowParent(k.Flow("p:1}x"))
+			require.True(t, ok)
+			require.Equal(t, k.Record("p:1}x"), rec)
+			require.Equal(t, k.Stream, stream)
+			require.Equal(t, KeySlot(k.Stream), KeySlot(k.Flow("p")))
+			require.Equal(t, KeySlot(k.Stream), KeySlot(k.Progress("p")))
+		}
+	}
+	for _, bad := range []string{"", "streamq:{q}:id:x", "streamq:{q}:flow:", "other:{q}:flow:x", "streamq:q}:flow:x"} {
+		_, _, ok := FlowParent(bad)
+		require.False(t, ok, bad)
+	}
+}

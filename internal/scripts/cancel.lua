@@ -1,7 +1,10 @@
 -- cancel.lua: cancel a scheduled request (a delayed job in the schedule, or
 -- a retry of the answering group waiting in the retry set).
 --
--- A request is scheduled while its record says "P@<due>". Cancelling removes
+-- A request is scheduled while its record says "P@<due>"; a flow's parent
+-- waiting for its children ("P&") is cancelled the same way (Admin.Cancel
+-- then cancels its children that have no outcome; a child's completion
+-- finds the record cancelled and appends nothing). Cancelling removes
 -- it from the schedule, stores the outcome "C<message>" (ARGV[2] TTL) and
 -- announces it like any outcome, so every caller waiting on it gets
 -- ErrCanceled. One step: a promoter running at the same time either appended
@@ -10,20 +13,31 @@
 -- shard's counts hash (Stats.Canceled); it comes before the other writes, so
 -- a key of another type there fails the script before it changes anything.
 --
+-- With ARGV[7] = "q" (the children of a cancelled flow parent), a queued
+-- request is cancelled too: its entry, held by no consumer of group ARGV[6],
+-- is deleted. A flow's child (KEYS[7..9] given) counts its "C" outcome in its
+-- parent's flow, and the last child's releases the parent (flowrelease.lua,
+-- which scripts.go puts in front of this file).
+--
 -- KEYS[1]      the record
 -- KEYS[2]      the schedule (sorted set)
 -- KEYS[3]      the schedule's data (hash)
 -- KEYS[4]      the shard's counts (hash)
 -- KEYS[5]      the retry set (sorted set)
+-- KEYS[6]      the stream
+-- KEYS[7..9]   optional: the flow hash, record and stream of the request's
+--              parent, when it is a flow's child
 -- ARGV[1]      the request id
 -- ARGV[2]      TTL of the stored outcome in milliseconds
 -- ARGV[3]      the completion notice channel
 -- ARGV[4]      "PUBLISH" or "SPUBLISH"
 -- ARGV[5]      the message stored with the outcome
+-- ARGV[6]      the answering group ("" when none)
+-- ARGV[7]      "q": cancel a queued request too; "": scheduled (or waiting) only
 --
 -- Returns {0} when the id has no record, {1, record} when it is not scheduled
--- (in the stream, running, or completed: the record says which), {2} when it
--- was cancelled, now or before (a record "C...": a second call, or one that
+-- (in the stream, running, or completed: the record says which), {2, the
+-- record it replaced} when it was cancelled, now or before (a record "C...": a second call, or one that
 -- go-redis resent after a lost reply, changes, counts and announces nothing).
 local cur = redis.pcall("GET", KEYS[1])
 if type(cur) == "table" then
@@ -33,17 +47,39 @@ if not cur then
   return {0}
 end
 if string.sub(cur, 1, 1) == "C" then
-  return {2}
+  return {2, cur}
 end
-if string.sub(cur, 1, 2) ~= "P@" then
-  return {1, cur}
+local queued = false
+if string.sub(cur, 1, 2) ~= "P@" and cur ~= "P&" then
+  if ARGV[7] ~= "q" or string.sub(cur, 1, 1) ~= "P" then
+    return {1, cur}
+  end
+  -- Queued: in the stream and held by no consumer of the group.
+  local eid = string.sub(cur, 2)
+  if ARGV[6] ~= "" then
+    local ok, p = pcall(redis.call, "XPENDING", KEYS[6], ARGV[6], eid, eid, 1)
+    if ok and p[1] then
+      return {1, cur}
+    end
+  end
+  queued = eid
 end
 redis.call("HINCRBY", KEYS[4], "canceled", 1)
-local member = "r" .. ARGV[1]
-redis.call("ZREM", KEYS[2], member)
-redis.call("ZREM", KEYS[5], member)
-redis.call("HDEL", KEYS[3], member)
+if queued then
+  redis.call("XDEL", KEYS[6], queued)
+else
+  local member = "r" .. ARGV[1]
+  redis.call("ZREM", KEYS[2], member)
+  redis.call("ZREM", KEYS[5], member)
+  redis.call("HDEL", KEYS[3], member)
+end
 local outcome = "C" .. ARGV[5]
 redis.call("SET", KEYS[1], outcome, "PX", ARGV[2])
 redis.call(ARGV[4], ARGV[3], #ARGV[1] .. ":" .. ARGV[1] .. #outcome .. ":" .. outcome)
-return {2}
+if KEYS[7] then
+  local _, childDone, release = flowLib()
+  if childDone(KEYS[7], KEYS[1], outcome) then
+    release(KEYS[7], KEYS[8], KEYS[9])
+  end
+end
+return {2, cur}

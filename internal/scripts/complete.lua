@@ -58,10 +58,13 @@
 -- KEYS[3]          the shard's fan-out marker: present once a fan-out group may
 --                  read the stream, and then entries are left to the trim
 -- KEYS[3+i]        the record key of item i; the dead-letter key when the item has no id
--- KEYS[4+n]        the history hash of the hour of ARGV[7] (n: the number of items)
--- KEYS[5+n]        the group's start-count hash (see charge.lua): completed ids are
+-- KEYS[4+n ..]    for each child of a flow among the items (ARGV[9]), in item
+--                  order, three keys: the flow hash, the parent's record and the
+--                  parent's stream (flowrelease.lua); c: the number of children
+-- KEYS[4+n+3c]     the history hash of the hour of ARGV[7] (n: the number of items)
+-- KEYS[5+n+3c]     the group's start-count hash (see charge.lua): completed ids are
 --                  removed from it
--- KEYS[6+n ..]     the keys of the staged writes, if any (declared for a cluster)
+-- KEYS[6+n+3c ..] the keys of the staged writes, if any (declared for a cluster)
 -- ARGV[1]          consumer group
 -- ARGV[2]          notification channel
 -- ARGV[3]          record TTL in milliseconds
@@ -73,8 +76,13 @@
 -- ARGV[9]          "1": a fan-out group (records nothing, publishes nothing, never
 --                  deletes entries; a final failure is a dead letter of the group
 --                  when this is the group's first completion of the entry); "0": the
---                  answering group; followed by ":<m>" when the last m ARGV are the
---                  staged writes
+--                  answering group. Then, for the answering group, ":<i>,<j>,..."
+--                  when items i, j, ... are children of flows (entry field "pa"):
+--                  each one's first outcome is recorded in its flow hash too, and
+--                  the last child's releases the parent in this same step; and
+--                  "/<m>" when the last m ARGV are the staged writes. A call
+--                  without children or staged writes carries no extra key or
+--                  argument: "0" or "1".
 -- ARGV[10+6(i-1) .. 15+6(i-1)]  item i: entry id, request id, code, value, payload, deliveries
 --   code "R": value is the encoded response
 --   code "E": value is an error message
@@ -94,14 +102,33 @@
 -- the error that made it a dead letter (a staged write refused). An error reply,
 -- before any write, when the dead-letter key holds another type.
 local group, channel, ttl, store = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == "1"
-local flag, txlen = ARGV[9], 0
+local flag, txlen, children = ARGV[9], 0, nil
 if #flag > 1 then
-  txlen = tonumber(string.sub(flag, 3))
+  local slash = string.find(flag, "/", 1, true)
+  if slash then
+    txlen = tonumber(string.sub(flag, slash + 1))
+    flag = string.sub(flag, 1, slash - 1)
+  end
+  if #flag > 1 then
+    children = string.sub(flag, 3)
+  end
   flag = string.sub(flag, 1, 1)
 end
 local fanout = flag == "1"
 local n = (#ARGV - 9 - txlen) / 6
-local history, starts = KEYS[4 + n], KEYS[5 + n]
+
+-- The children of flows among the items: item index -> the position before
+-- its three flow keys (KEYS[p+1], KEYS[p+2], KEYS[p+3]).
+local childOf
+local nflow = 0
+if children then
+  childOf = {}
+  for idx in string.gmatch(children, "%d+") do
+    childOf[tonumber(idx)] = 3 + n + nflow
+    nflow = nflow + 3
+  end
+end
+local history, starts = KEYS[4 + n + nflow], KEYS[5 + n + nflow]
 
 local function item(i)
   local b = 10 + 6 * (i - 1)
@@ -262,7 +289,7 @@ if txlen > 0 then
   -- Take dropped items out: no XACK, HDEL, XDEL, record or notice for them.
   tx.sent = n
   if dropped then
-    local kept, keys = {}, {}
+    local kept, keys, moved = {}, {}, childOf and {}
     for i = 1, n do
       local t = tx[i]
       if not (t and t.state == "drop") then
@@ -271,6 +298,9 @@ if txlen > 0 then
           kept[#kept + 1] = ARGV[b + f]
         end
         keys[#keys + 1] = KEYS[3 + i]
+        if moved then
+          moved[#keys] = childOf[i] -- the item's new index; its flow keys stay where they are
+        end
         if t then
           t.at = #keys
         end
@@ -283,6 +313,7 @@ if txlen > 0 then
       KEYS[3 + k] = keys[k]
     end
     n = #keys
+    childOf = moved or childOf
   end
   for i, t in pairs(tx) do
     if type(i) == "number" and t.at == nil then
@@ -446,6 +477,15 @@ for i = 1, n do
       end
       if code == "L" or not first then
         redis.call("SET", key, first and rec or prev, "PX", ttl)
+      end
+      if childOf and childOf[i] and first then
+        -- A flow's child: its first outcome counts in the flow, and the last
+        -- child's releases the parent.
+        local fk = childOf[i]
+        local _, childDone, release = flowLib()
+        if childDone(KEYS[fk + 1], key, rec) then
+          release(KEYS[fk + 1], KEYS[fk + 2], KEYS[fk + 3])
+        end
       end
       notice[#notice + 1] = #rid .. ":" .. rid .. #outcome .. ":" .. outcome
     elseif code == "L" then

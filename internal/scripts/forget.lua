@@ -51,6 +51,9 @@ if string.sub(rec, 1, 2) == "P@" then
   redis.call("ZREM", KEYS[4], member)
   redis.call("ZREM", KEYS[6], member)
   redis.call("HDEL", KEYS[5], member)
+elseif rec == "P&" then
+  -- A flow's parent waiting for its children: no entry yet (the flow hash
+  -- expires; a child's completion finds the record gone and appends nothing).
 elseif string.sub(rec, 1, 1) == "P" then
   local eid = string.sub(rec, 2)
   local stream = entryStream(eid, ARGV[3])

@@ -22,7 +22,8 @@
 -- start-count key in its data (a retry scheduled before the retry set
 -- existed), and starts is the start count its schedule data carries
 -- (a retry's starts so far; "0" for a delayed request), the last error the
--- error message a retry's data keeps.
+-- error message a retry's data keeps. "P&" (a flow's parent waiting for its
+-- children) reads nothing more.
 
 -- entryStream returns the stream holding entry eid of request rid: the
 -- shard's (KEYS[2]) or a priority level's (KEYS[7], KEYS[8]); KEYS[2] when
@@ -84,6 +85,9 @@ if string.sub(rec, 2, 2) == "@" then
     end
   end
   return {rec, ttl, present, false, false, starts, lastErr}
+end
+if rec == "P&" then
+  return {rec, ttl, 0, false, false, false, false} -- a flow's parent waiting for its children
 end
 local eid = string.sub(rec, 2)
 local stream = entryStream(eid, ARGV[2])

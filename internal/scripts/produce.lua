@@ -194,7 +194,10 @@ for i = 1, n do
     -- A known id, whatever its due time: in flight, or completed (a stored
     -- failure is replaced instead with flag "f", RetryFailed).
     if string.sub(prev, 1, 1) == "P" then
-      out[o + 1], out[o + 2] = 1, string.sub(prev, 2, 2) == "@" and "" or string.sub(prev, 2)
+      -- "P@<due>" scheduled, "P&" a flow's parent waiting for its children:
+      -- no entry yet.
+      local c = string.sub(prev, 2, 2)
+      out[o + 1], out[o + 2] = 1, (c == "@" or c == "&") and "" or string.sub(prev, 2)
     else
       out[o + 1], out[o + 2] = 2, prev
     end

@@ -48,12 +48,18 @@ var (
 	cancelSrc string
 	//go:embed jobs.lua
 	jobsSrc string
+	//go:embed flowrelease.lua
+	flowReleaseSrc string
+	//go:embed flow.lua
+	flowSrc string
+	//go:embed progress.lua
+	progressSrc string
 )
 
 // The scripts. Run uses EVALSHA and falls back to EVAL when the server lacks the script.
 var (
 	Produce  = redis.NewScript(produceSrc)
-	Complete = redis.NewScript(completeSrc)
+	Complete = redis.NewScript(flowReleaseSrc + completeSrc)
 	Claim    = redis.NewScript(claimSrc)
 	Lease    = redis.NewScript(leaseSrc)
 	Trim     = redis.NewScript(trimSrc)
@@ -71,7 +77,11 @@ var (
 	Periodic = redis.NewScript(periodicSrc)
 	Promote  = redis.NewScript(promoteSrc)
 	Retry    = redis.NewScript(retrySrc)
-	Cancel   = redis.NewScript(cancelSrc)
+	Cancel   = redis.NewScript(flowReleaseSrc + cancelSrc)
 	// Jobs reads one shard's part of an Admin.Jobs page.
 	Jobs = redis.NewScript(jobsSrc)
+	// Flow produces a parent with its children (flowrelease.lua in front).
+	Flow = redis.NewScript(flowReleaseSrc + flowSrc)
+	// Progress stores and announces a handler's progress value.
+	Progress = redis.NewScript(progressSrc)
 )

@@ -1,0 +1,38 @@
+-- progress.lua: store a handler's progress value and announce it.
+--
+-- Only the handler of the entry the record names reports: a record that no
+-- longer says "P<this entry id>" (the request completed, or another
+-- consumer's copy runs now) stores and announces nothing. Each value gets
+-- the next sequence number of the id (kept in the stored value, so reruns
+-- after a crash continue it); producers drop a value older than one they
+-- have, so the latest wins.
+--
+-- The notice goes on the completion channel as
+-- "~<len>:<id><len>:<seq><len>:<value>": the leading "~" tells it apart from
+-- completion notices (which start with a digit), and a listener that does
+-- not know it finds no length prefix and ignores it.
+--
+-- KEYS[1]  the request's record
+-- KEYS[2]  the progress key ("<seq>:<value>")
+-- ARGV[1]  the entry id
+-- ARGV[2]  the value
+-- ARGV[3]  the least TTL of the progress key, ms (it takes the record's
+--          TTL when that is longer)
+-- ARGV[4]  the notice channel
+-- ARGV[5]  "PUBLISH" or "SPUBLISH"
+-- ARGV[6]  the request id
+--
+-- Returns the value's sequence number, or 0 when nothing was stored.
+if redis.call("GET", KEYS[1]) ~= "P" .. ARGV[1] then
+  return 0
+end
+local seq = 1
+local cur = redis.pcall("GET", KEYS[2])
+if type(cur) == "string" then
+  seq = (tonumber(string.match(cur, "^(%d+):")) or 0) + 1
+end
+local ttl = math.max(redis.call("PTTL", KEYS[1]), tonumber(ARGV[3]))
+redis.call("SET", KEYS[2], seq .. ":" .. ARGV[2], "PX", ttl)
+local s = tostring(seq)
+redis.call(ARGV[5], ARGV[4], "~" .. #ARGV[6] .. ":" .. ARGV[6] .. #s .. ":" .. s .. #ARGV[2] .. ":" .. ARGV[2])
+return seq

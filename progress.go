@@ -1,0 +1,303 @@
+package streamq
+
+// Progress: a handler reports values (progress.lua stores the last one and
+// announces it on the completion channel as a notice of its own kind), and
+// the producers' listeners hand them to the promises that asked
+// (Promise.Progress). Nothing is polled, and a request whose promises never
+// ask costs nothing.
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/streamq/streamq/internal/keys"
+	"github.com/streamq/streamq/internal/scripts"
+)
+
+// MaxProgressBytes is the largest encoded progress value Message.Progress
+// accepts.
+const MaxProgressBytes = 64 << 10
+
+// Progress reports the handler's progress: v, encoded with the consumer's
+// codec ([]byte as is), is stored as the request's last progress value (for
+// callers that attach later, and Admin.Job) and pushed to every producer
+// waiting on the request (Promise.Progress). It is one Redis round trip,
+// bounded by ctx; values reported one after another reach callers in that
+// order (each carries the next sequence number of the request, and a
+// producer drops a value older than one it has). A message whose record no
+// longer names its entry (the request completed, or another consumer's copy
+// runs now) stores nothing and returns nil. A fan-out group's handler
+// reports nothing. A nil ctx panics.
+func (m *Message[Req]) Progress(ctx context.Context, v any) error {
+	mustContext(ctx, "Message.Progress")
+	if m.link == nil {
+		return nil // built by hand (a test): nowhere to report
+	}
+	return m.link.progress(ctx, m.shard, m.ID, m.EntryID, v)
+}
+
+// progress runs progress.lua for the message (Message.Progress).
+func (r *run[Req, Resp]) progress(ctx context.Context, shard int, id, entryID string, v any) error {
+	if r.c.opts.Fanout || id == "" {
+		return nil
+	}
+	b, err := encode[any](r.c.opts.Codec, v)
+	if err != nil {
+		return err
+	}
+	if len(b) > MaxProgressBytes {
+		return fmt.Errorf("%w: a progress value of %d bytes, the limit is MaxProgressBytes=%d", ErrPayloadTooLarge, len(b), MaxProgressBytes)
+	}
+	k := r.c.shards[shard]
+	err = scripts.Progress.Run(ctx, r.c.client, []string{k.Record(id), k.Progress(id)},
+		entryID, b, r.c.opts.ResultTTL.Milliseconds(), k.Channel, publishCommand(r.c.sharded), id).Err()
+	if err != nil {
+		return fmt.Errorf("streamq: report the progress of %q: %w", id, err)
+	}
+	return nil
+}
+
+// parseProgressNotice splits a progress notice without its leading '~'
+// ("<len>:<id><len>:<seq><len>:<value>").
+func parseProgressNotice(s string) (id string, seq int64, value string, err error) {
+	parts, ok := splitLengthPrefixed(s)
+	if !ok || len(parts) != 3 {
+		return "", 0, "", fmt.Errorf("malformed progress notice")
+	}
+	seq, err = strconv.ParseInt(parts[1], 10, 64)
+	if err != nil || seq < 1 {
+		return "", 0, "", fmt.Errorf("bad progress sequence %q", parts[1])
+	}
+	return parts[0], seq, parts[2], nil
+}
+
+// parseStoredProgress splits a stored progress value ("<seq>:<value>").
+func parseStoredProgress(s string) (int64, string, bool) {
+	n, v, ok := strings.Cut(s, ":")
+	if !ok {
+		return 0, "", false
+	}
+	seq, err := strconv.ParseInt(n, 10, 64)
+	if err != nil || seq < 1 {
+		return 0, "", false
+	}
+	return seq, v, true
+}
+
+// progressState is the progress of one request id in one producer: the
+// latest value seen and the channels of the promises that asked for it.
+// Created by the first Promise.Progress of the id's call; its own mutex.
+type progressState struct {
+	mu     sync.Mutex
+	seq    int64 // of val; 0: none yet
+	val    []byte
+	subs   []chan []byte
+	closed bool // the request completed: subs are closed
+}
+
+// update takes value seq if it is newer than the one held, and offers it to
+// every channel.
+func (s *progressState) update(seq int64, v []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || seq <= s.seq {
+		return
+	}
+	s.seq, s.val = seq, v
+	for _, ch := range s.subs {
+		offerLatest(ch, v)
+	}
+}
+
+// offerLatest puts v in ch (capacity 1), replacing a value the receiver has
+// not taken yet: a slow receiver misses intermediate values, never the last.
+// Callers hold the state's mutex, so offers to one channel never interleave.
+func offerLatest(ch chan []byte, v []byte) {
+	select {
+	case ch <- v:
+		return
+	default:
+	}
+	select {
+	case <-ch:
+	default:
+	}
+	select {
+	case ch <- v:
+	default:
+	}
+}
+
+// subscribe returns a new channel holding the latest value, if any; it is
+// closed already when the request completed.
+func (s *progressState) subscribe() chan []byte {
+	ch := make(chan []byte, 1)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.seq > 0 {
+		ch <- s.val
+	}
+	if s.closed {
+		close(ch)
+	} else {
+		s.subs = append(s.subs, ch)
+	}
+	return ch
+}
+
+// unsubscribe closes ch and forgets it (a released promise).
+func (s *progressState) unsubscribe(ch chan []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, c := range s.subs {
+		if c == ch {
+			s.subs = append(s.subs[:i], s.subs[i+1:]...)
+			close(ch)
+			return
+		}
+	}
+}
+
+// close closes every channel: the request completed (its last value stays
+// in each channel's buffer).
+func (s *progressState) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	s.closed = true
+	for _, ch := range s.subs {
+		close(ch)
+	}
+	s.subs = nil
+}
+
+func (s *progressState) listening() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.subs) > 0
+}
+
+// progressOf returns c's progress state, creating it (closed when c is
+// resolved already), and whether it holds no value yet.
+func (w *waiters) progressOf(c *call) (*progressState, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if c.prog == nil {
+		c.prog = &progressState{}
+		select {
+		case <-c.done:
+			c.prog.closed = true
+		default:
+		}
+	}
+	c.prog.mu.Lock()
+	empty := c.prog.seq == 0 && !c.prog.closed
+	c.prog.mu.Unlock()
+	return c.prog, empty
+}
+
+// progressListeners returns the progress states that promises listen to,
+// by request id.
+func (w *waiters) progressListeners() map[string]*progressState {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out map[string]*progressState
+	for id, c := range w.m {
+		if c.prog != nil && c.prog.listening() {
+			if out == nil {
+				out = make(map[string]*progressState)
+			}
+			out[id] = c.prog
+		}
+	}
+	return out
+}
+
+// progress hands a progress notice to id's call, when one listens.
+func (w *waiters) progress(id string, seq int64, v string) {
+	w.mu.Lock()
+	c := w.m[id]
+	var st *progressState
+	if c != nil {
+		st = c.prog
+	}
+	w.mu.Unlock()
+	if st != nil {
+		st.update(seq, []byte(v))
+	}
+}
+
+// closedProgress is the progress channel of a promise released before it
+// asked.
+var closedProgress = func() chan []byte {
+	ch := make(chan []byte)
+	close(ch)
+	return ch
+}()
+
+// progressSource fetches the stored progress value of a request whose
+// promise asked for it late (the producer).
+type progressSource interface {
+	fetchProgress(id string, st *progressState)
+}
+
+// fetchProgress reads id's stored progress value in a goroutine of its own
+// (bounded by setupTimeout, stopped by Close) and hands it to st, which
+// keeps it only if no newer value arrived meanwhile.
+func (p *Producer[Req, Resp]) fetchProgress(id string, st *progressState) {
+	p.setupMu.Lock()
+	if p.stopping {
+		p.setupMu.Unlock()
+		return
+	}
+	p.loops.Add(1)
+	p.setupMu.Unlock()
+	go func() {
+		defer p.loops.Done()
+		ctx, cancel := context.WithTimeout(p.lifetime, setupTimeout)
+		defer cancel()
+		_ = p.readProgress(ctx, id, st)
+	}()
+}
+
+// readProgress reads id's stored progress value into st.
+func (p *Producer[Req, Resp]) readProgress(ctx context.Context, id string, st *progressState) error {
+	k := p.shards[keys.ShardOf(id, len(p.shards))]
+	v, err := p.client.Get(ctx, k.Progress(id)).Result()
+	if err != nil {
+		return err
+	}
+	if seq, val, ok := parseStoredProgress(v); ok {
+		st.update(seq, []byte(val))
+	}
+	return nil
+}
+
+// Progress returns a channel of the request's progress values (what its
+// handler passed to Message.Progress, encoded with the consumer's codec;
+// []byte as is). Values are pushed over the producer's completion
+// subscription, never polled. The channel holds one value, the latest: a
+// receiver slower than the handler misses intermediate values, never the
+// last one, and the values it receives come in the order the handler
+// reported them. A promise asking while the request runs first gets the
+// stored latest value (one Redis read, in the background). The channel is
+// closed when the request completes (the last value stays readable) or the
+// promise is released; for a request complete already it is closed at once,
+// holding the last value this producer saw, if any. Every call returns the
+// same channel.
+func (pr *Promise[Resp]) Progress() <-chan []byte {
+	pr.progOnce.Do(func() {
+		st, empty := pr.w.progressOf(pr.c)
+		pr.prog = st
+		pr.progCh = st.subscribe()
+		if empty && pr.src != nil {
+			pr.src.fetchProgress(pr.id, st)
+		}
+	})
+	return pr.progCh
+}
