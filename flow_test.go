@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/streamq/streamq/internal/keys"
 	"github.com/stretchr/testify/require"
 )
 
@@ -727,5 +728,77 @@ func TestFlowKeysOfAnotherType(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, "a!", got)
 		require.Zero(t, rig.parentRuns.Load())
+	})
+}
+
+// TestFlowChildrenStageWrites: the children of a flow stage writes (Tx) and
+// the parent does too; every write is applied once, in the completion that
+// records each child's outcome (which also counts it in its flow) and the
+// parent's. complete.lua then carries both sections in one ARGV[9]
+// (":<children>" and "/<staged>"), and the flow keys sit between the records
+// and the staged keys.
+func TestFlowChildrenStageWrites(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := NewQueue[int, int](queueName(t))
+		k, err := keys.New(q.Name())
+		require.NoError(t, err)
+		total, parents, done := k.TxKey("total"), k.TxKey("parents"), k.TxKey("done")
+		c, err := q.NewConsumer(client, func(ctx context.Context, m *Message[int]) (int, error) {
+			tx := m.Tx()
+			if tx.Key("total") != total {
+				return 0, Permanent(fmt.Errorf("Tx.Key names %q, not %q", tx.Key("total"), total))
+			}
+			if strings.HasPrefix(m.ID, "parent") {
+				kids, err := m.Children(ctx)
+				if err != nil {
+					return 0, err
+				}
+				sum := 0
+				for _, k := range kids {
+					v, err := ChildResultOf(q, k)
+					if err != nil {
+						return 0, err
+					}
+					sum += v
+				}
+				return sum, tx.Incr(parents)
+			}
+			if err := tx.IncrBy(total, int64(m.Payload)); err != nil {
+				return 0, err
+			}
+			return m.Payload, tx.SAdd(done, m.ID)
+		}, &ConsumerOptions{Workers: 4, Logger: testLogger(t)})
+		require.NoError(t, err)
+		runConsumer(t, c)
+		p, err := q.NewProducer(client, &ProducerOptions{Logger: testLogger(t)})
+		require.NoError(t, err)
+		defer p.Close()
+		var prs []*Promise[int]
+		want := 0
+		for f := range 5 {
+			var kids []Child
+			for i := range 8 {
+				kids = append(kids, ChildOf(q, fmt.Sprintf("c%d-%d", f, i), f*10+i))
+				want += f*10 + i
+			}
+			pr, err := p.ProduceFlow(ctx, fmt.Sprintf("parent-%d", f), 0, kids, nil)
+			require.NoError(t, err)
+			prs = append(prs, pr)
+		}
+		got := 0
+		for _, pr := range prs {
+			v, err := waitFor(t, pr)
+			require.NoError(t, err)
+			got += v
+		}
+		require.Equal(t, want, got, "each parent saw its children's results")
+		n, err := client.Get(ctx, total).Int()
+		require.NoError(t, err)
+		require.Equal(t, want, n, "every child's INCRBY applied once")
+		require.EqualValues(t, 40, client.SCard(ctx, done).Val())
+		np, err := client.Get(ctx, parents).Int()
+		require.NoError(t, err)
+		require.Equal(t, 5, np, "every parent's INCR applied once")
 	})
 }
