@@ -134,8 +134,9 @@ func RequireDeadLettered(ctx context.Context, t TB, client redis.UniversalClient
 	return *found
 }
 
-// lookUp is Admin.Job, answering JobScheduled itself for a request waiting
-// in the schedule (a delayed request, or a retry waiting for its back-off).
+// lookUp is Admin.Job, answering itself for a request waiting in the
+// schedule: JobRetrying for a retry waiting for its back-off (a member of
+// the retry set), JobScheduled for a delayed request.
 func lookUp(ctx context.Context, client redis.UniversalClient, admin *streamq.Admin, queue, id string) (streamq.JobInfo, error) {
 	ks, err := admin.Keys(ctx)
 	if err != nil {
@@ -151,7 +152,15 @@ func lookUp(ctx context.Context, client redis.UniversalClient, admin *streamq.Ad
 		return streamq.JobInfo{ID: id}, err
 	}
 	if n {
-		return streamq.JobInfo{ID: id, State: streamq.JobScheduled, Shard: shard}, nil
+		state := streamq.JobScheduled
+		_, err := client.ZScore(ctx, shards[shard].Retry, "r"+id).Result()
+		switch {
+		case err == nil:
+			state = streamq.JobRetrying
+		case !errors.Is(err, redis.Nil):
+			return streamq.JobInfo{ID: id}, err
+		}
+		return streamq.JobInfo{ID: id, State: state, Shard: shard}, nil
 	}
 	return admin.Job(ctx, id)
 }
@@ -168,7 +177,7 @@ func storedPayload(ctx context.Context, client redis.UniversalClient, admin *str
 		return nil, false, err
 	}
 	k := shards[info.Shard]
-	if info.State != streamq.JobScheduled && info.EntryID != "" && !strings.HasPrefix(info.EntryID, "@") {
+	if info.State != streamq.JobScheduled && info.State != streamq.JobRetrying && info.EntryID != "" && !strings.HasPrefix(info.EntryID, "@") {
 		// The entry is on the stream of its priority level: the default's or
 		// another's, the one whose entry carries the id.
 		for _, stream := range []string{k.Stream, k.LevelStream("high"), k.LevelStream("low")} {

@@ -2,6 +2,7 @@ package streamqtest_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"strings"
@@ -194,4 +195,27 @@ func TestPriorityLevels(t *testing.T) {
 	if len(ran) != 3 || ran["h"] != want["h"] || ran["l"] != want["l"] || ran["n"] != want["n"] {
 		t.Fatalf("ran %v, want %v", ran, want)
 	}
+}
+
+// TestRequireProducedRetrying: a retry waiting for its back-off is in state
+// JobRetrying, as Admin.Job reports it, and its payload is the one produced.
+func TestRequireProducedRetrying(t *testing.T) {
+	client := streamqtest.NewClient(t)
+	ctx := context.Background()
+	c, err := streamq.NewConsumer(client, "q", func(ctx context.Context, m *streamq.Message[order]) (receipt, error) {
+		return receipt{}, streamq.RetryAfter(errors.New("supplier down"), 24*time.Hour)
+	}, &streamq.ConsumerOptions{ReadBlock: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := streamq.NewProducer[order, receipt](client, "q", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := p.Enqueue(ctx, "flaky", order{Item: "tea"}); err != nil {
+		t.Fatal(err)
+	}
+	streamqtest.Drain(ctx, t, client, "q", c, nil)
+	streamqtest.RequireProduced(ctx, t, client, "q", "flaky", &streamqtest.RequireOptions{State: streamq.JobRetrying, Payload: order{Item: "tea"}})
 }
