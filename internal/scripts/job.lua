@@ -25,23 +25,8 @@
 -- error message a retry's data keeps. "P&" (a flow's parent waiting for its
 -- children) reads nothing more.
 
--- entryStream returns the stream holding entry eid of request rid: the
--- shard's (KEYS[2]) or a priority level's (KEYS[7], KEYS[8]); KEYS[2] when
--- no stream holds it.
-local function entryStream(eid, rid)
-  for _, s in ipairs({KEYS[2], KEYS[7], KEYS[8]}) do
-    local e = redis.call("XRANGE", s, eid, eid, "COUNT", 1)
-    if e[1] and e[1][2] then
-      local f = e[1][2]
-      for j = 1, #f - 1, 2 do
-        if f[j] == "id" and f[j + 1] == rid then
-          return s
-        end
-      end
-    end
-  end
-  return KEYS[2]
-end
+-- entryStream (entrystream.lua, in front of this script) finds the stream
+-- holding an entry: KEYS[2] or a level stream, KEYS[7] or KEYS[8].
 local member = "r" .. ARGV[2]
 local rec = redis.call("GET", KEYS[1])
 if not rec then

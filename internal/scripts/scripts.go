@@ -36,6 +36,8 @@ var (
 	jobSrc string
 	//go:embed forget.lua
 	forgetSrc string
+	//go:embed entrystream.lua
+	entryStreamSrc string
 	//go:embed ratelimit.lua
 	rateLimitSrc string
 	//go:embed periodic.lua
@@ -69,8 +71,8 @@ var (
 	Charge   = redis.NewScript(chargeSrc)
 	Release  = redis.NewScript(releaseSrc)
 	Adopt    = redis.NewScript(adoptSrc)
-	Job      = redis.NewScript(jobSrc)
-	Forget   = redis.NewScript(forgetSrc)
+	Job      = redis.NewScript(entryStreamSrc + jobSrc)
+	Forget   = redis.NewScript(entryStreamSrc + forgetSrc)
 	// RateLimit takes tokens of a shared rate limit (GCRA on the server's clock).
 	RateLimit = redis.NewScript(rateLimitSrc)
 	// Periodic records a periodic job's last and next slot.
