@@ -47,8 +47,8 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 	}
 	// Each call asks for at most maxReadCount entries: Redis allocates for the
 	// whole COUNT of an XAUTOCLAIM up front, and bigger batches gain nothing.
-	share := min(max(1, o.Prefetch/r.c.nShards), maxReadCount)
-	level := r.c.levelIndex(shard)
+	share := min(max(1, r.prefetch/r.c.nShards), maxReadCount)
+	class := r.class(shard)
 	backlogged := false // what this feeder last told the ring (setBacklog)
 	history, cursor := true, "-"
 	claimCursor, nextClaim := "0-0", time.Now()
@@ -82,10 +82,13 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 			got, err = r.readNew(read, shard, n, max(block, time.Millisecond))
 			if full := got == n; err == nil && full != backlogged {
 				backlogged = full
-				r.ring.setBacklog(level, full) // only read with priority levels in use
+				r.ring.setBacklog(class, full) // only read with priority levels in use
 			}
 		}
 		r.givePlaces(shard, n-got)
+		if err == nil && got == 0 {
+			r.stepAside(ctx, shard)
+		}
 		if err != nil {
 			if isNoGroup(err) {
 				r.c.log.WarnContext(r.runCtx, "streamq: consumer group vanished (Redis restarted without persistence, or the stream was deleted); recreating it", "err", err)

@@ -172,36 +172,12 @@ func (c *Consumer[Req, Resp]) Run(ctx context.Context) error {
 		return errors.New("streamq: Consumer.Run called while it is already running; use one Consumer per Run")
 	}
 	defer c.running.Store(false)
-	// go-redis does not interrupt a call when its context ends (unless the
-	// client has ContextTimeoutEnabled): a call stalled on the connection
-	// would hold Run for the client's timeouts. Run stops waiting for it.
-	ready := make(chan error, 1)
-	c.background.Add(1)
-	go func() {
-		defer c.background.Done()
-		ready <- c.ensureGroupRetry(ctx)
-	}()
-	var err error
-	select {
-	case err = <-ready:
-	case <-ctx.Done():
-		select {
-		case err = <-ready:
-		default:
-			err = ctx.Err()
-		}
+	if err := c.start(ctx); err != nil || ctx.Err() != nil {
+		return err
 	}
-	if err != nil {
-		if fatalStartError(err) || (c.opts.FailFast && ctx.Err() == nil) {
-			return err
-		}
-		return nil // ctx ended before Redis could be reached
-	}
-	r := newRun(c)
+	p, r := newSoloPool(c)
 	c.lastRun.Store(r)
-	r.start(ctx)
-	<-ctx.Done()
-	r.shutdown()
+	p.run(ctx)
 	return nil
 }
 
@@ -333,16 +309,19 @@ func (c *Consumer[Req, Resp]) ensureGroupRetry(ctx context.Context) error {
 	}
 }
 
-// run is the state of one Run call.
+// run is one queue's state in one Run call (of its Consumer, or of a
+// MultiConsumer): everything but what the pool shares (the ring, its
+// read-ahead and the workers; see pool).
 //
 // Goroutines and what they own (each file says the same at its top):
-//   - feeders (feed, one per shard; autoclaim.go): resume, claim and read
+//   - feeders (feed, one per stream; autoclaim.go): resume, claim and read
 //     entries, create slots, push them into places they reserved in the ring.
 //   - fetch goroutines (prefetch.go): one per slot with a remote payload,
 //     until the slot is ready.
-//   - workers (work, worker.go): take slots in ring order, ask the shard's
-//     committer to charge the start, run the handler, queue the outcome.
-//   - committers (committer.go, one loop per shard and its ticks in flight):
+//   - workers (pool.work, shared by the pool's queues): take slots in ring
+//     order, ask the stream's committer to charge the start, run the
+//     handler, queue the outcome.
+//   - committers (committer.go, one loop per stream and its ticks in flight):
 //     every write of the hot path, in one pipelined round trip per tick:
 //     outcomes, retries and start charges; then forget the slots (their
 //     places go back to the ring).
@@ -353,8 +332,9 @@ func (c *Consumer[Req, Resp]) ensureGroupRetry(ctx context.Context) error {
 // owned is shared by all of them and guarded by mu.
 type run[Req, Resp any] struct {
 	c     *Consumer[Req, Resp]
-	ring  *ring
-	ahead *readAhead // moves the ring's target with what the workers see
+	ring  *ring // the pool's
+	queue int   // the queue's index in the pool and its ring
+	multi bool  // the pool has other queues
 
 	runCtx         context.Context // Run's ctx: ends reading and fetching
 	bg             context.Context // outlives runCtx: completions, leases, releases
@@ -368,45 +348,62 @@ type run[Req, Resp any] struct {
 	releaseMu sync.Mutex
 	unstarted []*slot // slots drained at shutdown, to release
 
-	committers []*committer[Req, Resp] // one per shard: shards fail independently
-	lanes      [][]*lane               // per shard, the committer's connections (nil entries: none)
+	committers []*committer[Req, Resp] // one per stream: shards fail independently
+	lanes      [][]*lane               // per stream, the committer's connections (nil entries: none)
 	places     *shardPlaces
+	prefetch   int        // the places of the queue's shards together (its share of the pool's Prefetch)
+	workers    int        // the pool's workers
 	pause      *pauseGate // open while the queue is not paused (watchPause)
 	limiter    *limiter   // nil without RateLimit
 
 	fetches   sync.WaitGroup
-	workers   sync.WaitGroup
 	loops     sync.WaitGroup // leaser, trimmer and heartbeat
 	feeder    sync.WaitGroup
 	stopLoops chan struct{}
 }
 
-func newRun[Req, Resp any](c *Consumer[Req, Resp]) *run[Req, Resp] {
-	ring := newRing(c.opts.Prefetch, c.nShards)
-	if c.opts.holdPrefetch {
-		ring.groupReads = false // tests of a full ring read whatever room there is
-	}
-	ring.strict = c.opts.StrictPriority
+// newRun returns queue index queue's run in a pool whose ring is ring,
+// holding up to prefetch entries (its shards' places together).
+func newRun[Req, Resp any](c *Consumer[Req, Resp], ring *ring, queue, prefetch int) *run[Req, Resp] {
+	q := &ring.qs[queue]
+	q.strict = c.opts.StrictPriority
 	for l := range numLevels {
-		ring.weights[l] = c.opts.PriorityWeights[weightIndex[l]]
+		q.weights[l] = c.opts.PriorityWeights[weightIndex[l]]
 	}
 	return &run[Req, Resp]{
 		c:         c,
 		ring:      ring,
-		ahead:     newReadAhead(c.opts.Workers, c.opts.Prefetch, c.opts.holdPrefetch),
-		places:    newShardPlaces(c.opts.Prefetch, c.nShards),
+		queue:     queue,
+		multi:     len(ring.qs) > 1,
+		places:    newShardPlaces(prefetch, c.nShards),
+		prefetch:  prefetch,
+		workers:   c.opts.Workers,
 		owned:     make(map[ownedKey]*slot),
 		pause:     newPauseGate(),
 		stopLoops: make(chan struct{}),
 	}
 }
 
-func (r *run[Req, Resp]) start(ctx context.Context) {
+// newSoloPool returns the pool of a Consumer's own Run: one queue, with
+// the consumer's Workers and Prefetch.
+func newSoloPool[Req, Resp any](c *Consumer[Req, Resp]) (*pool, *run[Req, Resp]) {
+	ring := newRing(c.opts.Prefetch, c.nShards)
+	if c.opts.holdPrefetch {
+		ring.groupReads = false // tests of a full ring read whatever room there is
+	}
+	p := newPool(ring, newReadAhead(c.opts.Workers, c.opts.Prefetch, c.opts.holdPrefetch), c.opts.Workers)
+	r := newRun(c, ring, 0, c.opts.Prefetch)
+	p.add(r)
+	return p, r
+}
+
+// begin starts the queue's goroutines; the pool starts the workers.
+func (r *run[Req, Resp]) begin(ctx context.Context) {
 	o := &r.c.opts
 	r.runCtx = ctx
-	r.ring.setTarget(r.ahead.current())
 	r.bg, r.cancelBg = context.WithCancel(context.WithoutCancel(ctx))
 	r.handlerCtx, r.cancelHandlers = context.WithCancelCause(context.WithoutCancel(ctx))
+	r.ring.setPaused(r.queue, true) // until watchPause's first read says otherwise
 	r.committers = make([]*committer[Req, Resp], len(r.c.shards))
 	for shard := range r.committers {
 		if !o.replyWait {
@@ -418,10 +415,6 @@ func (r *run[Req, Resp]) start(ctx context.Context) {
 		}
 		r.committers[shard] = newCommitter(r, shard, lanes)
 		go r.committers[shard].loop()
-	}
-	r.workers.Add(o.Workers)
-	for range o.Workers {
-		go r.work()
 	}
 	r.loops.Add(3)
 	go r.leaseLoop()
@@ -446,52 +439,26 @@ func (r *run[Req, Resp]) start(ctx context.Context) {
 	}
 }
 
-// shutdown runs after Run's ctx ended and returns within about
-// 2×ShutdownTimeout, whatever Redis does. The steps (see stop) run in their
-// own goroutine: handlers get ShutdownTimeout; Redis work (the feeder's last
-// read, outcomes, releases, leases) gets as long again. Then the background
-// context is cancelled, which ends every retry loop, and shutdown returns even
-// if a call is still stalled on the connection: go-redis does not interrupt
-// it when its context ends (unless the client has ContextTimeoutEnabled), so
-// it ends on the client's own timeouts, and the remaining steps then finish
-// in the background, each failing fast. Entries whose outcome or release was
-// not recorded stay pending and are claimed after MinIdle.
-func (r *run[Req, Resp]) shutdown() {
-	o := &r.c.opts
-	timeout := time.AfterFunc(o.ShutdownTimeout, func() {
-		r.cancelHandlers(fmt.Errorf("streamq: ShutdownTimeout (%v) elapsed", o.ShutdownTimeout))
-	})
-	gaveUp := make(chan struct{})
-	hard := time.AfterFunc(2*o.ShutdownTimeout, func() {
-		r.cancelBg()
-		close(gaveUp)
-	})
-	done := make(chan struct{})
+func (r *run[Req, Resp]) committerOf(shard int) poker    { return r.committers[shard] }
+func (r *run[Req, Resp]) streams() int                   { return len(r.c.shards) }
+func (r *run[Req, Resp]) feedersDone()                   { r.feeder.Wait() }
+func (r *run[Req, Resp]) giveUp()                        { r.cancelBg() }
+func (r *run[Req, Resp]) shutdownTimeout() time.Duration { return r.c.opts.ShutdownTimeout }
+func (r *run[Req, Resp]) cancelHandlersCause(err error)  { r.cancelHandlers(err) }
+
+func (r *run[Req, Resp]) backgroundAdd() func() {
 	r.c.background.Add(1)
-	go func() {
-		defer r.c.background.Done()
-		defer close(done)
-		r.stop(timeout)
-	}()
-	select {
-	case <-done:
-		hard.Stop()
-	case <-gaveUp:
-		r.c.log.WarnContext(r.runCtx, "streamq: shutdown stopped waiting for Redis after 2×ShutdownTimeout; "+
-			"calls still in flight end on the client's timeouts, and unrecorded entries stay pending until claimed",
-			"shutdown_timeout", o.ShutdownTimeout)
-	}
+	return r.c.background.Done
 }
 
-// stop runs the shutdown steps in order: the feeders stop first (so no new
-// slots appear), then workers finish or drain the ring, then the drained slots
-// are released, then outcomes are flushed, and only then do leases stop,
-// because entries must stay leased until they are completed.
-func (r *run[Req, Resp]) stop(handlerTimeout *time.Timer) {
-	r.feeder.Wait()
-	r.ring.close()
-	r.workers.Wait()
-	handlerTimeout.Stop()
+func (r *run[Req, Resp]) warn(ctx context.Context, msg string, args ...any) {
+	r.c.log.WarnContext(ctx, msg, args...)
+}
+
+// finish runs the queue's shutdown steps once the workers ended: the
+// drained slots are released, then outcomes are flushed, and only then do
+// leases stop, because entries must stay leased until they are completed.
+func (r *run[Req, Resp]) finish() {
 	r.fetches.Wait()
 	r.releaseUnstarted()
 	for _, c := range r.committers {
@@ -540,14 +507,36 @@ func (r *run[Req, Resp]) reservePlaces(ctx context.Context, shard, limit int) (i
 	if err != nil {
 		return 0, err
 	}
-	got, err := r.ring.reserveLevel(ctx, r.c.levelIndex(shard), n)
+	got, err := r.ring.reserveClass(ctx, r.class(shard), n)
 	r.places.give(r.c.realShard(shard), n-got)
 	return got, err
 }
 
+// stepAside runs after a feeder's read came back empty and it gave its
+// places back: while other feeders wait for places (of its shard, or of the
+// ring), it waits until one of them got some, or for at most ReadBlock. A
+// drained stream's feeder would otherwise take the places again at once
+// (it is running; they wait to be woken), and with fewer places than
+// feeders (Prefetch below the levels or queues read) a backlogged stream
+// would never be read.
+func (r *run[Req, Resp]) stepAside(ctx context.Context, shard int) {
+	shardTurn, ringTurn := r.places.contended(r.c.realShard(shard)), r.ring.contended()
+	if shardTurn == nil && ringTurn == nil {
+		return
+	}
+	t := time.NewTimer(r.c.opts.ReadBlock)
+	defer t.Stop()
+	select {
+	case <-shardTurn:
+	case <-ringTurn:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
 // givePlaces returns n places of a shard (a stream: see Consumer.shards).
 func (r *run[Req, Resp]) givePlaces(shard, n int) {
-	r.ring.giveLevel(r.c.levelIndex(shard), n)
+	r.ring.giveClass(r.class(shard), n)
 	r.places.give(r.c.realShard(shard), n)
 }
 
@@ -557,6 +546,9 @@ func (c *Consumer[Req, Resp]) realShard(v int) int { return v % c.nShards }
 
 // levelIndex returns the level of stream index v (see levelNames).
 func (c *Consumer[Req, Resp]) levelIndex(v int) int { return v / c.nShards }
+
+// class returns the ring class of stream index v (see ring).
+func (r *run[Req, Resp]) class(v int) int { return classOf(r.queue, r.c.levelIndex(v)) }
 
 // shardPlaces splits Prefetch between the shards: a shard holds at most its
 // share of entries (read, running, or handled and not yet recorded), so a
@@ -571,11 +563,52 @@ type shardPlaces struct {
 	// at most max/feeders, so a feeder that gives its places back and
 	// takes them again at once cannot starve its shard's other levels.
 	feeders []int
+	turns   []turns // per shard: see stepAside
+}
+
+// turns lets a feeder whose read came back empty step aside for the feeders
+// waiting for the places it gives back (see run.stepAside): without it, the
+// drained feeder takes them again at once, before a waiting feeder wakes,
+// and with fewer places than feeders a backlogged level (or queue) never
+// reads. Guarded by its owner's mutex.
+type turns struct {
+	waiting int           // feeders blocked in a reservation
+	taken   chan struct{} // closed when one of them got places; nil while none waits
+}
+
+// wait counts a feeder that starts waiting for places.
+func (t *turns) wait() {
+	t.waiting++
+	if t.taken == nil {
+		t.taken = make(chan struct{})
+	}
+}
+
+// done counts a waiting feeder that stopped waiting, with places (got) or
+// without (its ctx ended).
+func (t *turns) done(got bool) {
+	t.waiting--
+	if got {
+		close(t.taken)
+		t.taken = nil
+		if t.waiting > 0 {
+			t.taken = make(chan struct{})
+		}
+	}
+}
+
+// contended returns a channel closed once a waiting feeder got places, or
+// nil when none waits.
+func (t *turns) contended() <-chan struct{} {
+	if t.waiting == 0 {
+		return nil
+	}
+	return t.taken
 }
 
 func newShardPlaces(prefetch, shards int) *shardPlaces {
 	p := &shardPlaces{free: make([]int, shards), max: make([]int, shards), freed: make([]chan struct{}, shards),
-		feeders: make([]int, shards)}
+		feeders: make([]int, shards), turns: make([]turns, shards)}
 	for i := range shards {
 		n := prefetch / shards
 		if i < prefetch%shards {
@@ -591,11 +624,19 @@ func newShardPlaces(prefetch, shards int) *shardPlaces {
 func (p *shardPlaces) share(shard int) int { return p.max[shard] }
 
 func (p *shardPlaces) reserve(ctx context.Context, shard, limit int) (int, error) {
+	waiting := false
 	for {
 		p.mu.Lock()
 		n := min(p.free[shard], limit, max(1, p.max[shard]/p.feeders[shard]))
 		p.free[shard] -= n
 		left := p.free[shard]
+		switch {
+		case n > 0 && waiting:
+			p.turns[shard].done(true)
+		case n == 0 && !waiting:
+			p.turns[shard].wait()
+			waiting = true
+		}
 		p.mu.Unlock()
 		if n > 0 {
 			if left > 0 && p.feeders[shard] > 1 {
@@ -606,9 +647,20 @@ func (p *shardPlaces) reserve(ctx context.Context, shard, limit int) (int, error
 		select {
 		case <-p.freed[shard]:
 		case <-ctx.Done():
+			p.mu.Lock()
+			p.turns[shard].done(false)
+			p.mu.Unlock()
 			return 0, ctx.Err()
 		}
 	}
+}
+
+// contended returns a channel closed once a feeder waiting for the shard's
+// places got some, or nil when none waits.
+func (p *shardPlaces) contended(shard int) <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.turns[shard].contended()
 }
 
 func (p *shardPlaces) give(shard, n int) {
@@ -666,7 +718,7 @@ func (r *run[Req, Resp]) admit(shard int, msgs []redis.XMessage, at int64, start
 	level := r.c.levelIndex(shard)
 	for i, m := range msgs {
 		n := starts(i)
-		s := &slot{shard: shard, level: level, ready: make(chan struct{}), meta: parseMeta(m.Values, now)}
+		s := &slot{shard: shard, queue: r.queue, level: level, ready: make(chan struct{}), meta: parseMeta(m.Values, now)}
 		s.entry = Entry{EntryID: m.ID, Deliveries: n + 1}
 		id, idOK := m.Values[fieldID].(string)
 		data, dataOK := m.Values[fieldPayload].(string)

@@ -111,7 +111,7 @@ func TestConsumerOptionUpperBounds(t *testing.T) {
 // once drained; closing it ends the workers' range after the queued slots.
 func TestRingGrowsAndShrinksInOrder(t *testing.T) {
 	r := newRing(MaxPrefetch, 1)
-	require.Empty(t, r.q[levelNormal].buf, "no storage before the first push")
+	require.Empty(t, r.qs[0].q[levelNormal].buf, "no storage before the first push")
 	ctx := context.Background()
 	const n = 5000
 	got, err := r.reserve(ctx, n)
@@ -120,7 +120,7 @@ func TestRingGrowsAndShrinksInOrder(t *testing.T) {
 	for i := range n {
 		r.push(&slot{entry: Entry{EntryID: fmt.Sprint(i)}})
 	}
-	require.LessOrEqual(t, len(r.q[levelNormal].buf), 2*n)
+	require.LessOrEqual(t, len(r.qs[0].q[levelNormal].buf), 2*n)
 	r.close()
 	i := 0
 	for s := range r.slots {
@@ -128,5 +128,5 @@ func TestRingGrowsAndShrinksInOrder(t *testing.T) {
 		i++
 	}
 	require.Equal(t, n, i)
-	require.LessOrEqual(t, len(r.q[levelNormal].buf), ringKeepCap, "storage shrinks as the ring drains")
+	require.LessOrEqual(t, len(r.qs[0].q[levelNormal].buf), ringKeepCap, "storage shrinks as the ring drains")
 }

@@ -88,8 +88,15 @@ func nilCtxReceivers(t *testing.T) []any {
 	require.NoError(t, err)
 	pd, err := NewPeriodic(p, &PeriodicOptions{Logger: testLogger(t)})
 	require.NoError(t, err)
+	c2, err := NewConsumer(client, q+"-2", func(ctx context.Context, m *Message[string]) (string, error) {
+		return m.Payload, nil
+	}, &ConsumerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	mc, err := NewMultiConsumer(nil, MultiQueue{Consumer: c2})
+	require.NoError(t, err)
 	fetched := func(ctx context.Context, e Entry) ([]byte, error) { return e.Data, nil }
 	return []any{
+		mc,
 		p,
 		promise,
 		c,

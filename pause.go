@@ -140,8 +140,14 @@ func (r *run[Req, Resp]) watchPause() {
 			if r.bg.Err() == nil {
 				r.c.log.WarnContext(r.runCtx, "streamq: reading whether the queue is paused failed; keeping the last state", "err", err)
 			}
-		case r.pause.set(paused) && paused:
-			r.c.log.InfoContext(r.runCtx, "streamq: queue paused; running handlers finish, no new ones start")
+		default:
+			// The ring first: workers stop taking the queue's slots (and
+			// take other queues' meanwhile), then the gate holds a worker
+			// that took one a moment before.
+			r.ring.setPaused(r.queue, paused)
+			if r.pause.set(paused) && paused {
+				r.c.log.InfoContext(r.runCtx, "streamq: queue paused; running handlers finish, no new ones start")
+			}
 		}
 		t.Reset(PauseCheckInterval)
 	}

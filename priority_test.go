@@ -197,7 +197,7 @@ func TestPriorityRingTakes(t *testing.T) {
 	}
 	t.Run("strict", func(t *testing.T) {
 		r := newRing(1000, 1)
-		r.strict = true
+		r.qs[0].strict = true
 		fill(r, 50)
 		var got []int
 		for range 150 {
@@ -212,10 +212,10 @@ func TestPriorityRingTakes(t *testing.T) {
 	t.Run("weighted", func(t *testing.T) {
 		r := newRing(1000, 1)
 		for l := range numLevels {
-			r.weights[l] = DefaultPriorityWeights[weightIndex[l]]
+			r.qs[0].weights[l] = DefaultPriorityWeights[weightIndex[l]]
 		}
 		round := 0
-		for _, w := range r.weights {
+		for _, w := range r.qs[0].weights {
 			round += w
 		}
 		fill(r, 100)
@@ -226,23 +226,23 @@ func TestPriorityRingTakes(t *testing.T) {
 				require.True(t, ok)
 				counts[s.level]++
 			}
-			require.Equal(t, r.weights, counts, "round %d", w)
+			require.Equal(t, r.qs[0].weights, counts, "round %d", w)
 		}
 		// Drain the rest: with the high level empty, normal and low share 3:1
 		// (credit carried over from the rounds before moves a take or two
 		// between them, never more than one round's worth).
-		for r.q[levelHigh].n > 0 {
+		for r.qs[0].q[levelHigh].n > 0 {
 			r.tryTake()
 		}
 		const rounds = 10
 		var counts [numLevels]int
-		for range rounds * (r.weights[levelNormal] + r.weights[levelLow]) {
+		for range rounds * (r.qs[0].weights[levelNormal] + r.qs[0].weights[levelLow]) {
 			s, ok := r.tryTake()
 			require.True(t, ok)
 			counts[s.level]++
 		}
-		require.InDelta(t, rounds*r.weights[levelNormal], counts[levelNormal], float64(round))
-		require.InDelta(t, rounds*r.weights[levelLow], counts[levelLow], float64(round))
+		require.InDelta(t, rounds*r.qs[0].weights[levelNormal], counts[levelNormal], float64(round))
+		require.InDelta(t, rounds*r.qs[0].weights[levelLow], counts[levelLow], float64(round))
 	})
 }
 
@@ -308,7 +308,7 @@ func gatedOrder(t *testing.T, client *redis.Client, strict bool, perLevel int) [
 		r := c.lastRun.Load()
 		r.ring.qmu.Lock()
 		for l := range numLevels {
-			queued[l] = r.ring.q[l].n
+			queued[l] = r.ring.qs[0].q[l].n
 		}
 		r.ring.qmu.Unlock()
 		return pending, queued
@@ -996,4 +996,43 @@ func TestPriorityRunNowKeepsTheLevel(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, "low", got)
 	})
+}
+
+// TestPriorityFewPlacesEveryLevelReads: with fewer places than level
+// feeders (Prefetch 1, three levels), a level whose stream drained must not
+// keep the shard's only place: its feeder gave it back after each empty
+// blocking read and took it again before the feeders waiting for it woke,
+// so a request retried onto the high level (appended after every level had
+// drained) waited forever. Every request completes, the retried one after
+// exactly three starts.
+func TestPriorityFewPlacesEveryLevelReads(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	q := queueName(t)
+	p := newStringProducer(t, client, q)
+	var prs []*Promise[string]
+	for i := range 30 {
+		prs = append(prs, mustProduce(t, p, fmt.Sprint("r", i), "x", Priority(levelValue[i%numLevels])))
+	}
+	retried := mustProduce(t, p, "retried", "x", Priority(PriorityHigh))
+	var starts atomic.Int32
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		if m.ID == "retried" {
+			starts.Add(1)
+			if m.Deliveries < 3 {
+				return "", RetryAfter(errors.New("later"), 20*time.Millisecond)
+			}
+		}
+		return "ok", nil
+	}, &ConsumerOptions{Workers: 1, Prefetch: 1, ClaimInterval: 50 * time.Millisecond, ReadBlock: 50 * time.Millisecond,
+		RetryBackoff: 10 * time.Millisecond, TrimInterval: -1, Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer runConsumer(t, c)()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, pr := range append(prs, retried) {
+		_, err := pr.Wait(ctx)
+		require.NoError(t, err, "a level was never read again")
+	}
+	require.EqualValues(t, 3, starts.Load())
 }

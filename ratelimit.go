@@ -88,11 +88,14 @@ type limiter struct {
 	waiting int           // workers waiting for a token; guarded by mu
 	wake    chan struct{} // capacity 1: "a worker started waiting"
 	tokens  chan struct{} // unbuffered: one token to one waiting worker
+	// queued, in a pool of several queues, counts the queue's slots that
+	// will wait for a token next (nil: only waiting workers count).
+	queued func() int
 }
 
 func newLimiter[Req, Resp any](r *run[Req, Resp]) *limiter {
 	o := &r.c.opts
-	return &limiter{
+	l := &limiter{
 		client:   r.c.client,
 		key:      keys.RateLimit(r.c.queue, o.Group),
 		interval: o.RateLimit.interval(),
@@ -105,6 +108,12 @@ func newLimiter[Req, Resp any](r *run[Req, Resp]) *limiter {
 		wake:     make(chan struct{}, 1),
 		tokens:   make(chan struct{}),
 	}
+	if r.multi {
+		// One worker waits at a time (mayStart): ask for the tokens of the
+		// queue's slots waiting in the ring too, up to the workers.
+		l.queued = func() int { return min(r.ring.queuedOf(r.queue), r.workers) }
+	}
+	return l
 }
 
 // take waits for a token until ctx ends, and reports whether it got one.
@@ -132,8 +141,12 @@ func (l *limiter) take(ctx context.Context) bool {
 
 func (l *limiter) wanted() int {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	return min(l.waiting, maxTokenGrant)
+	n := l.waiting
+	l.mu.Unlock()
+	if n > 0 && l.queued != nil {
+		n += l.queued()
+	}
+	return min(n, maxTokenGrant)
 }
 
 // sleep waits d or until stop, and reports whether stop came first.
@@ -219,7 +232,16 @@ func (r *run[Req, Resp]) mayStart(beforeWait func()) bool {
 			return true
 		}
 		beforeWait()
-		if !r.limiter.take(r.runCtx) {
+		if r.multi {
+			// One worker at a time waits for the queue's token; the others
+			// take other queues' slots meanwhile.
+			r.ring.setWaiting(r.queue, true)
+		}
+		ok := r.limiter.take(r.runCtx)
+		if r.multi {
+			r.ring.setWaiting(r.queue, false)
+		}
+		if !ok {
 			return false
 		}
 		if r.pause.isOpen() {

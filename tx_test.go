@@ -461,7 +461,7 @@ func TestTxPlainCallUnchanged(t *testing.T) {
 	c, err := NewConsumer(client, "q", func(context.Context, *Message[string]) (string, error) { return "", nil },
 		&ConsumerOptions{Logger: testLogger(t)})
 	require.NoError(t, err)
-	r := newRun(c)
+	_, r := newSoloPool(c)
 	fixed := r.completeFixedArgs(0)
 	batch := []*completion{
 		{s: &slot{entry: Entry{ID: "a", EntryID: "1-0"}}, code: recordResult, value: []byte("1")},

@@ -1,12 +1,11 @@
 package streamq
 
-// The worker loop.
+// What a worker does with one slot.
 //
-// Goroutines: Workers worker goroutines (work), each taking slots in ring
-// order and running the handler of each. A worker owns the slot it took (its
-// data, its Deliveries, charging) until it hands the
-// outcome to the shard's committer; it waits on Redis only for the answer to
-// its own start charge.
+// Goroutines: the pool's workers (pool.work) run process for each slot they
+// take. A worker owns the slot it took (its data, its Deliveries, charging)
+// until it hands the outcome to the stream's committer; it waits on Redis
+// only for the answer to its own start charge.
 
 import (
 	"context"
@@ -18,80 +17,6 @@ import (
 	"strings"
 	"time"
 )
-
-// work takes slots in ring order until the feeder closes the ring.
-func (r *run[Req, Resp]) work() {
-	defer r.workers.Done()
-	// last[shard] is closed when this worker's last outcome of that shard is
-	// recorded. Per shard: a shard that cannot complete must not hold up the
-	// others' redelivered entries.
-	last := make([]<-chan struct{}, len(r.c.shards))
-	// owe is the committer holding this worker's last outcome, queued but not
-	// poked: when the next slot starts at once, the outcome rides the same
-	// tick as its start charge. Anything that waits pokes it first.
-	var owe *committer[Req, Resp]
-	flush := func() {
-		if owe != nil {
-			owe.poke()
-			owe = nil
-		}
-	}
-	defer flush()
-	for {
-		s, ok := r.ring.tryTake()
-		waited := false
-		if !ok {
-			flush()
-			if s, waited, ok = r.ring.take(); !ok {
-				return
-			}
-		}
-		if r.runCtx.Err() != nil {
-			flush()
-			r.drain(s)
-			continue
-		}
-		select {
-		case <-s.ready:
-		default:
-			flush()
-			waited = true
-			select {
-			case <-s.ready:
-			case <-r.runCtx.Done():
-			}
-		}
-		if t, changed := r.ahead.took(waited && r.ring.binding()); changed {
-			r.ring.setTarget(t)
-		}
-		if r.runCtx.Err() != nil { // also when the fetch ended with the shutdown
-			flush()
-			r.drain(s)
-			continue
-		}
-		if s.entry.Deliveries > 1 && last[s.shard] != nil {
-			// A redelivered message may be the one that crashed an earlier
-			// process: record this worker's last outcome before starting it, so
-			// a crash cannot undo work that already succeeded.
-			flush()
-			select {
-			case <-last[s.shard]:
-			case <-r.runCtx.Done():
-				r.drain(s)
-				continue
-			}
-		}
-		if owe != nil && owe.shard != s.shard {
-			flush() // the start goes to another committer
-		}
-		if r.process(s, flush) {
-			owe = r.committers[s.shard]
-		}
-		if s.outcome != nil {
-			last[s.shard] = s.outcome
-		}
-	}
-}
 
 // drain sets aside a slot that will not start, for release at shutdown.
 func (r *run[Req, Resp]) drain(s *slot) {
@@ -200,7 +125,7 @@ func (r *run[Req, Resp]) handOff(cp *completion) {
 	cp.done = make(chan struct{})
 	cp.s.outcome = cp.done
 	cp.s.handedOff.Store(true)
-	r.ring.settle(cp.s.level) // no longer read-ahead: the feeder may read in its place
+	r.ring.settle(classOf(cp.s.queue, cp.s.level)) // no longer read-ahead: the feeder may read in its place
 	cp.s.data = nil           // the fetched payload
 	if _, inline := r.c.opts.Fetcher.(InlineFetcher); inline && cp.code != recordDead && cp.code != recordRetry && cp.s.tx == nil {
 		cp.s.entry.Data = nil // the payload itself; dead letters and retries keep it

@@ -1,0 +1,632 @@
+package streamq
+
+// The prefetch ring: the bounded, ordered queue of slots between the
+// feeders and the workers of one Run (one queue's Consumer, or every queue
+// of a MultiConsumer).
+//
+// Goroutines: feeders reserve places and push slots; workers take them. The
+// ring's counters are guarded by ring.mu, its queues by ring.qmu.
+
+import (
+	"context"
+	"sync"
+)
+
+// ring is the bounded, ordered prefetch ring. The feeders push slots in
+// stream order and workers take them in that order within each class: a
+// class is one priority level of one queue (class = queue×numLevels +
+// level; a Consumer's ring has one queue, so its classes are its levels).
+// pickQueue chooses the queue of the next take, pickLevel its level. A slot
+// holds its place in the budget from reserve until its place is given back,
+// so memory is bounded by the depth even when workers finish out of order.
+// Waiting for room uses a signal, never a sleep.
+//
+// The places are a budget, not storage: the queue of waiting slots grows and
+// shrinks with what it holds, so a deep ring costs nothing until it fills
+// (a channel of Prefetch places cost 8 bytes a place at Run, 76 MiB for
+// Prefetch 10,000,000, on an empty queue).
+type ring struct {
+	mu     sync.Mutex
+	depth  int // Prefetch: the places in all
+	free   int
+	target int // how many places may be out at once (readAhead), <= depth
+	// settled counts the places out whose slots were handed off (their
+	// outcome waits to be recorded): they bound memory (depth) but are not
+	// read-ahead, so the target does not count them.
+	settled int
+	shards  int  // feeders sharing the ring, one per stream read
+	capped  bool // the last reservation was cut to its fair share of the target
+	// groupReads makes a feeder wait, while entries are out, until half the
+	// target is free (see minRead). Set for one shard only: with several, the
+	// other feeders' blocked reads hold places that are not entries.
+	groupReads bool
+	freed      chan struct{} // capacity 1: "free or target went up"
+	turns      turns         // feeders waiting in reserveClass (see run.stepAside)
+	// With several classes in use (leveled: a priority level's feeder
+	// joined, or the ring serves several queues), out counts each class's
+	// places out and not settled, and backlog counts the class's feeders
+	// whose last read filled its reservation (more is likely waiting). A
+	// backlogged class holds at most its weighted share of the target among
+	// the backlogged classes (classRoom), or, with strict, none while a
+	// higher one is backlogged: so the ring holds the classes in about the
+	// proportions workers take them.
+	leveled bool
+	out     []int // per class
+	backlog []int // per class
+
+	qmu    sync.Mutex
+	queued sync.Cond // signalled on push, close and a queue's release; L is &qmu
+	qs     []ringQueue
+	n      int // slots queued, all classes
+	closed bool
+	// held counts the queues whose slots are not taken now (paused, or a
+	// worker waits for the queue's rate-limit token; see hold). While it
+	// is 0, a queued slot can be taken.
+	held int
+	// qstrict takes the queues in qorder (highest weight first), the first
+	// with slots that can be taken; else queue weights share the takes by
+	// smooth weighted round robin. Set before use.
+	qstrict bool
+	qorder  []int
+}
+
+// ringQueue is one queue's part of the ring: its levels' slots and the
+// policies that choose among them.
+type ringQueue struct {
+	q [numLevels]slotQueue
+	n int // slots queued, all levels
+	// mixed is set once a slot of a level other than the default was
+	// pushed: until then the queue's takes are plain FIFO.
+	mixed bool
+	// strict takes the highest level queued first (StrictPriority); else
+	// weights (per level) share the takes while several levels are queued,
+	// by smooth weighted round robin over credit. Set before use.
+	strict  bool
+	weights [numLevels]int
+	credit  [numLevels]int
+	// weight is the queue's share of the takes among the ring's queues
+	// (MultiQueue.Weight); qcredit its round-robin credit.
+	weight  int
+	qcredit int
+	// paused and waiting hold the queue (see ring.hold).
+	paused, waiting bool
+}
+
+// slotQueue is one class's queue of slots, in push order.
+type slotQueue struct {
+	buf  []*slot // circular: n slots from head
+	head int
+	n    int
+}
+
+// ringMinCap is the smallest storage the ring allocates; ringKeepCap is the
+// size below which it never shrinks (8 KiB), so a ring that fills and drains
+// all the time does not reallocate all the time.
+const (
+	ringMinCap  = 16
+	ringKeepCap = 1024
+)
+
+// newRing returns a ring of depth places for one queue read by shards
+// feeders.
+func newRing(depth, shards int) *ring { return newSharedRing(depth, shards, 1) }
+
+// newSharedRing returns a ring of depth places for queues queues, read by
+// shards feeders in all. Queue weights default to 1.
+func newSharedRing(depth, shards, queues int) *ring {
+	r := &ring{depth: depth, free: depth, target: depth, shards: max(shards, 1), freed: make(chan struct{}, 1),
+		groupReads: shards <= 1, qs: make([]ringQueue, queues),
+		out: make([]int, queues*numLevels), backlog: make([]int, queues*numLevels), qorder: make([]int, queues)}
+	for i := range r.qs {
+		r.qs[i].weight = 1
+		r.qorder[i] = i
+	}
+	if queues > 1 {
+		r.leveled, r.groupReads = true, false
+	}
+	r.queued.L = &r.qmu
+	return r
+}
+
+// classOf returns the ring class of a queue's level.
+func classOf(queue, level int) int { return queue*numLevels + level }
+
+// reserve blocks until at least one place is free, and fewer places than the
+// target are out, and takes up to limit places within both. The caller
+// pushes at most that many slots and gives back the rest. Several feeders
+// (one per shard) share the ring; one reservation takes at most a fair share
+// of the target, target/shards (at least 1), so a feeder blocked on an empty
+// shard holding its places, or one that gives them back and takes them again
+// at once, never starves the other shards. A reservation cut to its share
+// counts as the target binding (see binding): the target grows when workers
+// wait for it.
+func (r *ring) reserve(ctx context.Context, limit int) (int, error) {
+	return r.reserveClass(ctx, levelNormal, limit)
+}
+
+// reserveClass is reserve for the feeder of a class (see classRoom).
+func (r *ring) reserveClass(ctx context.Context, class, limit int) (int, error) {
+	waiting := false
+	for {
+		r.mu.Lock()
+		room := max(0, min(r.free, r.target-r.ahead()))
+		avail := min(room, limit)
+		if r.ahead() > 0 && room < r.minRead() && r.queuedSlots() > 0 {
+			avail = 0 // the workers have entries waiting: read more at once later
+		}
+		if r.leveled {
+			avail = min(avail, r.classRoom(class))
+		}
+		fair := max(1, r.target/r.shards)
+		n := min(avail, fair)
+		if n > 0 {
+			r.capped = avail > fair
+		}
+		r.free -= n
+		r.out[class] += n
+		left := min(r.free, r.target-r.ahead())
+		switch {
+		case n > 0 && waiting:
+			r.turns.done(true)
+		case n == 0 && !waiting:
+			r.turns.wait()
+			waiting = true
+		}
+		r.mu.Unlock()
+		if n > 0 {
+			if left > 0 {
+				r.signal() // another feeder may be waiting for the rest
+			}
+			return n, nil
+		}
+		select {
+		case <-r.freed:
+		case <-ctx.Done():
+			r.mu.Lock()
+			r.turns.done(false)
+			r.mu.Unlock()
+			return 0, ctx.Err()
+		}
+	}
+}
+
+// contended returns a channel closed once a feeder waiting for places got
+// some, or nil when none waits.
+func (r *ring) contended() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.turns.contended()
+}
+
+// classRoom is how many more places a class may take while classes are
+// backlogged, queue by queue and then level by level within its queue.
+// With strict (queues, or a queue's levels), none while a higher one is
+// backlogged. A queue or level whose streams are drained (its last reads
+// came back short) takes one place at a time while another is backlogged:
+// enough for a blocking read to take what arrives at once (after which its
+// reads fill up and it counts as backlogged), and never the places the
+// backlogged ones need (a drained feeder gives its places back after each
+// empty read and would take them again first). A backlogged queue holds at
+// most its weight's share of the target among the backlogged queues, and a
+// backlogged level at most its weight's share of that among its queue's
+// backlogged levels (at least 1). mu is held.
+func (r *ring) classRoom(class int) int {
+	const unlimited = 1 << 30
+	qi, level := class/numLevels, class%numLevels
+	share := r.target
+	if len(r.qs) > 1 {
+		sum := 0
+		for j := range r.qs {
+			if r.queueBacklogged(j) {
+				sum += r.qs[j].weight
+			}
+		}
+		if sum == 0 {
+			return unlimited
+		}
+		if r.qstrict {
+			for _, j := range r.qorder {
+				if j == qi {
+					break
+				}
+				if r.queueBacklogged(j) {
+					return 0
+				}
+			}
+		}
+		if !r.queueBacklogged(qi) {
+			return 1
+		}
+		if !r.qstrict {
+			share = max(1, r.target*r.qs[qi].weight/sum)
+		}
+	}
+	q := &r.qs[qi]
+	base := classOf(qi, 0)
+	sum := 0
+	for l := range numLevels {
+		if r.backlog[base+l] > 0 {
+			sum += q.weights[l]
+		}
+	}
+	if sum == 0 {
+		return unlimited
+	}
+	if q.strict {
+		for _, l := range levelOrder {
+			if l == level {
+				break
+			}
+			if r.backlog[base+l] > 0 {
+				return 0
+			}
+		}
+	}
+	if r.backlog[class] == 0 {
+		return 1
+	}
+	if q.strict {
+		if len(r.qs) > 1 {
+			return max(0, share-r.queueOut(qi))
+		}
+		return unlimited
+	}
+	return max(0, max(1, share*q.weights[level]/sum)-r.out[class])
+}
+
+// queueBacklogged reports whether a feeder of one of queue qi's classes is
+// backlogged; mu is held.
+func (r *ring) queueBacklogged(qi int) bool {
+	for l := range numLevels {
+		if r.backlog[classOf(qi, l)] > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// queueOut returns the places out of queue qi's classes; mu is held.
+func (r *ring) queueOut(qi int) int {
+	n := 0
+	for l := range numLevels {
+		n += r.out[classOf(qi, l)]
+	}
+	return n
+}
+
+// setBacklog records that a feeder of class found its stream backlogged (its
+// read filled its reservation) or drained, where it was not before.
+func (r *ring) setBacklog(class int, backlogged bool) {
+	r.mu.Lock()
+	if backlogged {
+		r.backlog[class]++
+	} else {
+		r.backlog[class]--
+	}
+	r.mu.Unlock()
+	if !backlogged {
+		r.signal() // a lower class may read more now
+	}
+}
+
+// push appends a slot into a place taken with reserve. It never blocks: the
+// reservation is the bound.
+func (r *ring) push(s *slot) {
+	r.qmu.Lock()
+	rq := &r.qs[s.queue]
+	q := &rq.q[s.level]
+	if q.n == len(q.buf) {
+		q.resize(max(ringMinCap, 2*len(q.buf)))
+	}
+	q.buf[(q.head+q.n)%len(q.buf)] = s
+	q.n++
+	rq.n++
+	r.n++
+	if s.level != levelNormal {
+		rq.mixed = true
+	}
+	r.qmu.Unlock()
+	r.queued.Signal()
+}
+
+// take removes the next slot, waiting for one that can be taken; it reports
+// false once the ring is closed and empty, and whether it had to wait for
+// the ring to fill (a wait while only held queues had slots is not
+// counted: the read-ahead did not starve the worker).
+func (r *ring) take() (s *slot, waited, ok bool) {
+	r.qmu.Lock()
+	defer r.qmu.Unlock()
+	for !r.takeable() && !r.closed {
+		waited = waited || r.n == 0
+		r.queued.Wait()
+	}
+	if r.n == 0 {
+		return nil, waited, false
+	}
+	return r.pop(), waited, true
+}
+
+// takeable reports whether a queued slot can be taken now; qmu is held.
+func (r *ring) takeable() bool {
+	if r.n == 0 {
+		return false
+	}
+	if r.held == 0 || r.closed {
+		return true
+	}
+	for i := range r.qs {
+		if q := &r.qs[i]; q.n > 0 && !q.paused && !q.waiting {
+			return true
+		}
+	}
+	return false
+}
+
+// queuedSlots returns how many slots wait to be taken.
+func (r *ring) queuedSlots() int {
+	r.qmu.Lock()
+	defer r.qmu.Unlock()
+	return r.n
+}
+
+// queuedOf returns how many slots of queue qi wait to be taken.
+func (r *ring) queuedOf(qi int) int {
+	r.qmu.Lock()
+	defer r.qmu.Unlock()
+	return r.qs[qi].n
+}
+
+// tryTake removes the next slot if one can be taken, without waiting.
+func (r *ring) tryTake() (*slot, bool) {
+	r.qmu.Lock()
+	defer r.qmu.Unlock()
+	if !r.takeable() {
+		return nil, false
+	}
+	return r.pop(), true
+}
+
+// pop removes the next slot, of a queue chosen by pickQueue and a level
+// chosen by pickLevel: the oldest of its class. takeable() holds; qmu is
+// held.
+func (r *ring) pop() *slot {
+	qi := 0
+	if len(r.qs) > 1 {
+		qi = r.pickQueue()
+	}
+	rq := &r.qs[qi]
+	l := levelNormal
+	if rq.mixed {
+		l = rq.pickLevel()
+	}
+	s := rq.q[l].pop()
+	rq.n--
+	r.n--
+	if r.n == 0 && r.groupReads {
+		r.signal() // a feeder waiting for a fuller read reads what room there is
+	}
+	return s
+}
+
+// pickQueue chooses the queue of the next slot taken, among the queues with
+// slots that can be taken: the first in qorder with qstrict, else by smooth
+// weighted round robin (each such queue gains its weight in credit, the
+// richest is taken and pays the sum), so that while queues stay queued
+// their takes follow the weights, evenly spread, and a queue with nothing
+// to take gives its turns away. qmu is held.
+func (r *ring) pickQueue() int {
+	best, total := -1, 0
+	for _, i := range r.qorder {
+		q := &r.qs[i]
+		if q.n == 0 || (!r.closed && (q.paused || q.waiting)) {
+			continue
+		}
+		if r.qstrict {
+			return i
+		}
+		q.qcredit += q.weight
+		total += q.weight
+		if best < 0 || q.qcredit > r.qs[best].qcredit {
+			best = i
+		}
+	}
+	r.qs[best].qcredit -= total
+	return best
+}
+
+// pickLevel chooses the level of the next slot taken, among the levels with
+// slots queued: the highest with strict, else by smooth weighted round robin
+// as pickQueue does for queues. qmu is held.
+func (q *ringQueue) pickLevel() int {
+	best, total := -1, 0
+	for _, l := range levelOrder {
+		if q.q[l].n == 0 {
+			continue
+		}
+		if q.strict {
+			return l
+		}
+		q.credit[l] += q.weights[l]
+		total += q.weights[l]
+		if best < 0 || q.credit[l] > q.credit[best] {
+			best = l
+		}
+	}
+	q.credit[best] -= total
+	return best
+}
+
+// hold stops (or resumes) the takes of queue qi's slots while it is paused
+// (paused) or while a worker waits for its rate-limit token (waiting, in a
+// ring of several queues): workers take the other queues' slots meanwhile
+// instead of waiting on one queue's gate.
+func (r *ring) hold(qi int, paused, waiting bool) {
+	r.qmu.Lock()
+	q := &r.qs[qi]
+	was := q.paused || q.waiting
+	q.paused, q.waiting = paused, waiting
+	now := paused || waiting
+	switch {
+	case now && !was:
+		r.held++
+	case !now && was:
+		r.held--
+	}
+	r.qmu.Unlock()
+	if was && !now {
+		r.queued.Broadcast()
+	}
+}
+
+// setPaused holds queue qi's slots while paused (see hold).
+func (r *ring) setPaused(qi int, paused bool) {
+	r.qmu.Lock()
+	waiting := r.qs[qi].waiting
+	r.qmu.Unlock()
+	r.hold(qi, paused, waiting)
+}
+
+// setWaiting holds queue qi's slots while a worker waits for its token.
+func (r *ring) setWaiting(qi int, waiting bool) {
+	r.qmu.Lock()
+	paused := r.qs[qi].paused
+	r.qmu.Unlock()
+	r.hold(qi, paused, waiting)
+}
+
+// pop removes the oldest of q.n > 0 slots.
+func (q *slotQueue) pop() *slot {
+	s := q.buf[q.head]
+	q.buf[q.head] = nil
+	q.head = (q.head + 1) % len(q.buf)
+	q.n--
+	if len(q.buf) > ringKeepCap && q.n <= len(q.buf)/4 {
+		q.resize(len(q.buf) / 2) // give memory back after a burst
+	}
+	return s
+}
+
+// resize moves the queued slots into new storage of size c (>= q.n).
+func (q *slotQueue) resize(c int) {
+	buf := make([]*slot, c)
+	for i := range q.n {
+		buf[i] = q.buf[(q.head+i)%len(q.buf)]
+	}
+	q.buf, q.head = buf, 0
+}
+
+// addFeeder counts one more feeder sharing the ring (a priority level's,
+// started once its stream exists): reservations take a fair share of the
+// target among them, and reads no longer wait for half the target.
+func (r *ring) addFeeder() {
+	r.mu.Lock()
+	r.qmu.Lock()
+	r.shards++
+	r.leveled = true
+	r.groupReads = false
+	r.qmu.Unlock()
+	r.mu.Unlock()
+	r.signal()
+}
+
+// slots yields queued slots in ring order, waiting for each, until the ring
+// is closed and empty.
+func (r *ring) slots(yield func(*slot) bool) {
+	for {
+		s, _, ok := r.take()
+		if !ok || !yield(s) {
+			return
+		}
+	}
+}
+
+// close ends slots once the queued slots are taken. Nothing is pushed after
+// close; held queues' slots are taken too (to be released).
+func (r *ring) close() {
+	r.qmu.Lock()
+	r.closed = true
+	r.qmu.Unlock()
+	r.queued.Broadcast()
+}
+
+// ahead is how many places are out for entries not handed off yet; mu is held.
+func (r *ring) ahead() int { return r.depth - r.free - r.settled }
+
+// settle marks one place out (of a slot of class) as handed off: room for
+// the read-ahead.
+func (r *ring) settle(class int) {
+	r.mu.Lock()
+	r.settled++
+	r.out[class]--
+	r.mu.Unlock()
+	r.signal()
+}
+
+// giveSettled returns n places that were settled.
+func (r *ring) giveSettled(n int) {
+	if n == 0 {
+		return
+	}
+	r.mu.Lock()
+	r.free += n
+	r.settled -= n
+	r.mu.Unlock()
+	r.signal()
+}
+
+// give returns n places to the ring.
+func (r *ring) give(n int) { r.giveClass(levelNormal, n) }
+
+// giveClass returns n places of a class's feeder or slots to the ring.
+func (r *ring) giveClass(class, n int) {
+	if n == 0 {
+		return
+	}
+	r.mu.Lock()
+	r.free += n
+	r.out[class] -= n
+	r.mu.Unlock()
+	r.signal()
+}
+
+// setTarget sets how many places may be out at once (1..depth). Places out
+// beyond a lowered target are not taken back: they come back as their
+// entries complete.
+func (r *ring) setTarget(n int) {
+	n = min(max(n, 1), r.depth)
+	r.mu.Lock()
+	grew := n > r.target
+	r.target = n
+	r.mu.Unlock()
+	if grew {
+		r.signal()
+	}
+}
+
+// binding reports whether the target is what stops the feeders: as many
+// places are out as it allows while some are free, or the last reservation
+// was cut to its fair share of the target.
+func (r *ring) binding() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.free > 0 && (r.ahead() >= r.target || r.capped)
+}
+
+// minRead is the room a feeder waits for while slots wait in the ring: half
+// the target with groupReads, else 1. Under load, reads then take several
+// entries each instead of the one or two each completion frees; once no slot
+// waits (a worker may be idle) any room is read, so neither an idle consumer
+// nor one whose places are held by long handlers waits for more. mu is held.
+func (r *ring) minRead() int {
+	if !r.groupReads {
+		return 1
+	}
+	return max(1, r.target/2)
+}
+
+func (r *ring) signal() {
+	select {
+	case r.freed <- struct{}{}:
+	default:
+	}
+}
