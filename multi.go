@@ -83,8 +83,8 @@ type QueueConsumer interface {
 type memberConsumer interface {
 	group() string
 	shardCount() int
-	claim() bool   // marks the consumer running; false when it already is
-	unclaim()      // clears the mark
+	claim() bool // marks the consumer running; false when it already is
+	unclaim()    // clears the mark
 	start(ctx context.Context) error
 	join(r *ring, queue, prefetch, workers int) queueRun
 }

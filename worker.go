@@ -126,7 +126,7 @@ func (r *run[Req, Resp]) handOff(cp *completion) {
 	cp.s.outcome = cp.done
 	cp.s.handedOff.Store(true)
 	r.ring.settle(classOf(cp.s.queue, cp.s.level)) // no longer read-ahead: the feeder may read in its place
-	cp.s.data = nil           // the fetched payload
+	cp.s.data = nil                                // the fetched payload
 	if _, inline := r.c.opts.Fetcher.(InlineFetcher); inline && cp.code != recordDead && cp.code != recordRetry && cp.s.tx == nil {
 		cp.s.entry.Data = nil // the payload itself; dead letters and retries keep it
 	}
