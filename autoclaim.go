@@ -49,7 +49,13 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 	// whole COUNT of an XAUTOCLAIM up front, and bigger batches gain nothing.
 	share := min(max(1, r.prefetch/r.c.nShards), maxReadCount)
 	class := r.class(shard)
-	backlogged := false // what this feeder last told the ring (setBacklog)
+	// What this feeder last told the ring (setBacklog). In a ring of several
+	// queues, the default level's feeders start as backlogged (newRun told
+	// the ring so): until a queue's first read of new entries says
+	// otherwise, the other queues hold no more than their weight's share,
+	// and with Strict the lower ones read nothing, so a backlog there before
+	// Run is taken in order from the first start.
+	backlogged := r.multi && r.c.levelIndex(shard) == levelNormal
 	history, cursor := true, "-"
 	claimCursor, nextClaim := "0-0", time.Now()
 	nextAdopt := time.Now().Add(o.ClaimInterval)
@@ -79,6 +85,12 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 			// A read never blocks past ShutdownTimeout, so shutdown's last read
 			// ends in time for its entries to be released.
 			block := min(o.ReadBlock, o.ShutdownTimeout, time.Until(nextClaim), time.Until(nextAdopt))
+			if backlogged && r.multi {
+				// An empty stream that was backlogged tells the ring at once,
+				// not after a blocking read, so the other queues read in its
+				// place without waiting for ReadBlock.
+				block = time.Millisecond
+			}
 			got, err = r.readNew(read, shard, n, max(block, time.Millisecond))
 			if full := got == n; err == nil && full != backlogged {
 				backlogged = full

@@ -367,6 +367,10 @@ type run[Req, Resp any] struct {
 func newRun[Req, Resp any](c *Consumer[Req, Resp], ring *ring, queue, prefetch int) *run[Req, Resp] {
 	q := &ring.qs[queue]
 	q.strict = c.opts.StrictPriority
+	if len(ring.qs) > 1 {
+		// The queue's feeders start as backlogged (see feed).
+		ring.presumeBacklogged(classOf(queue, levelNormal), c.nShards)
+	}
 	for l := range numLevels {
 		q.weights[l] = c.opts.PriorityWeights[weightIndex[l]]
 	}
@@ -403,7 +407,7 @@ func (r *run[Req, Resp]) begin(ctx context.Context) {
 	r.runCtx = ctx
 	r.bg, r.cancelBg = context.WithCancel(context.WithoutCancel(ctx))
 	r.handlerCtx, r.cancelHandlers = context.WithCancelCause(context.WithoutCancel(ctx))
-	r.ring.setPaused(r.queue, true) // until watchPause's first read says otherwise
+	r.ring.setPaused(r.queue, true, false) // until watchPause's first read says otherwise
 	r.committers = make([]*committer[Req, Resp], len(r.c.shards))
 	for shard := range r.committers {
 		if !o.replyWait {

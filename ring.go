@@ -10,6 +10,7 @@ package streamq
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 )
 
 // ring is the bounded, ordered prefetch ring. The feeders push slots in
@@ -41,7 +42,13 @@ type ring struct {
 	// other feeders' blocked reads hold places that are not entries.
 	groupReads bool
 	freed      chan struct{} // capacity 1: "free or target went up"
-	turns      turns         // feeders waiting in reserveClass (see run.stepAside)
+	// heldWaiters counts the feeders waiting in reserveClass while their
+	// class is held back; they wait for heldWake (guarded by wakeMu),
+	// which signal closes.
+	heldWaiters atomic.Int32
+	wakeMu      sync.Mutex
+	heldWake    chan struct{}
+	turns       turns // feeders waiting in reserveClass (see run.stepAside)
 	// With several classes in use (leveled: a priority level's feeder
 	// joined, or the ring serves several queues), out counts each class's
 	// places out and not settled, and backlog counts the class's feeders
@@ -53,6 +60,14 @@ type ring struct {
 	leveled bool
 	out     []int // per class
 	backlog []int // per class
+	// stalled mirrors, under mu, the queues paused now (see hold) in a ring
+	// of several queues; nstalled counts them. A paused queue reads no more
+	// entries (classRoom), and the slots it holds are not read-ahead: workers
+	// cannot take them, so the target does not count them (else a paused
+	// queue that filled the target would keep the others from reading at
+	// all), and its backlog does not count against the others' shares.
+	stalled  []bool
+	nstalled int
 
 	qmu    sync.Mutex
 	queued sync.Cond // signalled on push, close and a queue's release; L is &qmu
@@ -88,9 +103,14 @@ type ringQueue struct {
 	// (MultiQueue.Weight); qcredit its round-robin credit.
 	weight  int
 	qcredit int
-	// paused and waiting hold the queue (see ring.hold).
-	paused, waiting bool
+	// paused, or waiting workers (for the queue's rate-limit token), hold
+	// the queue (see ring.hold).
+	paused  bool
+	waiting int
 }
+
+// held reports whether the queue's slots are not taken now; qmu is held.
+func (q *ringQueue) held() bool { return q.paused || q.waiting > 0 }
 
 // slotQueue is one class's queue of slots, in push order.
 type slotQueue struct {
@@ -116,7 +136,8 @@ func newRing(depth, shards int) *ring { return newSharedRing(depth, shards, 1) }
 func newSharedRing(depth, shards, queues int) *ring {
 	r := &ring{depth: depth, free: depth, target: depth, shards: max(shards, 1), freed: make(chan struct{}, 1),
 		groupReads: shards <= 1, qs: make([]ringQueue, queues),
-		out: make([]int, queues*numLevels), backlog: make([]int, queues*numLevels), qorder: make([]int, queues)}
+		out: make([]int, queues*numLevels), backlog: make([]int, queues*numLevels), qorder: make([]int, queues),
+		stalled: make([]bool, queues)}
 	for i := range r.qs {
 		r.qs[i].weight = 1
 		r.qorder[i] = i
@@ -147,6 +168,7 @@ func (r *ring) reserve(ctx context.Context, limit int) (int, error) {
 // reserveClass is reserve for the feeder of a class (see classRoom).
 func (r *ring) reserveClass(ctx context.Context, class, limit int) (int, error) {
 	waiting := false
+	woken := false // by a signal for the feeders waiting for places
 	for {
 		r.mu.Lock()
 		room := max(0, min(r.free, r.target-r.ahead()))
@@ -154,8 +176,17 @@ func (r *ring) reserveClass(ctx context.Context, class, limit int) (int, error) 
 		if r.ahead() > 0 && room < r.minRead() && r.queuedSlots() > 0 {
 			avail = 0 // the workers have entries waiting: read more at once later
 		}
+		// A class held back by its policy (a higher queue or level
+		// backlogged, its share taken, its queue paused) does not wait for
+		// places but for the classes' state to change (heldWait): it must
+		// not take the wake-ups of the feeders that wait for places, and a
+		// feeder stepping aside for it would wait for nothing (see
+		// run.stepAside).
+		classHeld := false
 		if r.leveled {
-			avail = min(avail, r.classRoom(class))
+			cr := r.classRoom(class)
+			classHeld = cr == 0
+			avail = min(avail, cr)
 		}
 		fair := max(1, r.target/r.shards)
 		n := min(avail, fair)
@@ -168,9 +199,17 @@ func (r *ring) reserveClass(ctx context.Context, class, limit int) (int, error) 
 		switch {
 		case n > 0 && waiting:
 			r.turns.done(true)
-		case n == 0 && !waiting:
+			waiting = false
+		case n == 0 && classHeld && waiting:
+			r.turns.done(false)
+			waiting = false
+		case n == 0 && !classHeld && !waiting:
 			r.turns.wait()
 			waiting = true
+		}
+		var held <-chan struct{}
+		if n == 0 && classHeld {
+			held = r.heldWait() // under mu: no change of the classes' state is missed
 		}
 		r.mu.Unlock()
 		if n > 0 {
@@ -179,15 +218,53 @@ func (r *ring) reserveClass(ctx context.Context, class, limit int) (int, error) 
 			}
 			return n, nil
 		}
+		wake := r.freed
+		if held != nil {
+			wake = nil
+			if woken {
+				// It took the wake-up of a feeder that may use the places:
+				// pass it on (it waits for heldWake now, so this happens
+				// once).
+				select {
+				case r.freed <- struct{}{}:
+				default:
+				}
+			}
+		}
+		woken = false
 		select {
-		case <-r.freed:
+		case <-wake:
+			woken = true
+		case <-held:
 		case <-ctx.Done():
-			r.mu.Lock()
-			r.turns.done(false)
-			r.mu.Unlock()
+		}
+		if held != nil {
+			r.heldWaiters.Add(-1)
+		}
+		if ctx.Err() != nil {
+			if waiting {
+				r.mu.Lock()
+				r.turns.done(false)
+				r.mu.Unlock()
+			}
 			return 0, ctx.Err()
 		}
 	}
+}
+
+// heldWait registers a feeder whose class is held back (see reserveClass)
+// and returns a channel closed at the next signal; mu is held, and every
+// change that may give a held class room (places given back or settled, a
+// backlog drained, the target raised, a queue paused or resumed) is made
+// under mu and followed by a signal.
+func (r *ring) heldWait() <-chan struct{} {
+	r.heldWaiters.Add(1)
+	r.wakeMu.Lock()
+	defer r.wakeMu.Unlock()
+	if r.heldWake == nil {
+		r.heldWake = make(chan struct{})
+	}
+	return r.heldWake
 }
 
 // contended returns a channel closed once a feeder waiting for places got
@@ -215,9 +292,12 @@ func (r *ring) classRoom(class int) int {
 	qi, level := class/numLevels, class%numLevels
 	share := r.target
 	if len(r.qs) > 1 {
+		if r.stalled[qi] {
+			return 0
+		}
 		sum := 0
 		for j := range r.qs {
-			if r.queueBacklogged(j) {
+			if r.queueBacklogged(j) && !r.stalled[j] {
 				sum += r.qs[j].weight
 			}
 		}
@@ -229,7 +309,7 @@ func (r *ring) classRoom(class int) int {
 				if j == qi {
 					break
 				}
-				if r.queueBacklogged(j) {
+				if r.queueBacklogged(j) && !r.stalled[j] {
 					return 0
 				}
 			}
@@ -309,6 +389,14 @@ func (r *ring) setBacklog(class int, backlogged bool) {
 	}
 }
 
+// presumeBacklogged counts feeders of class as backlogged before their
+// first read (a queue of a ring of several: see feed).
+func (r *ring) presumeBacklogged(class, feeders int) {
+	r.mu.Lock()
+	r.backlog[class] += feeders
+	r.mu.Unlock()
+}
+
 // push appends a slot into a place taken with reserve. It never blocks: the
 // reservation is the bound.
 func (r *ring) push(s *slot) {
@@ -355,7 +443,7 @@ func (r *ring) takeable() bool {
 		return true
 	}
 	for i := range r.qs {
-		if q := &r.qs[i]; q.n > 0 && !q.paused && !q.waiting {
+		if q := &r.qs[i]; q.n > 0 && !q.held() {
 			return true
 		}
 	}
@@ -418,7 +506,7 @@ func (r *ring) pickQueue() int {
 	best, total := -1, 0
 	for _, i := range r.qorder {
 		q := &r.qs[i]
-		if q.n == 0 || (!r.closed && (q.paused || q.waiting)) {
+		if q.n == 0 || (!r.closed && q.held()) {
 			continue
 		}
 		if r.qstrict {
@@ -457,15 +545,15 @@ func (q *ringQueue) pickLevel() int {
 }
 
 // hold stops (or resumes) the takes of queue qi's slots while it is paused
-// (paused) or while a worker waits for its rate-limit token (waiting, in a
-// ring of several queues): workers take the other queues' slots meanwhile
-// instead of waiting on one queue's gate.
-func (r *ring) hold(qi int, paused, waiting bool) {
+// or while workers wait for its rate-limit token (in a ring of several
+// queues): workers take the other queues' slots meanwhile instead of
+// waiting on one queue's gate. set changes the queue's state, under qmu.
+func (r *ring) hold(qi int, set func(q *ringQueue)) {
 	r.qmu.Lock()
 	q := &r.qs[qi]
-	was := q.paused || q.waiting
-	q.paused, q.waiting = paused, waiting
-	now := paused || waiting
+	was := q.held()
+	set(q)
+	now := q.held()
 	switch {
 	case now && !was:
 		r.held++
@@ -478,20 +566,43 @@ func (r *ring) hold(qi int, paused, waiting bool) {
 	}
 }
 
-// setPaused holds queue qi's slots while paused (see hold).
-func (r *ring) setPaused(qi int, paused bool) {
-	r.qmu.Lock()
-	waiting := r.qs[qi].waiting
-	r.qmu.Unlock()
-	r.hold(qi, paused, waiting)
+// setPaused holds queue qi's slots while paused (see hold). known tells
+// whether the state was read (watchPause), or assumed until then (Run's
+// start): a paused queue reads nothing and leaves the read-ahead to the
+// others (see stalled) only once its pause was read, so that until then it
+// keeps its place among the queues (see feed).
+func (r *ring) setPaused(qi int, paused, known bool) {
+	r.hold(qi, func(q *ringQueue) { q.paused = paused })
+	if len(r.qs) == 1 || !known {
+		return
+	}
+	r.mu.Lock()
+	changed := r.stalled[qi] != paused
+	if changed {
+		r.stalled[qi] = paused
+		if paused {
+			r.nstalled++
+		} else {
+			r.nstalled--
+		}
+	}
+	r.mu.Unlock()
+	if changed {
+		r.signal() // the read-ahead has room for the others, or the queue reads again
+	}
 }
 
-// setWaiting holds queue qi's slots while a worker waits for its token.
+// setWaiting holds queue qi's slots while a worker waits for its token
+// (waiting), until every worker that waited got one: two workers may have
+// taken the queue's slots before the first held it.
 func (r *ring) setWaiting(qi int, waiting bool) {
-	r.qmu.Lock()
-	paused := r.qs[qi].paused
-	r.qmu.Unlock()
-	r.hold(qi, paused, waiting)
+	r.hold(qi, func(q *ringQueue) {
+		if waiting {
+			q.waiting++
+		} else {
+			q.waiting--
+		}
+	})
 }
 
 // pop removes the oldest of q.n > 0 slots.
@@ -549,8 +660,19 @@ func (r *ring) close() {
 	r.queued.Broadcast()
 }
 
-// ahead is how many places are out for entries not handed off yet; mu is held.
-func (r *ring) ahead() int { return r.depth - r.free - r.settled }
+// ahead is how many places are out for entries not handed off yet, but for
+// paused queues' (see stalled); mu is held.
+func (r *ring) ahead() int {
+	n := r.depth - r.free - r.settled
+	if r.nstalled > 0 {
+		for qi, stalled := range r.stalled {
+			if stalled {
+				n -= r.queueOut(qi)
+			}
+		}
+	}
+	return n
+}
 
 // settle marks one place out (of a slot of class) as handed off: room for
 // the read-ahead.
@@ -624,9 +746,19 @@ func (r *ring) minRead() int {
 	return max(1, r.target/2)
 }
 
+// signal wakes one feeder waiting for places, and every feeder whose class
+// is held back (they re-check their class).
 func (r *ring) signal() {
 	select {
 	case r.freed <- struct{}{}:
 	default:
+	}
+	if r.heldWaiters.Load() > 0 {
+		r.wakeMu.Lock()
+		if r.heldWake != nil {
+			close(r.heldWake)
+			r.heldWake = nil
+		}
+		r.wakeMu.Unlock()
 	}
 }
