@@ -155,7 +155,13 @@ func (r *ring) reserveClass(ctx context.Context, class, limit int) (int, error) 
 			avail = 0 // the workers have entries waiting: read more at once later
 		}
 		if r.leveled {
-			avail = min(avail, r.classRoom(class))
+			room, share := r.classRoom(class)
+			avail = min(avail, room)
+			if room < share/2 && r.classQueued(class) > 0 {
+				// Backlogged, with its slots waiting for the workers: read
+				// half its share at once later, not one entry per place freed.
+				avail = 0
+			}
 		}
 		fair := max(1, r.target/r.shards)
 		n := min(avail, fair)
@@ -209,11 +215,13 @@ func (r *ring) contended() <-chan struct{} {
 // empty read and would take them again first). A backlogged queue holds at
 // most its weight's share of the target among the backlogged queues, and a
 // backlogged level at most its weight's share of that among its queue's
-// backlogged levels (at least 1). mu is held.
-func (r *ring) classRoom(class int) int {
+// backlogged levels (at least 1). It returns the room and the class's share
+// (0 when it has none: a drained class, or no class backlogged). mu is
+// held.
+func (r *ring) classRoom(class int) (room, share int) {
 	const unlimited = 1 << 30
 	qi, level := class/numLevels, class%numLevels
-	share := r.target
+	qshare := r.target
 	if len(r.qs) > 1 {
 		sum := 0
 		for j := range r.qs {
@@ -222,7 +230,7 @@ func (r *ring) classRoom(class int) int {
 			}
 		}
 		if sum == 0 {
-			return unlimited
+			return unlimited, 0
 		}
 		if r.qstrict {
 			for _, j := range r.qorder {
@@ -230,15 +238,15 @@ func (r *ring) classRoom(class int) int {
 					break
 				}
 				if r.queueBacklogged(j) {
-					return 0
+					return 0, 0
 				}
 			}
 		}
 		if !r.queueBacklogged(qi) {
-			return 1
+			return 1, 0
 		}
 		if !r.qstrict {
-			share = max(1, r.target*r.qs[qi].weight/sum)
+			qshare = max(1, r.target*r.qs[qi].weight/sum)
 		}
 	}
 	q := &r.qs[qi]
@@ -250,7 +258,7 @@ func (r *ring) classRoom(class int) int {
 		}
 	}
 	if sum == 0 {
-		return unlimited
+		return unlimited, 0
 	}
 	if q.strict {
 		for _, l := range levelOrder {
@@ -258,20 +266,29 @@ func (r *ring) classRoom(class int) int {
 				break
 			}
 			if r.backlog[base+l] > 0 {
-				return 0
+				return 0, 0
 			}
 		}
 	}
 	if r.backlog[class] == 0 {
-		return 1
+		return 1, 0
 	}
 	if q.strict {
 		if len(r.qs) > 1 {
-			return max(0, share-r.queueOut(qi))
+			return max(0, qshare-r.queueOut(qi)), qshare
 		}
-		return unlimited
+		return unlimited, 0
 	}
-	return max(0, max(1, share*q.weights[level]/sum)-r.out[class])
+	share = max(1, qshare*q.weights[level]/sum)
+	return max(0, share-r.out[class]), share
+}
+
+// classQueued returns how many slots of class wait to be taken; mu may be
+// held.
+func (r *ring) classQueued(class int) int {
+	r.qmu.Lock()
+	defer r.qmu.Unlock()
+	return r.qs[class/numLevels].q[class%numLevels].n
 }
 
 // queueBacklogged reports whether a feeder of one of queue qi's classes is
@@ -402,7 +419,7 @@ func (r *ring) pop() *slot {
 	s := rq.q[l].pop()
 	rq.n--
 	r.n--
-	if r.n == 0 && r.groupReads {
+	if (r.n == 0 && r.groupReads) || (rq.q[l].n == 0 && r.leveled) {
 		r.signal() // a feeder waiting for a fuller read reads what room there is
 	}
 	return s
