@@ -39,11 +39,16 @@ const multiWindow = 1000
 func runMulti(ctx context.Context, e *env, n int) error {
 	n = max(n, sum(multiWeights)) // every queue gets a job
 	pad := padFor(e.cfg.payload)
-	s, err := multiStreamq(ctx, e, n, pad)
+	s, err := multiStreamq(ctx, e, n, pad, false)
 	if err != nil {
 		return fmt.Errorf("streamq: %w", err)
 	}
 	e.out.result(s)
+	sep, err := multiStreamq(ctx, e, n, pad, true)
+	if err != nil {
+		return fmt.Errorf("streamq-3c: %w", err)
+	}
+	e.out.result(sep)
 	one, err := multiSingle(ctx, e, n, pad)
 	if err != nil {
 		return fmt.Errorf("streamq-1q: %w", err)
@@ -55,6 +60,7 @@ func runMulti(ctx context.Context, e *env, n int) error {
 	}
 	e.out.result(b)
 	e.out.ratio(Ratio{Scenario: "multi", Ratio: s.JobsPerSec / b.JobsPerSec, VsSingleQueue: s.JobsPerSec / one.JobsPerSec})
+	e.out.ratio(Ratio{Scenario: "multi", System: "streamq-3c", Ratio: sep.JobsPerSec / b.JobsPerSec})
 	e.out.ratio(Ratio{Scenario: "multi", System: "streamq-1q", Ratio: one.JobsPerSec / b.JobsPerSec})
 	return nil
 }
@@ -218,14 +224,21 @@ func finishAll(ctx context.Context, e *env, m *meter, t *tracker, streams ...str
 }
 
 // multiStreamq: three queues filled with n jobs in the weights' proportions,
-// drained by one MultiConsumer per consumer slot.
-func multiStreamq(ctx context.Context, e *env, n int, pad string) (Result, error) {
+// drained by one MultiConsumer per consumer slot, or, separate
+// ("streamq-3c"), by three plain Consumers per slot (what one did without
+// MultiConsumer), the slot's workers split by the weights (at least one
+// each).
+func multiStreamq(ctx context.Context, e *env, n int, pad string, separate bool) (Result, error) {
+	system := "streamq"
+	if separate {
+		system = "streamq-3c"
+	}
 	sizes := splitByWeight(n, multiWeights)
 	queues := make([]string, len(sizes))
 	streams := make([]string, len(sizes))
 	first := 0
 	for k, size := range sizes {
-		queues[k] = e.queue("multi", fmt.Sprintf("streamq-w%d", multiWeights[k]))
+		queues[k] = e.queue("multi", fmt.Sprintf("%s-w%d", system, multiWeights[k]))
 		streams[k] = streamKey(queues[k])
 		if err := fillBacklog(ctx, e, queues[k], first, size, pad); err != nil {
 			return Result{}, err
@@ -261,17 +274,28 @@ func multiStreamq(ctx context.Context, e *env, n int, pad string) (Result, error
 	for i := range e.cfg.consumers {
 		cl := e.client(0)
 		cs.clients = append(cs.clients, cl)
+		w := e.workersPer(i)
 		mq := make([]streamq.MultiQueue, len(queues))
 		for k, q := range queues {
-			c, err := streamq.NewConsumer(cl, q, handler(k), &streamq.ConsumerOptions{
+			o := &streamq.ConsumerOptions{
 				Name: fmt.Sprintf("c%d", i), DiscardResults: true, Logger: e.log, ReadBlock: 250 * time.Millisecond,
-			})
+			}
+			if separate {
+				o.Workers = max(1, w*multiWeights[k]/sum(multiWeights))
+				o.Prefetch = multiPrefetch(e, o.Workers)
+			}
+			c, err := streamq.NewConsumer(cl, q, handler(k), o)
 			if err != nil {
 				return Result{}, err
 			}
+			if separate {
+				cs.g.Go(func() error { return c.Run(runCtx) })
+			}
 			mq[k] = streamq.MultiQueue{Consumer: c, Weight: multiWeights[k]}
 		}
-		w := e.workersPer(i)
+		if separate {
+			continue
+		}
 		mc, err := streamq.NewMultiConsumer(&streamq.MultiOptions{Workers: w, Prefetch: multiPrefetch(e, w)}, mq...)
 		if err != nil {
 			return Result{}, err
@@ -292,7 +316,7 @@ func multiStreamq(ctx context.Context, e *env, n int, pad string) (Result, error
 	if err := firstErr(herr.err(), t.verify("streamq multi")); err != nil {
 		return Result{}, err
 	}
-	r := m.result("multi", "streamq", n, "-", nil)
+	r := m.result("multi", system, n, "-", nil)
 	r.QueueWeights = multiWeights
 	r.QueueShares, r.QueueSharesStarts, r.QueueShareWindowMin, r.QueueShareWindowMax = backlogShares(starts.order(), sizes, multiWindow)
 	return r, nil
