@@ -66,6 +66,7 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 			return
 		}
 		var got int
+		drained := false // a read of new entries came back empty
 		switch {
 		case history:
 			var seen int
@@ -92,13 +93,14 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 				block = time.Millisecond
 			}
 			got, err = r.readNew(read, shard, n, max(block, time.Millisecond))
+			drained = err == nil && got == 0
 			if full := got == n; err == nil && full != backlogged {
 				backlogged = full
 				r.ring.setBacklog(class, full) // only read with priority levels in use
 			}
 		}
 		r.givePlaces(shard, n-got)
-		if err == nil && got == 0 {
+		if drained {
 			r.stepAside(ctx, shard)
 		}
 		if err != nil {

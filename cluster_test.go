@@ -76,6 +76,91 @@ func clusterSuite(t *testing.T, c *redistest.Cluster, client redis.UniversalClie
 		t.Parallel()
 		testClusterFlow(t, client)
 	})
+	t.Run("MultiConsumer", func(t *testing.T) {
+		t.Parallel()
+		testClusterMulti(t, client)
+	})
+}
+
+// testClusterMulti: a MultiConsumer over three queues on a cluster, one of
+// them sharded over every master and using priority levels, another with a
+// request type of its own: each queue's requests run once and reach their
+// callers, whatever node their shard is on.
+func testClusterMulti(t *testing.T, client redis.UniversalClient) {
+	ctx := context.Background()
+	type job struct{ N int }
+	names := []string{queueName(t) + "-a", queueName(t) + "-b", queueName(t) + "-c"}
+	shards := []int{clusterShards, 1, 2}
+	rc := newRunCounter()
+	var queues []MultiQueue
+	for i, q := range names {
+		var c QueueConsumer
+		var err error
+		o := &ConsumerOptions{Shards: shards[i], Logger: testLogger(t)}
+		if i == 1 {
+			c, err = NewConsumer(client, q, func(ctx context.Context, m *Message[job]) (int, error) {
+				rc.add(q + "/" + m.ID)
+				return 2 * m.Payload.N, nil
+			}, o)
+		} else {
+			c, err = NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+				rc.add(q + "/" + m.ID)
+				return m.Payload, nil
+			}, o)
+		}
+		require.NoError(t, err)
+		queues = append(queues, MultiQueue{Consumer: c, Weight: 3 - i})
+	}
+	mc, err := NewMultiConsumer(&MultiOptions{Workers: 6}, queues...)
+	require.NoError(t, err)
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- mc.Run(runCtx) }()
+	t.Cleanup(func() {
+		stop()
+		require.NoError(t, <-done)
+	})
+	const n = 60
+	pa, err := NewProducer[string, string](client, names[0], &ProducerOptions{Shards: shards[0], Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer pa.Close()
+	pb, err := NewProducer[job, int](client, names[1], &ProducerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer pb.Close()
+	pc, err := NewProducer[string, string](client, names[2], &ProducerOptions{Shards: shards[2], Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer pc.Close()
+	var strs []*Promise[string]
+	var ints []*Promise[int]
+	for i := range n {
+		id := fmt.Sprint("j", i)
+		pr, err := pa.Produce(ctx, id, id, Priority(levelValue[i%numLevels]))
+		require.NoError(t, err)
+		strs = append(strs, pr)
+		pi, err := pb.Produce(ctx, id, job{N: i})
+		require.NoError(t, err)
+		ints = append(ints, pi)
+		pr, err = pc.Produce(ctx, id, id)
+		require.NoError(t, err)
+		strs = append(strs, pr)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for _, pr := range strs {
+		got, err := pr.Wait(wctx)
+		require.NoError(t, err)
+		require.Equal(t, pr.ID(), got)
+	}
+	for i, pi := range ints {
+		got, err := pi.Wait(wctx)
+		require.NoError(t, err)
+		require.Equal(t, 2*i, got)
+	}
+	runs := rc.snapshot()
+	require.Len(t, runs, 3*n)
+	for id, k := range runs {
+		require.Equal(t, 1, k, "runs of %s", id)
+	}
 }
 
 // testClusterDelayed: delayed jobs on every shard of a sharded queue run once,

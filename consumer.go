@@ -516,7 +516,8 @@ func (r *run[Req, Resp]) reservePlaces(ctx context.Context, shard, limit int) (i
 	return got, err
 }
 
-// stepAside runs after a feeder's read came back empty and it gave its
+// stepAside runs after a feeder's read of new entries came back empty (its
+// stream is drained; an empty claim pass says nothing of that) and it gave its
 // places back: while other feeders wait for places (of its shard, or of the
 // ring), it waits until one of them got some, or for at most ReadBlock. A
 // drained stream's feeder would otherwise take the places again at once

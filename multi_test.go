@@ -260,42 +260,15 @@ func TestMultiStrict(t *testing.T) {
 func TestMultiPausedQueueHoldsNoWorker(t *testing.T) {
 	t.Parallel()
 	client := realRedis(t)
-	t.Run("paused", func(t *testing.T) {
+	for _, strict := range []bool{false, true} {
+		t.Run(fmt.Sprintf("paused/strict=%v", strict), func(t *testing.T) {
+			t.Parallel()
+			pausedQueueHoldsNoWorker(t, client, strict)
+		})
+	}
+	t.Run("pausedMidRun/strict", func(t *testing.T) {
 		t.Parallel()
-		ctx := context.Background()
-		qa, qb := queueName(t), queueName(t)
-		admin, err := NewAdmin(client, qa, nil)
-		require.NoError(t, err)
-		require.NoError(t, admin.Pause(ctx))
-		_, prsA := seedBatches(t, newStringProducer(t, client, qa), "a", 20, true, strPayload)
-		_, prsB := seedBatches(t, newStringProducer(t, client, qb), "b", 200, true, strPayload)
-		var startsA atomic.Int64
-		ca, err := NewConsumer(client, qa, func(ctx context.Context, m *Message[string]) (string, error) {
-			startsA.Add(1)
-			return "a:" + m.Payload, nil
-		}, fastOpts(t, "paused", 10*time.Second))
-		require.NoError(t, err)
-		cb, err := NewConsumer(client, qb, func(ctx context.Context, m *Message[string]) (string, error) {
-			return "b:" + m.Payload, nil
-		}, fastOpts(t, "paused", 10*time.Second))
-		require.NoError(t, err)
-		// A has the larger weight: the worker would take its slots first.
-		m, err := NewMultiConsumer(&MultiOptions{Workers: 1},
-			MultiQueue{Consumer: ca, Weight: 10}, MultiQueue{Consumer: cb, Weight: 1})
-		require.NoError(t, err)
-		runMulti(t, m)
-		for i, pr := range prsB {
-			got, err := pr.Wait(waitCtx(t, 20*time.Second))
-			require.NoError(t, err, "b %d: the paused queue held the worker: %s", i, lazyString(func() string { return ringState(m) }))
-			require.Equal(t, fmt.Sprint("b:x", i), got)
-		}
-		require.Zero(t, startsA.Load(), "a paused queue's request started")
-		require.NoError(t, admin.Resume(ctx))
-		for i, pr := range prsA {
-			got, err := pr.Wait(waitCtx(t, 20*time.Second))
-			require.NoError(t, err, "a %d after Resume", i)
-			require.Equal(t, fmt.Sprint("a:x", i), got)
-		}
+		pausedMidRunStrict(t, client)
 	})
 	t.Run("rateLimited", func(t *testing.T) {
 		t.Parallel()
@@ -589,4 +562,83 @@ func ringState(m *MultiConsumer) string {
 		}
 	}
 	return fmt.Sprintf("ring free %d target %d settled %d held %d feeders %d queues %v", r.free, r.target, r.settled, r.held, r.shards, qs)
+}
+
+// pausedQueueHoldsNoWorker: queue A, paused before Run, has the larger
+// weight (with strict, it comes first): B's requests all complete, none of
+// A's start, and A's complete after Resume.
+func pausedQueueHoldsNoWorker(t *testing.T, client *redis.Client, strict bool) {
+	ctx := context.Background()
+	qa, qb := queueName(t), queueName(t)
+	admin, err := NewAdmin(client, qa, nil)
+	require.NoError(t, err)
+	require.NoError(t, admin.Pause(ctx))
+	_, prsA := seedBatches(t, newStringProducer(t, client, qa), "a", 20, true, strPayload)
+	_, prsB := seedBatches(t, newStringProducer(t, client, qb), "b", 200, true, strPayload)
+	var startsA atomic.Int64
+	ca, err := NewConsumer(client, qa, func(ctx context.Context, m *Message[string]) (string, error) {
+		startsA.Add(1)
+		return "a:" + m.Payload, nil
+	}, fastOpts(t, "paused", 10*time.Second))
+	require.NoError(t, err)
+	cb, err := NewConsumer(client, qb, func(ctx context.Context, m *Message[string]) (string, error) {
+		return "b:" + m.Payload, nil
+	}, fastOpts(t, "paused", 10*time.Second))
+	require.NoError(t, err)
+	// A has the larger weight: the worker would take its slots first.
+	m, err := NewMultiConsumer(&MultiOptions{Workers: 1, Strict: strict},
+		MultiQueue{Consumer: ca, Weight: 10}, MultiQueue{Consumer: cb, Weight: 1})
+	require.NoError(t, err)
+	runMulti(t, m)
+	for i, pr := range prsB {
+		got, err := pr.Wait(waitCtx(t, 20*time.Second))
+		require.NoError(t, err, "b %d: the paused queue held the worker: %s", i, lazyString(func() string { return ringState(m) }))
+		require.Equal(t, fmt.Sprint("b:x", i), got)
+	}
+	require.Zero(t, startsA.Load(), "a paused queue's request started")
+	require.NoError(t, admin.Resume(ctx))
+	for i, pr := range prsA {
+		got, err := pr.Wait(waitCtx(t, 20*time.Second))
+		require.NoError(t, err, "a %d after Resume", i)
+		require.Equal(t, fmt.Sprint("a:x", i), got)
+	}
+}
+
+// pausedMidRunStrict: with Strict, the highest queue is paused while its
+// backlog runs (its slots wait in the ring, its stream backlogged): the
+// lower queue, which read nothing so far, reads and completes meanwhile.
+func pausedMidRunStrict(t *testing.T, client *redis.Client) {
+	ctx := context.Background()
+	qa, qb := queueName(t), queueName(t)
+	seedBatches(t, newStringProducer(t, client, qa), "a", 3000, false, strPayload)
+	_, prsB := seedBatches(t, newStringProducer(t, client, qb), "b", 100, true, strPayload)
+	admin, err := NewAdmin(client, qa, nil)
+	require.NoError(t, err)
+	var startsA, startsB atomic.Int64
+	ca, err := NewConsumer(client, qa, func(ctx context.Context, m *Message[string]) (string, error) {
+		startsA.Add(1)
+		return "", nil
+	}, fastOpts(t, "midrun", 10*time.Second))
+	require.NoError(t, err)
+	cb, err := NewConsumer(client, qb, func(ctx context.Context, m *Message[string]) (string, error) {
+		startsB.Add(1)
+		return "b:" + m.Payload, nil
+	}, fastOpts(t, "midrun", 10*time.Second))
+	require.NoError(t, err)
+	m, err := NewMultiConsumer(&MultiOptions{Workers: 1, Strict: true},
+		MultiQueue{Consumer: ca, Weight: 2}, MultiQueue{Consumer: cb, Weight: 1})
+	require.NoError(t, err)
+	runMulti(t, m)
+	eventually(t, 20*time.Second, func() bool { return startsA.Load() >= 100 }, "the high queue never started")
+	require.Zero(t, startsB.Load(), "strict: the low queue started while the high one had a backlog")
+	require.NoError(t, admin.Pause(ctx))
+	for i, pr := range prsB {
+		got, err := pr.Wait(waitCtx(t, 20*time.Second))
+		require.NoError(t, err, "b %d: the paused high queue kept the low one from reading: %s", i, lazyString(func() string { return ringState(m) }))
+		require.Equal(t, fmt.Sprint("b:x", i), got)
+	}
+	a := startsA.Load()
+	require.Less(t, a, int64(3000), "the high queue ran out of work before the low one ran")
+	require.NoError(t, admin.Resume(ctx))
+	eventually(t, 20*time.Second, func() bool { return startsA.Load() > a }, "the high queue never resumed")
 }

@@ -184,9 +184,15 @@ func (r *ring) reserveClass(ctx context.Context, class, limit int) (int, error) 
 		// run.stepAside).
 		classHeld := false
 		if r.leveled {
-			cr := r.classRoom(class)
+			cr, share := r.classRoom(class)
 			classHeld = cr == 0
 			avail = min(avail, cr)
+			if cr < share/2 && r.classQueued(class) > 0 {
+				// Backlogged, with its slots waiting for the workers: read
+				// half its share at once later, not one entry per place freed
+				// (its slots taken, or places settled, signal).
+				avail, classHeld = 0, true
+			}
 		}
 		fair := max(1, r.target/r.shards)
 		n := min(avail, fair)
@@ -286,14 +292,17 @@ func (r *ring) contended() <-chan struct{} {
 // empty read and would take them again first). A backlogged queue holds at
 // most its weight's share of the target among the backlogged queues, and a
 // backlogged level at most its weight's share of that among its queue's
-// backlogged levels (at least 1). mu is held.
-func (r *ring) classRoom(class int) int {
+// backlogged levels (at least 1). A paused queue (stalled) takes none and
+// does not count among the backlogged queues. It returns the room and the
+// class's share (0 when it has none: a drained class, or no class
+// backlogged). mu is held.
+func (r *ring) classRoom(class int) (room, share int) {
 	const unlimited = 1 << 30
 	qi, level := class/numLevels, class%numLevels
-	share := r.target
+	qshare := r.target
 	if len(r.qs) > 1 {
 		if r.stalled[qi] {
-			return 0
+			return 0, 0 // paused: it reads again once resumed
 		}
 		sum := 0
 		for j := range r.qs {
@@ -302,7 +311,7 @@ func (r *ring) classRoom(class int) int {
 			}
 		}
 		if sum == 0 {
-			return unlimited
+			return unlimited, 0
 		}
 		if r.qstrict {
 			for _, j := range r.qorder {
@@ -310,15 +319,15 @@ func (r *ring) classRoom(class int) int {
 					break
 				}
 				if r.queueBacklogged(j) && !r.stalled[j] {
-					return 0
+					return 0, 0
 				}
 			}
 		}
 		if !r.queueBacklogged(qi) {
-			return 1
+			return 1, 0
 		}
 		if !r.qstrict {
-			share = max(1, r.target*r.qs[qi].weight/sum)
+			qshare = max(1, r.target*r.qs[qi].weight/sum)
 		}
 	}
 	q := &r.qs[qi]
@@ -330,7 +339,7 @@ func (r *ring) classRoom(class int) int {
 		}
 	}
 	if sum == 0 {
-		return unlimited
+		return unlimited, 0
 	}
 	if q.strict {
 		for _, l := range levelOrder {
@@ -338,20 +347,29 @@ func (r *ring) classRoom(class int) int {
 				break
 			}
 			if r.backlog[base+l] > 0 {
-				return 0
+				return 0, 0
 			}
 		}
 	}
 	if r.backlog[class] == 0 {
-		return 1
+		return 1, 0
 	}
 	if q.strict {
 		if len(r.qs) > 1 {
-			return max(0, share-r.queueOut(qi))
+			return max(0, qshare-r.queueOut(qi)), qshare
 		}
-		return unlimited
+		return unlimited, 0
 	}
-	return max(0, max(1, share*q.weights[level]/sum)-r.out[class])
+	share = max(1, qshare*q.weights[level]/sum)
+	return max(0, share-r.out[class]), share
+}
+
+// classQueued returns how many slots of class wait to be taken; mu may be
+// held.
+func (r *ring) classQueued(class int) int {
+	r.qmu.Lock()
+	defer r.qmu.Unlock()
+	return r.qs[class/numLevels].q[class%numLevels].n
 }
 
 // queueBacklogged reports whether a feeder of one of queue qi's classes is
@@ -490,7 +508,7 @@ func (r *ring) pop() *slot {
 	s := rq.q[l].pop()
 	rq.n--
 	r.n--
-	if r.n == 0 && r.groupReads {
+	if (r.n == 0 && r.groupReads) || (rq.q[l].n == 0 && r.leveled) {
 		r.signal() // a feeder waiting for a fuller read reads what room there is
 	}
 	return s

@@ -47,6 +47,16 @@
 //	            children: jobs/s and Redis CPU are per child, the parents'
 //	            cost included. Latency: ProduceFlow to the parent's outcome.
 //	            No baseline.
+//	multi       n jobs appended first to three queues with weights 6:3:1,
+//	            backlogs in the same proportions; then one MultiConsumer per
+//	            consumer (-consumers, each with its own client; DiscardResults,
+//	            no-op handler) drains them. Rows: "streamq" (the MultiConsumers;
+//	            a second line gives each queue's share of the starts while
+//	            every queue had work), "streamq-1q" (the same n jobs in one
+//	            queue, plain Consumers with the same Workers and Prefetch) and
+//	            "baseline" (a stream of n entries drained as in drain). Only
+//	            the draining is measured. Two ratio lines: streamq/baseline
+//	            (with streamq/streamq-1q) and streamq-1q/baseline.
 //	all         every scenario above, in that order.
 //
 // Without -redis host:port the program starts its own redis-server on a free
@@ -57,7 +67,8 @@
 // Flags for diagnosis: -breakdown prints each run's INFO commandstats delta
 // per job to stderr; -cpuprofile profiles the program; -ring and
 // -send-concurrency override ConsumerOptions.Prefetch and
-// ProducerOptions.Concurrency in throughput and rpc (default: the library's).
+// ProducerOptions.Concurrency in throughput and rpc (default: the library's);
+// -ring also sets both Prefetch options of multi.
 //
 // Each run checks that every job was handled (or, for batch, appended) exactly
 // once and exits with status 1 saying what was lost or duplicated otherwise.
@@ -65,7 +76,9 @@
 // Output is a table; -json prints one JSON object per measured system (fields
 // scenario, system, n, seconds, jobs_per_sec, p50_ms, p99_ms, max_ms,
 // redis_cpu_us_per_job, redis_cmds_per_job, client_cpu_us_per_job, ...) and then one
-// {"scenario":..., "ratio": streamq/baseline jobs_per_sec} line per scenario.
+// {"scenario":..., "ratio": streamq/baseline jobs_per_sec} line per scenario
+// (multi adds "vs_single_queue" to it, and a second line with "system":
+// "streamq-1q").
 // Redis CPU is the used_cpu_user+used_cpu_sys delta of INFO cpu; commands are
 // the delta of the INFO commandstats calls, which count commands run inside
 // Lua scripts too. Client CPU is this program's user+sys time (getrusage),
@@ -135,6 +148,7 @@ var scenarios = []scenario{
 	{"fairness", 60, runFairness},
 	{"delayed", 20_000, runDelayed},
 	{"flow", 50_000, runFlow},
+	{"multi", 90_000, runMulti},
 }
 
 func main() {
@@ -146,9 +160,9 @@ func main() {
 
 func run() error {
 	var cfg config
-	flag.StringVar(&cfg.scenario, "scenario", "all", "throughput, few, rpc, latency, prefetch, batch, drain, fairness, delayed, flow or all")
+	flag.StringVar(&cfg.scenario, "scenario", "all", "throughput, few, rpc, latency, prefetch, batch, drain, fairness, delayed, flow, multi or all")
 	flag.StringVar(&cfg.redisAddr, "redis", "", "host:port of a Redis to use; empty starts a private redis-server")
-	flag.IntVar(&cfg.n, "n", 0, "jobs per measured run; 0 uses each scenario's default (throughput 200000, few 30000, rpc 100000, latency 2000, prefetch 500, batch 200000, drain 200000, fairness 60, delayed 20000, flow 50000)")
+	flag.IntVar(&cfg.n, "n", 0, "jobs per measured run; 0 uses each scenario's default (throughput 200000, few 30000, rpc 100000, latency 2000, prefetch 500, batch 200000, drain 200000, fairness 60, delayed 20000, flow 50000, multi 90000)")
 	flag.IntVar(&cfg.producers, "producers", 4, "producers (each with its own client, like separate processes)")
 	flag.IntVar(&cfg.workers, "workers", 8, "handler goroutines in all, spread over -consumers consumers")
 	flag.IntVar(&cfg.consumers, "consumers", 2, "consumers (each with its own client)")
@@ -160,7 +174,7 @@ func run() error {
 	handleMS := flag.Float64("handle-ms", 5, "handler time in milliseconds (prefetch)")
 	flag.IntVar(&cfg.depth, "depth", 16, "prefetch ring depth (prefetch)")
 	flag.IntVar(&cfg.sendConc, "send-concurrency", 0, "ProducerOptions.Concurrency of each producer in throughput and rpc; 0 keeps the library default")
-	flag.IntVar(&cfg.ring, "ring", 0, "ConsumerOptions.Prefetch of each consumer in throughput and rpc; 0 keeps the library default")
+	flag.IntVar(&cfg.ring, "ring", 0, "ConsumerOptions.Prefetch of each consumer in throughput and rpc (and MultiOptions.Prefetch and ConsumerOptions.Prefetch in multi); 0 keeps the library default")
 	flag.BoolVar(&cfg.send, "send", false, "throughput: submit with Producer.Send (no per-call acknowledgement) and Flush, instead of Enqueue")
 	flag.BoolVar(&cfg.json, "json", false, "print JSON lines instead of a table")
 	flag.StringVar(&cfg.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole program to this file")
@@ -180,7 +194,7 @@ func run() error {
 		}
 	}
 	if len(chosen) == 0 {
-		return fmt.Errorf("unknown -scenario %q: use throughput, few, rpc, latency, prefetch, batch, drain, fairness, delayed, flow or all", cfg.scenario)
+		return fmt.Errorf("unknown -scenario %q: use throughput, few, rpc, latency, prefetch, batch, drain, fairness, delayed, flow, multi or all", cfg.scenario)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)

@@ -47,13 +47,29 @@ type Result struct {
 	IdealSeconds  float64 `json:"ideal_seconds,omitempty"`
 	Depth1Seconds float64 `json:"depth1_seconds,omitempty"`
 	IdealRatio    float64 `json:"ideal_ratio,omitempty"`
+
+	// Multi scenario, streamq only: the queues' weights and each queue's
+	// share of the handler starts while every queue had work (the first
+	// QueueSharesStarts starts), with its lowest and highest share over
+	// windows of 1,000 starts within them.
+	QueueWeights        []int     `json:"queue_weights,omitempty"`
+	QueueShares         []float64 `json:"queue_shares,omitempty"`
+	QueueSharesStarts   int       `json:"queue_shares_starts,omitempty"`
+	QueueShareWindowMin []float64 `json:"queue_share_window_min,omitempty"`
+	QueueShareWindowMax []float64 `json:"queue_share_window_max,omitempty"`
 }
 
 // Ratio is the closing line of a scenario: streamq's jobs/s over the baseline's.
+// A scenario with a second streamq variant (multi) closes with a second line
+// naming that variant's system.
 type Ratio struct {
 	Scenario   string  `json:"scenario"`
+	System     string  `json:"system,omitempty"` // the streamq variant; empty: "streamq"
 	Ratio      float64 `json:"ratio"`
 	IdealRatio float64 `json:"ideal_ratio,omitempty"` // prefetch: elapsed/ideal
+	// VsSingleQueue (multi): the multi-queue consumer's jobs/s over the
+	// single-queue consumers' ("streamq-1q").
+	VsSingleQueue float64 `json:"vs_single_queue,omitempty"`
 }
 
 // serverStats is a snapshot of the counters that give the server-side cost.
@@ -333,6 +349,9 @@ func (p *printer) result(r Result) {
 		fmt.Fprintf(p.w, "%-10s %-16s pickup (Produce to handler start) p50 %.3f ms, p99 %.3f ms\n",
 			r.Scenario, r.System, r.PickupP50Ms, r.PickupP99Ms)
 	}
+	if len(r.QueueShares) > 0 {
+		fmt.Fprintf(p.w, "%-10s %-16s %s\n", r.Scenario, r.System, sharesNote(r))
+	}
 }
 
 func (p *printer) ratio(r Ratio) {
@@ -340,9 +359,16 @@ func (p *printer) ratio(r Ratio) {
 		p.line(r)
 		return
 	}
-	fmt.Fprintf(p.w, "%-10s ratio streamq/baseline jobs/s = %.2f", r.Scenario, r.Ratio)
+	system := r.System
+	if system == "" {
+		system = "streamq"
+	}
+	fmt.Fprintf(p.w, "%-10s ratio %s/baseline jobs/s = %.2f", r.Scenario, system, r.Ratio)
 	if r.IdealRatio > 0 {
 		fmt.Fprintf(p.w, "; elapsed/ideal = %.3f", r.IdealRatio)
+	}
+	if r.VsSingleQueue > 0 {
+		fmt.Fprintf(p.w, "; streamq/streamq-1q jobs/s = %.2f", r.VsSingleQueue)
 	}
 	fmt.Fprintln(p.w)
 }
