@@ -99,6 +99,12 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 				r.ring.setBacklog(class, full) // only read with priority levels in use
 			}
 		}
+		if err != nil && backlogged && r.multi {
+			// A queue whose Redis calls fail stalls only itself: the others
+			// read (with Strict, the lower ones too) until it reads again.
+			backlogged = false
+			r.ring.setBacklog(class, false)
+		}
 		r.givePlaces(shard, n-got)
 		if drained {
 			r.stepAside(ctx, shard)

@@ -642,3 +642,63 @@ func pausedMidRunStrict(t *testing.T, client *redis.Client) {
 	require.NoError(t, admin.Resume(ctx))
 	eventually(t, 20*time.Second, func() bool { return startsA.Load() > a }, "the high queue never resumed")
 }
+
+// failReads is a client hook that fails every XREADGROUP and script call
+// while on is set.
+type failReads struct{ on atomic.Bool }
+
+func (h *failReads) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *failReads) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := strings.ToLower(cmd.Name()); h.on.Load() && (name == "xreadgroup" || name == "evalsha" || name == "eval") {
+			err := errors.New("injected: reads fail")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *failReads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestMultiFailingQueueStallsOnlyItself: with Strict, the highest queue's
+// reads and scripts fail from its first read on (its Redis, here its client,
+// fails): the lower queue's requests still complete, and the high queue's
+// once its calls work again.
+func TestMultiFailingQueueStallsOnlyItself(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	qa, qb := queueName(t), queueName(t)
+	_, prsA := seedBatches(t, newStringProducer(t, client, qa), "a", 20, true, strPayload)
+	_, prsB := seedBatches(t, newStringProducer(t, client, qb), "b", 100, true, strPayload)
+	hook := &failReads{}
+	hook.on.Store(true)
+	clientA := ownClient(t, client)
+	clientA.AddHook(hook)
+	ca, err := NewConsumer(clientA, qa, func(ctx context.Context, m *Message[string]) (string, error) {
+		return "a:" + m.Payload, nil
+	}, fastOpts(t, "failing", 10*time.Second))
+	require.NoError(t, err)
+	cb, err := NewConsumer(client, qb, func(ctx context.Context, m *Message[string]) (string, error) {
+		return "b:" + m.Payload, nil
+	}, fastOpts(t, "failing", 10*time.Second))
+	require.NoError(t, err)
+	m, err := NewMultiConsumer(&MultiOptions{Workers: 1, Strict: true},
+		MultiQueue{Consumer: ca, Weight: 2}, MultiQueue{Consumer: cb, Weight: 1})
+	require.NoError(t, err)
+	runMulti(t, m)
+	for i, pr := range prsB {
+		got, err := pr.Wait(waitCtx(t, 20*time.Second))
+		require.NoError(t, err, "b %d: the failing high queue kept the low one from reading: %s", i, lazyString(func() string { return ringState(m) }))
+		require.Equal(t, fmt.Sprint("b:x", i), got)
+	}
+	hook.on.Store(false)
+	for i, pr := range prsA {
+		got, err := pr.Wait(waitCtx(t, 20*time.Second))
+		require.NoError(t, err, "a %d", i)
+		require.Equal(t, fmt.Sprint("a:x", i), got)
+	}
+}
