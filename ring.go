@@ -40,8 +40,16 @@ type ring struct {
 	// target is free (see minRead). Set for one shard only: with several, the
 	// other feeders' blocked reads hold places that are not entries.
 	groupReads bool
-	freed      chan struct{} // capacity 1: "free or target went up"
-	turns      turns         // feeders waiting in reserveClass (see run.stepAside)
+	// wake is closed (and dropped) when free, the target or a class's
+	// room went up, waking every feeder waiting in reserveClass: each looks
+	// again, and those that still cannot read wait on the next one. (A
+	// signal handed to one waiter that could not use it was lost to the
+	// others.) nil while no feeder waits.
+	wake  chan struct{}
+	turns turns // feeders waiting in reserveClass for room (see run.stepAside)
+	// paused counts the paused queues (see hold): their places out do not
+	// count as read-ahead (ahead), and their feeders reserve nothing.
+	paused int
 	// With several classes in use (leveled: a priority level's feeder
 	// joined, or the ring serves several queues), out counts each class's
 	// places out and not settled, and backlog counts the class's feeders
@@ -88,8 +96,11 @@ type ringQueue struct {
 	// (MultiQueue.Weight); qcredit its round-robin credit.
 	weight  int
 	qcredit int
-	// paused and waiting hold the queue (see ring.hold).
-	paused, waiting bool
+	// paused and waiting (workers waiting for the queue's rate-limit token)
+	// hold the queue (see ring.hold). paused is written with both mu and
+	// qmu held, so either lock reads it; waiting is guarded by qmu.
+	paused  bool
+	waiting int
 }
 
 // slotQueue is one class's queue of slots, in push order.
@@ -114,7 +125,7 @@ func newRing(depth, shards int) *ring { return newSharedRing(depth, shards, 1) }
 // newSharedRing returns a ring of depth places for queues queues, read by
 // shards feeders in all. Queue weights default to 1.
 func newSharedRing(depth, shards, queues int) *ring {
-	r := &ring{depth: depth, free: depth, target: depth, shards: max(shards, 1), freed: make(chan struct{}, 1),
+	r := &ring{depth: depth, free: depth, target: depth, shards: max(shards, 1),
 		groupReads: shards <= 1, qs: make([]ringQueue, queues),
 		out: make([]int, queues*numLevels), backlog: make([]int, queues*numLevels), qorder: make([]int, queues)}
 	for i := range r.qs {
@@ -146,7 +157,7 @@ func (r *ring) reserve(ctx context.Context, limit int) (int, error) {
 
 // reserveClass is reserve for the feeder of a class (see classRoom).
 func (r *ring) reserveClass(ctx context.Context, class, limit int) (int, error) {
-	waiting := false
+	waiting := false // counted in turns
 	for {
 		r.mu.Lock()
 		room := max(0, min(r.free, r.target-r.ahead()))
@@ -154,13 +165,21 @@ func (r *ring) reserveClass(ctx context.Context, class, limit int) (int, error) 
 		if r.ahead() > 0 && room < r.minRead() && r.queuedSlots() > 0 {
 			avail = 0 // the workers have entries waiting: read more at once later
 		}
+		// forRoom: what stops the class is the ring's room, so that places
+		// given back would be read (see turns); not its share, its queue's
+		// pause or its batching.
+		forRoom := true
+		if r.qs[class/numLevels].paused {
+			avail, forRoom = 0, false // read nothing a paused queue cannot start
+		}
 		if r.leveled {
 			room, share := r.classRoom(class)
 			avail = min(avail, room)
+			forRoom = forRoom && room > 0
 			if room < share/2 && r.classQueued(class) > 0 {
 				// Backlogged, with its slots waiting for the workers: read
 				// half its share at once later, not one entry per place freed.
-				avail = 0
+				avail, forRoom = 0, false
 			}
 		}
 		fair := max(1, r.target/r.shards)
@@ -170,30 +189,60 @@ func (r *ring) reserveClass(ctx context.Context, class, limit int) (int, error) 
 		}
 		r.free -= n
 		r.out[class] += n
-		left := min(r.free, r.target-r.ahead())
 		switch {
 		case n > 0 && waiting:
 			r.turns.done(true)
-		case n == 0 && !waiting:
+		case n == 0 && forRoom && !waiting:
 			r.turns.wait()
 			waiting = true
+		case n == 0 && !forRoom && waiting:
+			r.turns.done(false)
+			waiting = false
 		}
-		r.mu.Unlock()
 		if n > 0 {
-			if left > 0 {
-				r.signal() // another feeder may be waiting for the rest
+			if min(r.free, r.target-r.ahead()) > 0 {
+				r.signalLocked() // another feeder may be waiting for the rest
 			}
+			r.mu.Unlock()
 			return n, nil
 		}
+		wake := r.sleep()
+		r.mu.Unlock()
 		select {
-		case <-r.freed:
+		case <-wake:
 		case <-ctx.Done():
-			r.mu.Lock()
-			r.turns.done(false)
-			r.mu.Unlock()
+			if waiting {
+				r.mu.Lock()
+				r.turns.done(false)
+				r.mu.Unlock()
+			}
 			return 0, ctx.Err()
 		}
 	}
+}
+
+// sleep returns the channel a feeder waits on for the next signal; mu is
+// held.
+func (r *ring) sleep() <-chan struct{} {
+	if r.wake == nil {
+		r.wake = make(chan struct{})
+	}
+	return r.wake
+}
+
+// signalLocked wakes every waiting feeder; mu is held.
+func (r *ring) signalLocked() {
+	if r.wake != nil {
+		close(r.wake)
+		r.wake = nil
+	}
+}
+
+// signal wakes every waiting feeder.
+func (r *ring) signal() {
+	r.mu.Lock()
+	r.signalLocked()
+	r.mu.Unlock()
 }
 
 // contended returns a channel closed once a feeder waiting for places got
@@ -319,11 +368,9 @@ func (r *ring) setBacklog(class int, backlogged bool) {
 		r.backlog[class]++
 	} else {
 		r.backlog[class]--
+		r.signalLocked() // a lower class may read more now
 	}
 	r.mu.Unlock()
-	if !backlogged {
-		r.signal() // a lower class may read more now
-	}
 }
 
 // push appends a slot into a place taken with reserve. It never blocks: the
@@ -347,20 +394,25 @@ func (r *ring) push(s *slot) {
 }
 
 // take removes the next slot, waiting for one that can be taken; it reports
-// false once the ring is closed and empty, and whether it had to wait for
-// the ring to fill (a wait while only held queues had slots is not
-// counted: the read-ahead did not starve the worker).
+// false once the ring is closed and empty, and whether it had to wait (for
+// the ring to fill, or while only held queues had slots: when their places
+// fill the target, the read-ahead starves the worker as an empty ring would).
 func (r *ring) take() (s *slot, waited, ok bool) {
 	r.qmu.Lock()
-	defer r.qmu.Unlock()
 	for !r.takeable() && !r.closed {
-		waited = waited || r.n == 0
+		waited = true
 		r.queued.Wait()
 	}
 	if r.n == 0 {
+		r.qmu.Unlock()
 		return nil, waited, false
 	}
-	return r.pop(), waited, true
+	s, wake := r.pop()
+	r.qmu.Unlock()
+	if wake {
+		r.signal()
+	}
+	return s, waited, true
 }
 
 // takeable reports whether a queued slot can be taken now; qmu is held.
@@ -372,7 +424,7 @@ func (r *ring) takeable() bool {
 		return true
 	}
 	for i := range r.qs {
-		if q := &r.qs[i]; q.n > 0 && !q.paused && !q.waiting {
+		if q := &r.qs[i]; q.n > 0 && !q.paused && q.waiting == 0 {
 			return true
 		}
 	}
@@ -396,17 +448,23 @@ func (r *ring) queuedOf(qi int) int {
 // tryTake removes the next slot if one can be taken, without waiting.
 func (r *ring) tryTake() (*slot, bool) {
 	r.qmu.Lock()
-	defer r.qmu.Unlock()
 	if !r.takeable() {
+		r.qmu.Unlock()
 		return nil, false
 	}
-	return r.pop(), true
+	s, wake := r.pop()
+	r.qmu.Unlock()
+	if wake {
+		r.signal()
+	}
+	return s, true
 }
 
 // pop removes the next slot, of a queue chosen by pickQueue and a level
-// chosen by pickLevel: the oldest of its class. takeable() holds; qmu is
-// held.
-func (r *ring) pop() *slot {
+// chosen by pickLevel: the oldest of its class, and reports whether the
+// feeders must be woken (signal, once qmu is released: mu is taken before
+// qmu). takeable() holds; qmu is held.
+func (r *ring) pop() (*slot, bool) {
 	qi := 0
 	if len(r.qs) > 1 {
 		qi = r.pickQueue()
@@ -419,10 +477,8 @@ func (r *ring) pop() *slot {
 	s := rq.q[l].pop()
 	rq.n--
 	r.n--
-	if (r.n == 0 && r.groupReads) || (rq.q[l].n == 0 && r.leveled) {
-		r.signal() // a feeder waiting for a fuller read reads what room there is
-	}
-	return s
+	// A feeder waiting for a fuller read reads what room there is.
+	return s, (r.n == 0 && r.groupReads) || (rq.q[l].n == 0 && r.leveled)
 }
 
 // pickQueue chooses the queue of the next slot taken, among the queues with
@@ -435,7 +491,7 @@ func (r *ring) pickQueue() int {
 	best, total := -1, 0
 	for _, i := range r.qorder {
 		q := &r.qs[i]
-		if q.n == 0 || (!r.closed && (q.paused || q.waiting)) {
+		if q.n == 0 || (!r.closed && (q.paused || q.waiting > 0)) {
 			continue
 		}
 		if r.qstrict {
@@ -473,42 +529,56 @@ func (q *ringQueue) pickLevel() int {
 	return best
 }
 
-// hold stops (or resumes) the takes of queue qi's slots while it is paused
-// (paused) or while a worker waits for its rate-limit token (waiting, in a
-// ring of several queues): workers take the other queues' slots meanwhile
-// instead of waiting on one queue's gate.
-func (r *ring) hold(qi int, paused, waiting bool) {
+// setPaused holds (or releases) queue qi's slots while it is paused: take
+// skips them (workers take the other queues' slots meanwhile, instead of
+// waiting at its gate), its places out stop counting as read-ahead (they
+// would hold the target that the other queues read by), and its feeders
+// reserve nothing until it is resumed.
+func (r *ring) setPaused(qi int, paused bool) {
+	r.mu.Lock()
 	r.qmu.Lock()
 	q := &r.qs[qi]
-	was := q.paused || q.waiting
-	q.paused, q.waiting = paused, waiting
-	now := paused || waiting
+	if q.paused == paused {
+		r.qmu.Unlock()
+		r.mu.Unlock()
+		return
+	}
+	was := q.paused || q.waiting > 0
+	q.paused = paused
+	if paused {
+		r.paused++
+	} else {
+		r.paused--
+	}
+	r.setHeld(was, q.paused || q.waiting > 0)
+	r.qmu.Unlock()
+	r.signalLocked()
+	r.mu.Unlock()
+}
+
+// addWaiting counts a worker that starts (delta 1) or stops (-1) waiting
+// for queue qi's rate-limit token: while one waits, take skips the queue's
+// slots, so that in a pool of several queues one worker at a time waits
+// for it.
+func (r *ring) addWaiting(qi, delta int) {
+	r.qmu.Lock()
+	q := &r.qs[qi]
+	was := q.paused || q.waiting > 0
+	q.waiting += delta
+	r.setHeld(was, q.paused || q.waiting > 0)
+	r.qmu.Unlock()
+}
+
+// setHeld counts a queue held or released (from was to now); on release it
+// wakes the workers. qmu is held.
+func (r *ring) setHeld(was, now bool) {
 	switch {
 	case now && !was:
 		r.held++
 	case !now && was:
 		r.held--
-	}
-	r.qmu.Unlock()
-	if was && !now {
 		r.queued.Broadcast()
 	}
-}
-
-// setPaused holds queue qi's slots while paused (see hold).
-func (r *ring) setPaused(qi int, paused bool) {
-	r.qmu.Lock()
-	waiting := r.qs[qi].waiting
-	r.qmu.Unlock()
-	r.hold(qi, paused, waiting)
-}
-
-// setWaiting holds queue qi's slots while a worker waits for its token.
-func (r *ring) setWaiting(qi int, waiting bool) {
-	r.qmu.Lock()
-	paused := r.qs[qi].paused
-	r.qmu.Unlock()
-	r.hold(qi, paused, waiting)
 }
 
 // pop removes the oldest of q.n > 0 slots.
@@ -542,8 +612,8 @@ func (r *ring) addFeeder() {
 	r.leveled = true
 	r.groupReads = false
 	r.qmu.Unlock()
+	r.signalLocked()
 	r.mu.Unlock()
-	r.signal()
 }
 
 // slots yields queued slots in ring order, waiting for each, until the ring
@@ -566,8 +636,19 @@ func (r *ring) close() {
 	r.queued.Broadcast()
 }
 
-// ahead is how many places are out for entries not handed off yet; mu is held.
-func (r *ring) ahead() int { return r.depth - r.free - r.settled }
+// ahead is how many places are out for entries not handed off yet, of
+// queues not paused; mu is held.
+func (r *ring) ahead() int {
+	n := r.depth - r.free - r.settled
+	if r.paused > 0 {
+		for qi := range r.qs {
+			if r.qs[qi].paused {
+				n -= r.queueOut(qi)
+			}
+		}
+	}
+	return n
+}
 
 // settle marks one place out (of a slot of class) as handed off: room for
 // the read-ahead.
@@ -575,8 +656,8 @@ func (r *ring) settle(class int) {
 	r.mu.Lock()
 	r.settled++
 	r.out[class]--
+	r.signalLocked()
 	r.mu.Unlock()
-	r.signal()
 }
 
 // giveSettled returns n places that were settled.
@@ -587,8 +668,8 @@ func (r *ring) giveSettled(n int) {
 	r.mu.Lock()
 	r.free += n
 	r.settled -= n
+	r.signalLocked()
 	r.mu.Unlock()
-	r.signal()
 }
 
 // give returns n places to the ring.
@@ -602,8 +683,8 @@ func (r *ring) giveClass(class, n int) {
 	r.mu.Lock()
 	r.free += n
 	r.out[class] -= n
+	r.signalLocked()
 	r.mu.Unlock()
-	r.signal()
 }
 
 // setTarget sets how many places may be out at once (1..depth). Places out
@@ -612,12 +693,11 @@ func (r *ring) giveClass(class, n int) {
 func (r *ring) setTarget(n int) {
 	n = min(max(n, 1), r.depth)
 	r.mu.Lock()
-	grew := n > r.target
+	if n > r.target {
+		r.signalLocked()
+	}
 	r.target = n
 	r.mu.Unlock()
-	if grew {
-		r.signal()
-	}
 }
 
 // binding reports whether the target is what stops the feeders: as many
@@ -639,11 +719,4 @@ func (r *ring) minRead() int {
 		return 1
 	}
 	return max(1, r.target/2)
-}
-
-func (r *ring) signal() {
-	select {
-	case r.freed <- struct{}{}:
-	default:
-	}
 }
