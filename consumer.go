@@ -555,9 +555,9 @@ func (r *run[Req, Resp]) class(v int) int { return classOf(r.queue, r.c.levelInd
 // share of entries (read, running, or handled and not yet recorded), so a
 // shard whose completions fail stalls only itself.
 type shardPlaces struct {
-	mu    sync.Mutex
-	free  []int
-	max   []int
+	mu   sync.Mutex
+	free []int
+	max  []int
 	// wake[shard] is closed (and dropped) when the shard's free went up,
 	// waking every feeder of the shard waiting in reserve; nil while none
 	// waits.
