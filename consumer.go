@@ -407,7 +407,7 @@ func (r *run[Req, Resp]) begin(ctx context.Context) {
 	r.runCtx = ctx
 	r.bg, r.cancelBg = context.WithCancel(context.WithoutCancel(ctx))
 	r.handlerCtx, r.cancelHandlers = context.WithCancelCause(context.WithoutCancel(ctx))
-	r.ring.setPaused(r.queue, true, false) // until watchPause's first read says otherwise
+	r.ring.assumePaused(r.queue) // until watchPause's first read says otherwise
 	r.committers = make([]*committer[Req, Resp], len(r.c.shards))
 	for shard := range r.committers {
 		if !o.replyWait {
@@ -559,10 +559,13 @@ func (r *run[Req, Resp]) class(v int) int { return classOf(r.queue, r.c.levelInd
 // share of entries (read, running, or handled and not yet recorded), so a
 // shard whose completions fail stalls only itself.
 type shardPlaces struct {
-	mu    sync.Mutex
-	free  []int
-	max   []int
-	freed []chan struct{} // capacity 1 each: "the shard's free went up"
+	mu   sync.Mutex
+	free []int
+	max  []int
+	// wake[shard] is closed (and dropped) when the shard's free went up,
+	// waking every feeder of the shard waiting in reserve; nil while none
+	// waits.
+	wake []chan struct{}
 	// feeders counts the feeders sharing a shard's places (its default
 	// level's, and one per priority level in use): one reservation takes
 	// at most max/feeders, so a feeder that gives its places back and
@@ -582,23 +585,15 @@ type turns struct {
 }
 
 // wait counts a feeder that starts waiting for places.
-func (t *turns) wait() {
-	t.waiting++
-	if t.taken == nil {
-		t.taken = make(chan struct{})
-	}
-}
+func (t *turns) wait() { t.waiting++ }
 
 // done counts a waiting feeder that stopped waiting, with places (got) or
-// without (its ctx ended).
+// without (its ctx ended, or its own limit stops it now).
 func (t *turns) done(got bool) {
 	t.waiting--
-	if got {
+	if got && t.taken != nil {
 		close(t.taken)
 		t.taken = nil
-		if t.waiting > 0 {
-			t.taken = make(chan struct{})
-		}
 	}
 }
 
@@ -608,11 +603,14 @@ func (t *turns) contended() <-chan struct{} {
 	if t.waiting == 0 {
 		return nil
 	}
+	if t.taken == nil {
+		t.taken = make(chan struct{})
+	}
 	return t.taken
 }
 
 func newShardPlaces(prefetch, shards int) *shardPlaces {
-	p := &shardPlaces{free: make([]int, shards), max: make([]int, shards), freed: make([]chan struct{}, shards),
+	p := &shardPlaces{free: make([]int, shards), max: make([]int, shards), wake: make([]chan struct{}, shards),
 		feeders: make([]int, shards), turns: make([]turns, shards)}
 	for i := range shards {
 		n := prefetch / shards
@@ -620,7 +618,6 @@ func newShardPlaces(prefetch, shards int) *shardPlaces {
 			n++
 		}
 		p.free[i], p.max[i] = max(n, 1), max(n, 1)
-		p.freed[i] = make(chan struct{}, 1)
 		p.feeders[i] = 1
 	}
 	return p
@@ -642,15 +639,20 @@ func (p *shardPlaces) reserve(ctx context.Context, shard, limit int) (int, error
 			p.turns[shard].wait()
 			waiting = true
 		}
-		p.mu.Unlock()
 		if n > 0 {
 			if left > 0 && p.feeders[shard] > 1 {
-				p.signal(shard) // another level's feeder may wait for the rest
+				p.signalLocked(shard) // another level's feeder may wait for the rest
 			}
+			p.mu.Unlock()
 			return n, nil
 		}
+		if p.wake[shard] == nil {
+			p.wake[shard] = make(chan struct{})
+		}
+		wake := p.wake[shard]
+		p.mu.Unlock()
 		select {
-		case <-p.freed[shard]:
+		case <-wake:
 		case <-ctx.Done():
 			p.mu.Lock()
 			p.turns[shard].done(false)
@@ -674,14 +676,15 @@ func (p *shardPlaces) give(shard, n int) {
 	}
 	p.mu.Lock()
 	p.free[shard] += n
+	p.signalLocked(shard)
 	p.mu.Unlock()
-	p.signal(shard)
 }
 
-func (p *shardPlaces) signal(shard int) {
-	select {
-	case p.freed[shard] <- struct{}{}:
-	default:
+// signalLocked wakes the feeders waiting for the shard's places; mu is held.
+func (p *shardPlaces) signalLocked(shard int) {
+	if p.wake[shard] != nil {
+		close(p.wake[shard])
+		p.wake[shard] = nil
 	}
 }
 
@@ -690,8 +693,8 @@ func (p *shardPlaces) signal(shard int) {
 func (p *shardPlaces) addFeeder(shard int) {
 	p.mu.Lock()
 	p.feeders[shard]++
+	p.signalLocked(shard)
 	p.mu.Unlock()
-	p.signal(shard)
 }
 
 // untrack stops renewing the leases of slots' entries.

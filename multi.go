@@ -153,7 +153,8 @@ func NewMultiConsumer(opts *MultiOptions, queues ...MultiQueue) (*MultiConsumer,
 }
 
 // Ready returns a channel that is closed once every queue's consumer is
-// working (see Consumer.Ready).
+// working (see Consumer.Ready; a consumer that was ready in a Run of its
+// own before counts as ready).
 func (m *MultiConsumer) Ready() <-chan struct{} { return m.ready }
 
 // Run consumes every queue until ctx ends, then shuts down gracefully and
@@ -162,8 +163,10 @@ func (m *MultiConsumer) Ready() <-chan struct{} { return m.ready }
 // ShutdownTimeout), records their outcomes, and releases the prefetched
 // messages that had not started. It returns at most about 2×ShutdownTimeout
 // (the largest of the queues') after ctx ended, whatever Redis does. At start
-// it creates each queue's consumer groups; Run returns the first error a
-// queue's consumer would return from its own Run (ErrShardMismatch,
+// it creates each queue's consumer groups, all at once, and starts
+// consuming once every queue's exist (while Redis is unreachable, it
+// retries, as Consumer.Run does); Run returns the first error a queue's
+// consumer would return from its own Run (ErrShardMismatch,
 // ErrAnsweringGroup, ...), and an error when it, or one of its consumers,
 // is already running.
 func (m *MultiConsumer) Run(ctx context.Context) error {

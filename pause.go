@@ -144,7 +144,7 @@ func (r *run[Req, Resp]) watchPause() {
 			// The ring first: workers stop taking the queue's slots (and
 			// take other queues' meanwhile), then the gate holds a worker
 			// that took one a moment before.
-			r.ring.setPaused(r.queue, paused, true)
+			r.ring.setPaused(r.queue, paused)
 			if r.pause.set(paused) && paused {
 				r.c.log.InfoContext(r.runCtx, "streamq: queue paused; running handlers finish, no new ones start")
 			}

@@ -147,8 +147,11 @@ func (p *pool) shutdown() {
 // stop runs the shutdown steps in order: the feeders stop first (so no new
 // slots appear), then workers finish or drain the ring, then each queue
 // finishes on its own (releases, outcomes, and only then leases, because
-// entries must stay leased until they are completed): a queue whose Redis
-// calls stall does not hold up the others' outcomes.
+// entries must stay leased until they are completed), so a queue whose
+// Redis calls stall there does not hold up the others' releases. The first
+// step is shared: a queue whose last read stalls delays every queue's
+// releases, up to the hard bound (entries not released then are claimed
+// after MinIdle); outcomes recorded by then are not affected.
 func (p *pool) stop(handlerTimeouts []*time.Timer) {
 	for _, q := range p.queues {
 		q.feedersDone()

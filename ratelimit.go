@@ -235,11 +235,11 @@ func (r *run[Req, Resp]) mayStart(beforeWait func()) bool {
 		if r.multi {
 			// One worker at a time waits for the queue's token; the others
 			// take other queues' slots meanwhile.
-			r.ring.setWaiting(r.queue, true)
+			r.ring.addWaiting(r.queue, 1)
 		}
 		ok := r.limiter.take(r.runCtx)
 		if r.multi {
-			r.ring.setWaiting(r.queue, false)
+			r.ring.addWaiting(r.queue, -1)
 		}
 		if !ok {
 			return false

@@ -182,8 +182,12 @@ func TestRingReserveWaitsWithoutSpinning(t *testing.T) {
 	defer cancel()
 	_, err = r.reserve(ctx, 10) // free places, but the target binds
 	require.ErrorIs(t, err, context.DeadlineExceeded)
+	r.mu.Lock()
+	wake := r.wake
+	r.mu.Unlock()
+	require.NotNil(t, wake, "the feeder waited on no signal")
 	select {
-	case <-r.freed:
+	case <-wake:
 		t.Fatal("a waiting feeder signalled itself")
 	default:
 	}

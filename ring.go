@@ -10,7 +10,6 @@ package streamq
 import (
 	"context"
 	"sync"
-	"sync/atomic"
 )
 
 // ring is the bounded, ordered prefetch ring. The feeders push slots in
@@ -41,14 +40,16 @@ type ring struct {
 	// target is free (see minRead). Set for one shard only: with several, the
 	// other feeders' blocked reads hold places that are not entries.
 	groupReads bool
-	freed      chan struct{} // capacity 1: "free or target went up"
-	// heldWaiters counts the feeders waiting in reserveClass while their
-	// class is held back; they wait for heldWake (guarded by wakeMu),
-	// which signal closes.
-	heldWaiters atomic.Int32
-	wakeMu      sync.Mutex
-	heldWake    chan struct{}
-	turns       turns // feeders waiting in reserveClass (see run.stepAside)
+	// wake is closed (and dropped) when free, the target or a class's
+	// room went up, waking every feeder waiting in reserveClass: each looks
+	// again, and those that still cannot read wait on the next one. (A
+	// signal handed to one waiter that could not use it was lost to the
+	// others.) nil while no feeder waits.
+	wake  chan struct{}
+	turns turns // feeders waiting in reserveClass for room (see run.stepAside)
+	// paused counts the paused queues (see hold): their places out do not
+	// count as read-ahead (ahead), and their feeders reserve nothing.
+	paused int
 	// With several classes in use (leveled: a priority level's feeder
 	// joined, or the ring serves several queues), out counts each class's
 	// places out and not settled, and backlog counts the class's feeders
@@ -60,14 +61,6 @@ type ring struct {
 	leveled bool
 	out     []int // per class
 	backlog []int // per class
-	// stalled mirrors, under mu, the queues paused now (see hold) in a ring
-	// of several queues; nstalled counts them. A paused queue reads no more
-	// entries (classRoom), and the slots it holds are not read-ahead: workers
-	// cannot take them, so the target does not count them (else a paused
-	// queue that filled the target would keep the others from reading at
-	// all), and its backlog does not count against the others' shares.
-	stalled  []bool
-	nstalled int
 
 	qmu    sync.Mutex
 	queued sync.Cond // signalled on push, close and a queue's release; L is &qmu
@@ -103,14 +96,17 @@ type ringQueue struct {
 	// (MultiQueue.Weight); qcredit its round-robin credit.
 	weight  int
 	qcredit int
-	// paused, or waiting workers (for the queue's rate-limit token), hold
-	// the queue (see ring.hold).
+	// paused and waiting (workers waiting for the queue's rate-limit token)
+	// hold the queue (see ring.hold). paused is written with both mu and
+	// qmu held, so either lock reads it; waiting is guarded by qmu.
 	paused  bool
 	waiting int
+	// pauseRead is set once the queue's pause watcher read its state
+	// (written with mu and qmu held, like paused): until then paused is
+	// assumed (Run's start), and the queue keeps its place among the
+	// backlogged ones (classRoom).
+	pauseRead bool
 }
-
-// held reports whether the queue's slots are not taken now; qmu is held.
-func (q *ringQueue) held() bool { return q.paused || q.waiting > 0 }
 
 // slotQueue is one class's queue of slots, in push order.
 type slotQueue struct {
@@ -134,10 +130,9 @@ func newRing(depth, shards int) *ring { return newSharedRing(depth, shards, 1) }
 // newSharedRing returns a ring of depth places for queues queues, read by
 // shards feeders in all. Queue weights default to 1.
 func newSharedRing(depth, shards, queues int) *ring {
-	r := &ring{depth: depth, free: depth, target: depth, shards: max(shards, 1), freed: make(chan struct{}, 1),
+	r := &ring{depth: depth, free: depth, target: depth, shards: max(shards, 1),
 		groupReads: shards <= 1, qs: make([]ringQueue, queues),
-		out: make([]int, queues*numLevels), backlog: make([]int, queues*numLevels), qorder: make([]int, queues),
-		stalled: make([]bool, queues)}
+		out: make([]int, queues*numLevels), backlog: make([]int, queues*numLevels), qorder: make([]int, queues)}
 	for i := range r.qs {
 		r.qs[i].weight = 1
 		r.qorder[i] = i
@@ -167,8 +162,7 @@ func (r *ring) reserve(ctx context.Context, limit int) (int, error) {
 
 // reserveClass is reserve for the feeder of a class (see classRoom).
 func (r *ring) reserveClass(ctx context.Context, class, limit int) (int, error) {
-	waiting := false
-	woken := false // by a signal for the feeders waiting for places
+	waiting := false // counted in turns
 	for {
 		r.mu.Lock()
 		room := max(0, min(r.free, r.target-r.ahead()))
@@ -176,22 +170,21 @@ func (r *ring) reserveClass(ctx context.Context, class, limit int) (int, error) 
 		if r.ahead() > 0 && room < r.minRead() && r.queuedSlots() > 0 {
 			avail = 0 // the workers have entries waiting: read more at once later
 		}
-		// A class held back by its policy (a higher queue or level
-		// backlogged, its share taken, its queue paused) does not wait for
-		// places but for the classes' state to change (heldWait): it must
-		// not take the wake-ups of the feeders that wait for places, and a
-		// feeder stepping aside for it would wait for nothing (see
-		// run.stepAside).
-		classHeld := false
+		// forRoom: what stops the class is the ring's room, so that places
+		// given back would be read (see turns); not its share, its queue's
+		// pause or its batching.
+		forRoom := true
+		if r.qs[class/numLevels].paused {
+			avail, forRoom = 0, false // read nothing a paused queue cannot start
+		}
 		if r.leveled {
-			cr, share := r.classRoom(class)
-			classHeld = cr == 0
-			avail = min(avail, cr)
-			if cr < share/2 && r.classQueued(class) > 0 {
+			room, share := r.classRoom(class)
+			avail = min(avail, room)
+			forRoom = forRoom && room > 0
+			if room < share/2 && r.classQueued(class) > 0 {
 				// Backlogged, with its slots waiting for the workers: read
-				// half its share at once later, not one entry per place freed
-				// (its slots taken, or places settled, signal).
-				avail, classHeld = 0, true
+				// half its share at once later, not one entry per place freed.
+				avail, forRoom = 0, false
 			}
 		}
 		fair := max(1, r.target/r.shards)
@@ -201,53 +194,28 @@ func (r *ring) reserveClass(ctx context.Context, class, limit int) (int, error) 
 		}
 		r.free -= n
 		r.out[class] += n
-		left := min(r.free, r.target-r.ahead())
 		switch {
 		case n > 0 && waiting:
 			r.turns.done(true)
-			waiting = false
-		case n == 0 && classHeld && waiting:
-			r.turns.done(false)
-			waiting = false
-		case n == 0 && !classHeld && !waiting:
+		case n == 0 && forRoom && !waiting:
 			r.turns.wait()
 			waiting = true
+		case n == 0 && !forRoom && waiting:
+			r.turns.done(false)
+			waiting = false
 		}
-		var held <-chan struct{}
-		if n == 0 && classHeld {
-			held = r.heldWait() // under mu: no change of the classes' state is missed
-		}
-		r.mu.Unlock()
 		if n > 0 {
-			if left > 0 {
-				r.signal() // another feeder may be waiting for the rest
+			if min(r.free, r.target-r.ahead()) > 0 {
+				r.signalLocked() // another feeder may be waiting for the rest
 			}
+			r.mu.Unlock()
 			return n, nil
 		}
-		wake := r.freed
-		if held != nil {
-			wake = nil
-			if woken {
-				// It took the wake-up of a feeder that may use the places:
-				// pass it on (it waits for heldWake now, so this happens
-				// once).
-				select {
-				case r.freed <- struct{}{}:
-				default:
-				}
-			}
-		}
-		woken = false
+		wake := r.sleep()
+		r.mu.Unlock()
 		select {
 		case <-wake:
-			woken = true
-		case <-held:
 		case <-ctx.Done():
-		}
-		if held != nil {
-			r.heldWaiters.Add(-1)
-		}
-		if ctx.Err() != nil {
 			if waiting {
 				r.mu.Lock()
 				r.turns.done(false)
@@ -258,19 +226,28 @@ func (r *ring) reserveClass(ctx context.Context, class, limit int) (int, error) 
 	}
 }
 
-// heldWait registers a feeder whose class is held back (see reserveClass)
-// and returns a channel closed at the next signal; mu is held, and every
-// change that may give a held class room (places given back or settled, a
-// backlog drained, the target raised, a queue paused or resumed) is made
-// under mu and followed by a signal.
-func (r *ring) heldWait() <-chan struct{} {
-	r.heldWaiters.Add(1)
-	r.wakeMu.Lock()
-	defer r.wakeMu.Unlock()
-	if r.heldWake == nil {
-		r.heldWake = make(chan struct{})
+// sleep returns the channel a feeder waits on for the next signal; mu is
+// held.
+func (r *ring) sleep() <-chan struct{} {
+	if r.wake == nil {
+		r.wake = make(chan struct{})
 	}
-	return r.heldWake
+	return r.wake
+}
+
+// signalLocked wakes every waiting feeder; mu is held.
+func (r *ring) signalLocked() {
+	if r.wake != nil {
+		close(r.wake)
+		r.wake = nil
+	}
+}
+
+// signal wakes every waiting feeder.
+func (r *ring) signal() {
+	r.mu.Lock()
+	r.signalLocked()
+	r.mu.Unlock()
 }
 
 // contended returns a channel closed once a feeder waiting for places got
@@ -292,21 +269,17 @@ func (r *ring) contended() <-chan struct{} {
 // empty read and would take them again first). A backlogged queue holds at
 // most its weight's share of the target among the backlogged queues, and a
 // backlogged level at most its weight's share of that among its queue's
-// backlogged levels (at least 1). A paused queue (stalled) takes none and
-// does not count among the backlogged queues. It returns the room and the
-// class's share (0 when it has none: a drained class, or no class
-// backlogged). mu is held.
+// backlogged levels (at least 1). It returns the room and the class's share
+// (0 when it has none: a drained class, or no class backlogged). mu is
+// held.
 func (r *ring) classRoom(class int) (room, share int) {
 	const unlimited = 1 << 30
 	qi, level := class/numLevels, class%numLevels
 	qshare := r.target
 	if len(r.qs) > 1 {
-		if r.stalled[qi] {
-			return 0, 0 // paused: it reads again once resumed
-		}
 		sum := 0
 		for j := range r.qs {
-			if r.queueBacklogged(j) && !r.stalled[j] {
+			if r.queueWaiting(j) {
 				sum += r.qs[j].weight
 			}
 		}
@@ -318,7 +291,7 @@ func (r *ring) classRoom(class int) (room, share int) {
 				if j == qi {
 					break
 				}
-				if r.queueBacklogged(j) && !r.stalled[j] {
+				if r.queueWaiting(j) {
 					return 0, 0
 				}
 			}
@@ -372,6 +345,23 @@ func (r *ring) classQueued(class int) int {
 	return r.qs[class/numLevels].q[class%numLevels].n
 }
 
+// queueWaiting reports whether queue qi has work waiting that its share of
+// the ring must leave room for: it is backlogged, and not known to be
+// paused (a paused queue's backlog would keep the others from reading, with
+// Strict the lower ones entirely, while it starts nothing). mu is held.
+func (r *ring) queueWaiting(qi int) bool {
+	q := &r.qs[qi]
+	return r.queueBacklogged(qi) && !(q.paused && q.pauseRead)
+}
+
+// presumeBacklogged counts feeders of class as backlogged before their
+// first read (a queue of a ring of several: see feed).
+func (r *ring) presumeBacklogged(class, feeders int) {
+	r.mu.Lock()
+	r.backlog[class] += feeders
+	r.mu.Unlock()
+}
+
 // queueBacklogged reports whether a feeder of one of queue qi's classes is
 // backlogged; mu is held.
 func (r *ring) queueBacklogged(qi int) bool {
@@ -400,18 +390,8 @@ func (r *ring) setBacklog(class int, backlogged bool) {
 		r.backlog[class]++
 	} else {
 		r.backlog[class]--
+		r.signalLocked() // a lower class may read more now
 	}
-	r.mu.Unlock()
-	if !backlogged {
-		r.signal() // a lower class may read more now
-	}
-}
-
-// presumeBacklogged counts feeders of class as backlogged before their
-// first read (a queue of a ring of several: see feed).
-func (r *ring) presumeBacklogged(class, feeders int) {
-	r.mu.Lock()
-	r.backlog[class] += feeders
 	r.mu.Unlock()
 }
 
@@ -436,20 +416,25 @@ func (r *ring) push(s *slot) {
 }
 
 // take removes the next slot, waiting for one that can be taken; it reports
-// false once the ring is closed and empty, and whether it had to wait for
-// the ring to fill (a wait while only held queues had slots is not
-// counted: the read-ahead did not starve the worker).
+// false once the ring is closed and empty, and whether it had to wait (for
+// the ring to fill, or while only held queues had slots: when their places
+// fill the target, the read-ahead starves the worker as an empty ring would).
 func (r *ring) take() (s *slot, waited, ok bool) {
 	r.qmu.Lock()
-	defer r.qmu.Unlock()
 	for !r.takeable() && !r.closed {
-		waited = waited || r.n == 0
+		waited = true
 		r.queued.Wait()
 	}
 	if r.n == 0 {
+		r.qmu.Unlock()
 		return nil, waited, false
 	}
-	return r.pop(), waited, true
+	s, wake := r.pop()
+	r.qmu.Unlock()
+	if wake {
+		r.signal()
+	}
+	return s, waited, true
 }
 
 // takeable reports whether a queued slot can be taken now; qmu is held.
@@ -461,7 +446,7 @@ func (r *ring) takeable() bool {
 		return true
 	}
 	for i := range r.qs {
-		if q := &r.qs[i]; q.n > 0 && !q.held() {
+		if q := &r.qs[i]; q.n > 0 && !q.paused && q.waiting == 0 {
 			return true
 		}
 	}
@@ -485,17 +470,23 @@ func (r *ring) queuedOf(qi int) int {
 // tryTake removes the next slot if one can be taken, without waiting.
 func (r *ring) tryTake() (*slot, bool) {
 	r.qmu.Lock()
-	defer r.qmu.Unlock()
 	if !r.takeable() {
+		r.qmu.Unlock()
 		return nil, false
 	}
-	return r.pop(), true
+	s, wake := r.pop()
+	r.qmu.Unlock()
+	if wake {
+		r.signal()
+	}
+	return s, true
 }
 
 // pop removes the next slot, of a queue chosen by pickQueue and a level
-// chosen by pickLevel: the oldest of its class. takeable() holds; qmu is
-// held.
-func (r *ring) pop() *slot {
+// chosen by pickLevel: the oldest of its class, and reports whether the
+// feeders must be woken (signal, once qmu is released: mu is taken before
+// qmu). takeable() holds; qmu is held.
+func (r *ring) pop() (*slot, bool) {
 	qi := 0
 	if len(r.qs) > 1 {
 		qi = r.pickQueue()
@@ -508,10 +499,8 @@ func (r *ring) pop() *slot {
 	s := rq.q[l].pop()
 	rq.n--
 	r.n--
-	if (r.n == 0 && r.groupReads) || (rq.q[l].n == 0 && r.leveled) {
-		r.signal() // a feeder waiting for a fuller read reads what room there is
-	}
-	return s
+	// A feeder waiting for a fuller read reads what room there is.
+	return s, (r.n == 0 && r.groupReads) || (rq.q[l].n == 0 && r.leveled)
 }
 
 // pickQueue chooses the queue of the next slot taken, among the queues with
@@ -524,7 +513,7 @@ func (r *ring) pickQueue() int {
 	best, total := -1, 0
 	for _, i := range r.qorder {
 		q := &r.qs[i]
-		if q.n == 0 || (!r.closed && q.held()) {
+		if q.n == 0 || (!r.closed && (q.paused || q.waiting > 0)) {
 			continue
 		}
 		if r.qstrict {
@@ -562,65 +551,71 @@ func (q *ringQueue) pickLevel() int {
 	return best
 }
 
-// hold stops (or resumes) the takes of queue qi's slots while it is paused
-// or while workers wait for its rate-limit token (in a ring of several
-// queues): workers take the other queues' slots meanwhile instead of
-// waiting on one queue's gate. set changes the queue's state, under qmu.
-func (r *ring) hold(qi int, set func(q *ringQueue)) {
+// setPaused holds (or releases) queue qi's slots while it is paused: take
+// skips them (workers take the other queues' slots meanwhile, instead of
+// waiting at its gate), its places out stop counting as read-ahead (they
+// would hold the target that the other queues read by), and its feeders
+// reserve nothing until it is resumed.
+func (r *ring) setPaused(qi int, paused bool) { r.setPausedState(qi, paused, true) }
+
+// assumePaused holds queue qi as paused until its pause watcher reads the
+// state (Run's start): as setPaused, except that it keeps its place among
+// the backlogged queues meanwhile (see pauseRead).
+func (r *ring) assumePaused(qi int) { r.setPausedState(qi, true, false) }
+
+// setPausedState is setPaused; read tells whether the state was read.
+func (r *ring) setPausedState(qi int, paused, read bool) {
+	r.mu.Lock()
 	r.qmu.Lock()
 	q := &r.qs[qi]
-	was := q.held()
-	set(q)
-	now := q.held()
+	if q.paused == paused && q.pauseRead == read {
+		r.qmu.Unlock()
+		r.mu.Unlock()
+		return
+	}
+	q.pauseRead = q.pauseRead || read
+	if q.paused == paused {
+		r.qmu.Unlock()
+		r.signalLocked() // the others' shares change (classRoom)
+		r.mu.Unlock()
+		return
+	}
+	was := q.paused || q.waiting > 0
+	q.paused = paused
+	if paused {
+		r.paused++
+	} else {
+		r.paused--
+	}
+	r.setHeld(was, q.paused || q.waiting > 0)
+	r.qmu.Unlock()
+	r.signalLocked()
+	r.mu.Unlock()
+}
+
+// addWaiting counts a worker that starts (delta 1) or stops (-1) waiting
+// for queue qi's rate-limit token: while one waits, take skips the queue's
+// slots, so that in a pool of several queues one worker at a time waits
+// for it.
+func (r *ring) addWaiting(qi, delta int) {
+	r.qmu.Lock()
+	q := &r.qs[qi]
+	was := q.paused || q.waiting > 0
+	q.waiting += delta
+	r.setHeld(was, q.paused || q.waiting > 0)
+	r.qmu.Unlock()
+}
+
+// setHeld counts a queue held or released (from was to now); on release it
+// wakes the workers. qmu is held.
+func (r *ring) setHeld(was, now bool) {
 	switch {
 	case now && !was:
 		r.held++
 	case !now && was:
 		r.held--
-	}
-	r.qmu.Unlock()
-	if was && !now {
 		r.queued.Broadcast()
 	}
-}
-
-// setPaused holds queue qi's slots while paused (see hold). known tells
-// whether the state was read (watchPause), or assumed until then (Run's
-// start): a paused queue reads nothing and leaves the read-ahead to the
-// others (see stalled) only once its pause was read, so that until then it
-// keeps its place among the queues (see feed).
-func (r *ring) setPaused(qi int, paused, known bool) {
-	r.hold(qi, func(q *ringQueue) { q.paused = paused })
-	if len(r.qs) == 1 || !known {
-		return
-	}
-	r.mu.Lock()
-	changed := r.stalled[qi] != paused
-	if changed {
-		r.stalled[qi] = paused
-		if paused {
-			r.nstalled++
-		} else {
-			r.nstalled--
-		}
-	}
-	r.mu.Unlock()
-	if changed {
-		r.signal() // the read-ahead has room for the others, or the queue reads again
-	}
-}
-
-// setWaiting holds queue qi's slots while a worker waits for its token
-// (waiting), until every worker that waited got one: two workers may have
-// taken the queue's slots before the first held it.
-func (r *ring) setWaiting(qi int, waiting bool) {
-	r.hold(qi, func(q *ringQueue) {
-		if waiting {
-			q.waiting++
-		} else {
-			q.waiting--
-		}
-	})
 }
 
 // pop removes the oldest of q.n > 0 slots.
@@ -654,8 +649,8 @@ func (r *ring) addFeeder() {
 	r.leveled = true
 	r.groupReads = false
 	r.qmu.Unlock()
+	r.signalLocked()
 	r.mu.Unlock()
-	r.signal()
 }
 
 // slots yields queued slots in ring order, waiting for each, until the ring
@@ -678,13 +673,13 @@ func (r *ring) close() {
 	r.queued.Broadcast()
 }
 
-// ahead is how many places are out for entries not handed off yet, but for
-// paused queues' (see stalled); mu is held.
+// ahead is how many places are out for entries not handed off yet, of
+// queues not paused; mu is held.
 func (r *ring) ahead() int {
 	n := r.depth - r.free - r.settled
-	if r.nstalled > 0 {
-		for qi, stalled := range r.stalled {
-			if stalled {
+	if r.paused > 0 {
+		for qi := range r.qs {
+			if r.qs[qi].paused {
 				n -= r.queueOut(qi)
 			}
 		}
@@ -698,8 +693,8 @@ func (r *ring) settle(class int) {
 	r.mu.Lock()
 	r.settled++
 	r.out[class]--
+	r.signalLocked()
 	r.mu.Unlock()
-	r.signal()
 }
 
 // giveSettled returns n places that were settled.
@@ -710,8 +705,8 @@ func (r *ring) giveSettled(n int) {
 	r.mu.Lock()
 	r.free += n
 	r.settled -= n
+	r.signalLocked()
 	r.mu.Unlock()
-	r.signal()
 }
 
 // give returns n places to the ring.
@@ -725,8 +720,8 @@ func (r *ring) giveClass(class, n int) {
 	r.mu.Lock()
 	r.free += n
 	r.out[class] -= n
+	r.signalLocked()
 	r.mu.Unlock()
-	r.signal()
 }
 
 // setTarget sets how many places may be out at once (1..depth). Places out
@@ -735,12 +730,11 @@ func (r *ring) giveClass(class, n int) {
 func (r *ring) setTarget(n int) {
 	n = min(max(n, 1), r.depth)
 	r.mu.Lock()
-	grew := n > r.target
+	if n > r.target {
+		r.signalLocked()
+	}
 	r.target = n
 	r.mu.Unlock()
-	if grew {
-		r.signal()
-	}
 }
 
 // binding reports whether the target is what stops the feeders: as many
@@ -762,21 +756,4 @@ func (r *ring) minRead() int {
 		return 1
 	}
 	return max(1, r.target/2)
-}
-
-// signal wakes one feeder waiting for places, and every feeder whose class
-// is held back (they re-check their class).
-func (r *ring) signal() {
-	select {
-	case r.freed <- struct{}{}:
-	default:
-	}
-	if r.heldWaiters.Load() > 0 {
-		r.wakeMu.Lock()
-		if r.heldWake != nil {
-			close(r.heldWake)
-			r.heldWake = nil
-		}
-		r.wakeMu.Unlock()
-	}
 }
