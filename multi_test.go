@@ -252,11 +252,12 @@ func TestMultiStrict(t *testing.T) {
 	}
 }
 
-// TestMultiPausedQueueHoldsNoWorker: a paused queue's entries wait without
-// holding the pool's only worker (the other queue's requests all
-// complete), and run after Resume; a slow rate-limited queue holds at most
-// one worker, so the other queue's requests complete while it has started
-// only a few.
+// TestMultiPausedQueueHoldsNoWorker: a paused queue holds neither the
+// pool's only worker nor the others' reads (the other queue's requests all
+// complete, weighted or strict, paused before Run or mid-run with a backlog
+// in the ring), and its requests run after Resume; a slow rate-limited
+// queue holds at most one worker, so the other queue's requests complete
+// while it has started only a few.
 func TestMultiPausedQueueHoldsNoWorker(t *testing.T) {
 	t.Parallel()
 	client := realRedis(t)
