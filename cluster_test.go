@@ -113,13 +113,7 @@ func testClusterMulti(t *testing.T, client redis.UniversalClient) {
 	}
 	mc, err := NewMultiConsumer(&MultiOptions{Workers: 6}, queues...)
 	require.NoError(t, err)
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- mc.Run(runCtx) }()
-	t.Cleanup(func() {
-		stop()
-		require.NoError(t, <-done)
-	})
+	runMulti(t, mc)
 	const n = 60
 	pa, err := NewProducer[string, string](client, names[0], &ProducerOptions{Shards: shards[0], Logger: testLogger(t)})
 	require.NoError(t, err)

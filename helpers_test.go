@@ -100,9 +100,18 @@ func queueName(t testing.TB) string {
 // runConsumer runs c until the test ends and checks that Run returned.
 func runConsumer[Req, Resp any](t testing.TB, c *Consumer[Req, Resp]) (stop func()) {
 	t.Helper()
+	return runUntilStopped(t, "consumer", c.Run, c.waitBackground)
+}
+
+// runUntilStopped runs run (a consumer's Run) until the test ends or stop is
+// called, checks that it returned nil within 30 s, then waits for
+// background: Run may return while its start-up calls still run (it does
+// not wait for a stalled call); they log to t.
+func runUntilStopped(t testing.TB, what string, run func(context.Context) error, background func()) (stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
+	go func() { done <- run(ctx) }()
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
@@ -111,16 +120,14 @@ func runConsumer[Req, Resp any](t testing.TB, c *Consumer[Req, Resp]) (stop func
 			case err := <-done:
 				require.NoError(t, err)
 			case <-time.After(30 * time.Second):
-				t.Errorf("consumer did not stop within 30s")
+				t.Errorf("%s did not stop within 30s", what)
 			}
-			// Run may return while its start-up calls still run (it does not
-			// wait for a stalled call); they log to t, so wait for them.
 			bg := make(chan struct{})
-			go func() { c.waitBackground(); close(bg) }()
+			go func() { background(); close(bg) }()
 			select {
 			case <-bg:
 			case <-time.After(30 * time.Second):
-				t.Errorf("the consumer's background calls did not end within 30s")
+				t.Errorf("the background calls of %s did not end within 30s", what)
 			}
 		})
 	}

@@ -97,20 +97,14 @@ func TestMultiPausedQueueKeepsNoReadAhead(t *testing.T) {
 	require.NoError(t, err)
 	mc, err := NewMultiConsumer(&MultiOptions{Workers: 2, Prefetch: 64}, MultiQueue{Consumer: cx}, MultiQueue{Consumer: cy})
 	require.NoError(t, err)
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- mc.Run(runCtx) }()
 	var once atomic.Bool
 	open := func() {
 		if once.CompareAndSwap(false, true) {
 			close(gate)
 		}
 	}
-	defer func() {
-		open()
-		stop()
-		require.NoError(t, <-done)
-	}()
+	defer open() // before runMulti's cleanup stops the handlers' consumer
+	runMulti(t, mc)
 	// Both workers in X's handlers, X's entries read ahead up to the target.
 	var p *pool
 	eventually(t, 10*time.Second, func() bool {

@@ -23,36 +23,13 @@ type multiDone struct{ Twice int }
 // Run returned nil and waits for its consumers' background calls.
 func runMulti(t testing.TB, m *MultiConsumer) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				require.NoError(t, err)
-			case <-time.After(30 * time.Second):
-				t.Errorf("MultiConsumer did not stop within 30s")
+	return runUntilStopped(t, "MultiConsumer", m.Run, func() {
+		for _, q := range m.queues {
+			if c, ok := q.Consumer.(interface{ waitBackground() }); ok {
+				c.waitBackground()
 			}
-			for _, q := range m.queues {
-				c, ok := q.Consumer.(interface{ waitBackground() })
-				if !ok {
-					continue
-				}
-				bg := make(chan struct{})
-				go func() { c.waitBackground(); close(bg) }()
-				select {
-				case <-bg:
-				case <-time.After(30 * time.Second):
-					t.Errorf("the background calls of queue %s did not end within 30s", q.Consumer.Queue())
-				}
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+		}
+	})
 }
 
 // seedBatches produces n requests (ids prefix-00000...) in batches, fast;
