@@ -195,12 +195,9 @@ func (m *MultiConsumer) Run(ctx context.Context) error {
 		return nil
 	}
 	go m.awaitReady(ctx)
-	total := 0
-	for _, q := range m.queues {
-		total += q.Weight
-	}
-	shards, weights := 0, make([]int, len(m.queues))
+	total, shards, weights := 0, 0, make([]int, len(m.queues))
 	for i, q := range m.queues {
+		total += q.Weight
 		shards += q.Consumer.member().shardCount()
 		weights[i] = q.Weight
 	}
