@@ -485,6 +485,11 @@ type DeadLetter struct {
 	Consumer string `json:"consumer"`
 	// At is when it was dead-lettered.
 	At time.Time `json:"at"`
+	// Priority is the priority level the request had (see Priority): the
+	// level of the stream it was dead-lettered from, which Requeue appends
+	// it to again. Default (and for dead letters written before levels were
+	// recorded): PriorityNormal, omitted in JSON.
+	Priority PriorityLevel `json:"priority,omitempty"`
 }
 
 // DeadLetters returns up to count dead letters of the Admin's group (see
@@ -574,6 +579,7 @@ func parseDeadLetter(m redis.XMessage) DeadLetter {
 		Payload:      []byte(str("p")),
 		Error:        str("error"),
 		Consumer:     str("consumer"),
+		Priority:     levelNamed(str(fieldPriority)),
 	}
 	if n, err := strconv.Atoi(str("deliveries")); err == nil {
 		d.Deliveries = n // Atoi returns a clamped value with its range error
@@ -599,7 +605,8 @@ const requeueMarkerTTL = 10 * time.Minute
 // For the answering group, the request's record is reset to in flight for
 // AdminOptions.InflightTTL, so callers producing the id from now on attach to
 // the new entry and receive its result; a fan-out group's requeue leaves the
-// record alone. Its delivery count starts again.
+// record alone. Its delivery count starts again. It keeps its priority level
+// (DeadLetter.Priority): it is appended to that level's stream.
 //
 // Requeue is idempotent for 10 minutes: asking again for a dead letter it
 // already requeued returns the same entry id and adds nothing.
@@ -651,8 +658,11 @@ func (a *Admin) Requeue(ctx context.Context, deadLetterID string) (string, error
 	if t.fanout {
 		setRecord = "0"
 	}
-	res, err := scripts.Requeue.Run(ctx, a.client, []string{k.Stream, dead, recKey, marker},
-		id, d.ID, d.Payload, a.opts.InflightTTL.Milliseconds(), requeueMarkerTTL.Milliseconds(), t.group, setRecord).Result()
+	// The dead letter's level: its stream, and the new entry's "pr" field
+	// (as produce.lua writes it), "" for the default level.
+	level := levelNames[levelOf[d.Priority]]
+	res, err := scripts.Requeue.Run(ctx, a.client, []string{k.AtLevel(level).Stream, dead, recKey, marker},
+		id, d.ID, d.Payload, a.opts.InflightTTL.Milliseconds(), requeueMarkerTTL.Milliseconds(), t.group, setRecord, level).Result()
 	if errors.Is(err, redis.Nil) {
 		return "", fmt.Errorf("%w: dead letter %s of %s", ErrNotFound, deadLetterID, a.queue)
 	}

@@ -62,8 +62,8 @@ type JobSummary struct {
 	Shard int `json:"shard"`
 	// Priority is the job's priority level (Priority): the level stream a
 	// queued or running job is in, or the level a scheduled job or retry
-	// keeps in its fields. Dead letters do not keep their level (a requeued
-	// one runs at the default level): PriorityNormal. PriorityNormal (the
+	// keeps in its fields, or the level a dead letter records (the stream it
+	// was dead-lettered from; DeadLetter.Priority). PriorityNormal (the
 	// default) is omitted in JSON.
 	Priority PriorityLevel `json:"priority,omitempty"`
 	// EntryID is the stream entry of a queued, running or dead job.
@@ -666,6 +666,7 @@ func (a *Admin) parsePart(state JobState, src, nShards int, res []any) (shardPar
 			s.LastError = f["error"]
 			s.Consumer = f["consumer"]
 			s.Deliveries, _ = strconv.Atoi(f["deliveries"])
+			s.Priority = levelNamed(f[fieldPriority])
 			if ms, err := strconv.ParseInt(f["at"], 10, 64); err == nil {
 				s.At = time.UnixMilli(ms)
 			}

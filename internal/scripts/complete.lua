@@ -53,7 +53,9 @@
 -- and makes it a dead letter whose error says how many ran: Lua does not
 -- roll back. Nothing is raised after the first write.
 --
--- KEYS[1]          the stream
+-- KEYS[1]          the stream (the shard's default-level stream, or a priority
+--                  level's: "...:stream:high", "...:stream:low"; a dead letter
+--                  from a level's stream records the level as field "pr")
 -- KEYS[2]          the dead-letter stream (of this group when it is a fan-out group)
 -- KEYS[3]          the shard's fan-out marker: present once a fan-out group may
 --                  read the stream, and then entries are left to the trim
@@ -414,11 +416,31 @@ if txApply then
   failed = failed + txApply(firstAck) -- the history counts these as failed too
 end
 
+-- The priority level of this call's dead letters: nil until the first one
+-- needs it, then the level stream's name ("high", "low") read from the end of
+-- KEYS[1] ("...}:stream:high"), or false for the default level's stream
+-- ("...}:stream"), whose dead letters carry no "pr" field.
+local deadLevel
+
 local function deadLetter(i)
   local b, eid, rid, _, value = item(i)
-  redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[5], "*",
-    "id", rid, "entry", eid, "p", ARGV[b + 4], "error", value,
-    "deliveries", ARGV[b + 5], "consumer", ARGV[6], "at", ARGV[7])
+  if deadLevel == nil then
+    deadLevel = false
+    if string.sub(KEYS[1], -12) == ":stream:high" then
+      deadLevel = "high"
+    elseif string.sub(KEYS[1], -11) == ":stream:low" then
+      deadLevel = "low"
+    end
+  end
+  if deadLevel then
+    redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[5], "*",
+      "id", rid, "entry", eid, "p", ARGV[b + 4], "error", value,
+      "deliveries", ARGV[b + 5], "consumer", ARGV[6], "at", ARGV[7], "pr", deadLevel)
+  else
+    redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[5], "*",
+      "id", rid, "entry", eid, "p", ARGV[b + 4], "error", value,
+      "deliveries", ARGV[b + 5], "consumer", ARGV[6], "at", ARGV[7])
+  end
 end
 
 -- isWrongType reports whether a pcall reply is a WRONGTYPE error (another

@@ -1,4 +1,4 @@
--- requeue.lua: move a dead letter back to the queue's stream.
+-- requeue.lua: move a dead letter back to the queue's stream (of its priority level).
 --
 -- The request keeps its id; its record is reset to in flight so that new callers
 -- of that id attach to the new entry instead of getting the old error.
@@ -31,6 +31,9 @@
 --           acknowledge it), or "" for every group
 -- ARGV[7]   "1": reset the record to in flight (the answering group); "0": leave
 --           it (a fan-out group's dead letter)
+-- ARGV[8]   the dead letter's priority level ("high", "low"; "" or absent for the
+--           default level): the new entry's field "pr" (KEYS[1] is then that
+--           level's stream)
 --
 -- Returns the new entry id (also when the marker says this dead letter was
 -- already requeued), false when the dead letter does not exist, or
@@ -48,7 +51,10 @@ if ARGV[2] ~= "" and ARGV[7] ~= "0" then
 end
 local fields = {"id", ARGV[2], "p", ARGV[3]}
 if ARGV[6] ~= "" then
-  fields[5], fields[6] = "g", ARGV[6]
+  fields[#fields + 1], fields[#fields + 2] = "g", ARGV[6]
+end
+if ARGV[8] and ARGV[8] ~= "" then
+  fields[#fields + 1], fields[#fields + 2] = "pr", ARGV[8]
 end
 local eid = redis.call("XADD", KEYS[1], "*", unpack(fields))
 redis.call("XDEL", KEYS[2], ARGV[1])
