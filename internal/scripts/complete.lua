@@ -432,15 +432,12 @@ local function deadLetter(i)
       deadLevel = "low"
     end
   end
+  local fields = {"id", rid, "entry", eid, "p", ARGV[b + 4], "error", value,
+    "deliveries", ARGV[b + 5], "consumer", ARGV[6], "at", ARGV[7]}
   if deadLevel then
-    redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[5], "*",
-      "id", rid, "entry", eid, "p", ARGV[b + 4], "error", value,
-      "deliveries", ARGV[b + 5], "consumer", ARGV[6], "at", ARGV[7], "pr", deadLevel)
-  else
-    redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[5], "*",
-      "id", rid, "entry", eid, "p", ARGV[b + 4], "error", value,
-      "deliveries", ARGV[b + 5], "consumer", ARGV[6], "at", ARGV[7])
+    fields[15], fields[16] = "pr", deadLevel
   end
+  redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[5], "*", unpack(fields))
 end
 
 -- isWrongType reports whether a pcall reply is a WRONGTYPE error (another
