@@ -437,3 +437,43 @@ func TestCLIStatsByPriority(t *testing.T) {
 	require.Equal(t, ExitOK, code)
 	require.Contains(t, out, "by priority: high 1 (0 pending), normal 0 (0 pending), low 2 (0 pending)\n")
 }
+
+// TestCLIDeadLetterShowsItsPriority: "dlq show" prints the level of a dead
+// letter that had one (Requeue puts it back on that level), and nothing for
+// the default level.
+func TestCLIDeadLetterShowsItsPriority(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	ctx := context.Background()
+	p, err := streamq.NewProducer[string, string](client, "urgent", nil)
+	require.NoError(t, err)
+	defer p.Close()
+	require.NoError(t, p.Enqueue(ctx, "hi", "x", streamq.Priority(streamq.PriorityHigh)))
+	require.NoError(t, p.Enqueue(ctx, "plain", "x"))
+	c, err := streamq.NewConsumer(client, "urgent", func(ctx context.Context, m *streamq.Message[string]) (string, error) {
+		return "", streamq.Permanent(errors.New("no"))
+	}, nil)
+	require.NoError(t, err)
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	admin, err := streamq.NewAdmin(client, "urgent", nil)
+	require.NoError(t, err)
+	var dls []streamq.DeadLetter
+	require.Eventually(t, func() bool {
+		dls, err = admin.DeadLetters(ctx, "", 10)
+		return err == nil && len(dls) == 2
+	}, 10*time.Second, 10*time.Millisecond)
+	stop()
+	require.NoError(t, <-done)
+	s := &session{t: t, url: "redis://" + srv.Addr() + "/0"}
+	for _, d := range dls {
+		out, _, code := s.run("dlq", "show", "urgent", d.DeadLetterID)
+		require.Equal(t, ExitOK, code)
+		if d.ID == "hi" {
+			require.Regexp(t, `(?m)^priority +high$`, out)
+		} else {
+			require.NotContains(t, out, "priority")
+		}
+	}
+}

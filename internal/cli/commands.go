@@ -479,6 +479,9 @@ func dlqShow(ctx context.Context, r *runner) error {
 	tw := r.table()
 	fmt.Fprintf(tw, "dead letter\t%s\nrequest id\t%s\nentry\t%s\nerror\t%s\ndeliveries\t%d\nconsumer\t%s\nat\t%s\n",
 		d.DeadLetterID, d.ID, d.EntryID, d.Error, d.Deliveries, d.Consumer, d.At.UTC().Format(time.RFC3339))
+	if d.Priority != streamq.PriorityNormal {
+		fmt.Fprintf(tw, "priority\t%s\n", d.Priority) // Requeue puts it back on that level
+	}
 	if utf8.Valid(d.Payload) {
 		fmt.Fprintf(tw, "payload\t%s\n", d.Payload)
 	} else {
