@@ -94,6 +94,10 @@ type JobInfo struct {
 	// yet has Err "the child has no outcome yet". Admin.Job of a child's id
 	// shows where it stands. Nil for any other request.
 	Children []ChildResult `json:"children,omitempty"`
+	// Priority is the priority level of a scheduled, retrying, queued or
+	// running request (see Priority); PriorityNormal, omitted in JSON, for
+	// the default level and for a request in any other state.
+	Priority PriorityLevel `json:"priority,omitempty"`
 }
 
 // Job looks up a request id: whether it is scheduled (until when), a retry
@@ -124,7 +128,7 @@ func (a *Admin) Job(ctx context.Context, id string) (JobInfo, error) {
 	if err != nil {
 		return info, fmt.Errorf("streamq: look up %q in %s: %w", id, a.queue, err)
 	}
-	if len(res) != 7 {
+	if len(res) != 8 {
 		return info, fmt.Errorf("streamq: look up %q in %s: unexpected reply %v", id, a.queue, res)
 	}
 	rec, ok := res[0].(string)
@@ -135,6 +139,9 @@ func (a *Admin) Job(ctx context.Context, id string) (JobInfo, error) {
 	info.TTL = time.Duration(ttl) * time.Millisecond
 	if ttl < 0 {
 		info.TTL = -1
+	}
+	if lvl, ok := res[7].(string); ok {
+		info.Priority = levelNamed(lvl)
 	}
 	code, value := rec[:1], rec[1:]
 	switch code {

@@ -198,3 +198,64 @@ func TestDeadLetterLevelOfAFanoutGroup(t *testing.T) {
 		require.Equal(t, "audit", msgs[0].Values["g"])
 	})
 }
+
+// TestAdminJobReportsItsPriority: Admin.Job gives the level of a scheduled,
+// retrying, queued and running request, and normal for the default level
+// and once the request finished; streamq job prints it.
+func TestAdminJobReportsItsPriority(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		p := newStringProducer(t, client, q)
+		admin, err := NewAdmin(client, q, nil)
+		require.NoError(t, err)
+		level := func(id string) (JobState, PriorityLevel) {
+			t.Helper()
+			info, err := admin.Job(ctx, id)
+			require.NoError(t, err)
+			return info.State, info.Priority
+		}
+		mustProduce(t, p, "later", "x", Priority(PriorityLow), After(time.Hour))
+		mustProduce(t, p, "queued", "x", Priority(PriorityHigh))
+		mustProduce(t, p, "plain", "x")
+		st, lvl := level("later")
+		require.Equal(t, JobScheduled, st)
+		require.Equal(t, PriorityLow, lvl)
+		st, lvl = level("queued")
+		require.Equal(t, JobQueued, st)
+		require.Equal(t, PriorityHigh, lvl)
+		st, lvl = level("plain")
+		require.Equal(t, JobQueued, st)
+		require.Equal(t, PriorityNormal, lvl)
+
+		// Running, then a retry waiting for its back-off: still high.
+		started, release := make(chan struct{}), make(chan struct{})
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+			if m.ID == "queued" && m.Deliveries == 1 {
+				close(started)
+				<-release
+				return "", RetryAfter(errors.New("again"), time.Hour)
+			}
+			return "ok", nil
+		}, fastOpts(t, "levels", 10*time.Second))
+		require.NoError(t, err)
+		stop := runConsumer(t, c)
+		<-started
+		st, lvl = level("queued")
+		require.Equal(t, JobRunning, st)
+		require.Equal(t, PriorityHigh, lvl)
+		close(release)
+		require.Eventually(t, func() bool {
+			st, lvl = level("queued")
+			return st == JobRetrying
+		}, 10*time.Second, 5*time.Millisecond)
+		require.Equal(t, PriorityHigh, lvl)
+		require.Eventually(t, func() bool {
+			st, _ = level("plain")
+			return st == JobSucceeded
+		}, 10*time.Second, 5*time.Millisecond)
+		_, lvl = level("plain")
+		require.Equal(t, PriorityNormal, lvl)
+		stop()
+	})
+}

@@ -438,9 +438,9 @@ func TestCLIStatsByPriority(t *testing.T) {
 	require.Contains(t, out, "by priority: high 1 (0 pending), normal 0 (0 pending), low 2 (0 pending)\n")
 }
 
-// TestCLIDeadLetterShowsItsPriority: "dlq show" prints the level of a dead
-// letter that had one (Requeue puts it back on that level), and nothing for
-// the default level.
+// TestCLIDeadLetterShowsItsPriority: "job" prints the level of a queued
+// request, and "dlq show" that of a dead letter that had one (Requeue puts
+// it back on that level); nothing for the default level.
 func TestCLIDeadLetterShowsItsPriority(t *testing.T) {
 	srv := redistest.Start(t)
 	client := srv.Client(t)
@@ -450,6 +450,13 @@ func TestCLIDeadLetterShowsItsPriority(t *testing.T) {
 	defer p.Close()
 	require.NoError(t, p.Enqueue(ctx, "hi", "x", streamq.Priority(streamq.PriorityHigh)))
 	require.NoError(t, p.Enqueue(ctx, "plain", "x"))
+	s := &session{t: t, url: "redis://" + srv.Addr() + "/0"}
+	out, _, code := s.run("job", "urgent", "hi")
+	require.Equal(t, ExitOK, code)
+	require.Regexp(t, `(?m)^priority +high$`, out)
+	out, _, code = s.run("job", "urgent", "plain")
+	require.Equal(t, ExitOK, code)
+	require.NotContains(t, out, "priority")
 	c, err := streamq.NewConsumer(client, "urgent", func(ctx context.Context, m *streamq.Message[string]) (string, error) {
 		return "", streamq.Permanent(errors.New("no"))
 	}, nil)
@@ -466,7 +473,6 @@ func TestCLIDeadLetterShowsItsPriority(t *testing.T) {
 	}, 10*time.Second, 10*time.Millisecond)
 	stop()
 	require.NoError(t, <-done)
-	s := &session{t: t, url: "redis://" + srv.Addr() + "/0"}
 	for _, d := range dls {
 		out, _, code := s.run("dlq", "show", "urgent", d.DeadLetterID)
 		require.Equal(t, ExitOK, code)

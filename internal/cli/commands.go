@@ -624,6 +624,9 @@ func job(ctx context.Context, r *runner) error {
 	}
 	tw := r.table()
 	fmt.Fprintf(tw, "id\t%s\nstate\t%s\n", j.ID, j.State)
+	if j.Priority != streamq.PriorityNormal {
+		fmt.Fprintf(tw, "priority\t%s\n", j.Priority)
+	}
 	if j.EntryID != "" {
 		fmt.Fprintf(tw, "entry\t%s (shard %d)\nenqueued\t%s (%s ago)\ndeliveries\t%d\n", j.EntryID, j.Shard,
 			j.Enqueued.UTC().Format(time.RFC3339), fmtDuration(time.Since(j.Enqueued)), j.Deliveries)

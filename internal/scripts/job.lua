@@ -15,7 +15,7 @@
 --
 -- Returns {record or false, record PTTL in ms, present 0/1/2, holder
 -- consumer or false, holder idle ms or false, starts or false, last error or
--- false}. The rest are read only while the request is in flight: for
+-- false, priority level ("high", "low") or false}. The rest are read only while the request is in flight: for
 -- "P<entry id>", present says the entry is in the stream; for "P@<due>"
 -- (scheduled), present is 1 when the request is in the schedule (a delayed
 -- request), 2 when it is in the retry set, or in the schedule with a
@@ -30,11 +30,11 @@
 local member = "r" .. ARGV[2]
 local rec = redis.call("GET", KEYS[1])
 if not rec then
-  return {false, -2, 0, false, false, false, false}
+  return {false, -2, 0, false, false, false, false, false}
 end
 local ttl = redis.call("PTTL", KEYS[1])
 if string.sub(rec, 1, 1) ~= "P" then
-  return {rec, ttl, 0, false, false, false, false}
+  return {rec, ttl, 0, false, false, false, false, false}
 end
 if string.sub(rec, 2, 2) == "@" then
   local raw = redis.call("HGET", KEYS[5], member)
@@ -44,7 +44,30 @@ if string.sub(rec, 2, 2) == "@" then
   elseif redis.call("ZSCORE", KEYS[4], member) then
     present = 1
   end
-  local starts, lastErr = false, false
+  local starts, lastErr, level = false, false, false
+  -- level reads field "pr" from a job's stream fields (themselves
+  -- length-prefixed, name then value), as promote.lua does.
+  local function levelOf(s)
+    local pos, name = 1, nil
+    while pos <= #s do
+      local colon = string.find(s, ":", pos, true)
+      local len = colon and tonumber(string.sub(s, pos, colon - 1))
+      if not len then
+        return false
+      end
+      local v = string.sub(s, colon + 1, colon + len)
+      if name == nil then
+        name = v
+      else
+        if name == "pr" then
+          return v
+        end
+        name = nil
+      end
+      pos = colon + 1 + len
+    end
+    return false
+  end
   if raw then
     -- Length-prefixed strings: record key, start-count hash key, count,
     -- fields, error (a retry's), ...
@@ -63,16 +86,18 @@ if string.sub(rec, 2, 2) == "@" then
         present = 2 -- a retry an older version left in the schedule
       elseif i == 3 then
         starts = string.sub(raw, colon + 1, colon + len)
+      elseif i == 4 then
+        level = levelOf(string.sub(raw, colon + 1, colon + len))
       elseif i == 5 then
         lastErr = string.sub(raw, colon + 1, colon + len)
       end
       pos = colon + 1 + len
     end
   end
-  return {rec, ttl, present, false, false, starts, lastErr}
+  return {rec, ttl, present, false, false, starts, lastErr, level}
 end
 if rec == "P&" then
-  return {rec, ttl, 0, false, false, false, false} -- a flow's parent waiting for its children
+  return {rec, ttl, 0, false, false, false, false, false} -- a flow's parent waiting for its children
 end
 local eid = string.sub(rec, 2)
 local stream = entryStream(eid, ARGV[2])
@@ -86,4 +111,10 @@ if ok and p[1] then
   holder, idle = p[1][2], p[1][3]
 end
 local starts = redis.call("HGET", KEYS[3], eid)
-return {rec, ttl, present, holder, idle, starts, false}
+local level = false
+if stream == KEYS[7] then
+  level = "high"
+elseif stream == KEYS[8] then
+  level = "low"
+end
+return {rec, ttl, present, holder, idle, starts, false, level}
