@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/streamq/streamq/internal/keys"
 	"github.com/streamq/streamq/internal/scripts"
 )
@@ -290,30 +291,220 @@ func (a *Admin) existingShards(ctx context.Context) ([]keys.Keys, error) {
 	return shards, nil
 }
 
-// DeadLetter returns one dead letter of the Admin's group by its DeadLetterID,
-// or ErrNotFound.
-func (a *Admin) DeadLetter(ctx context.Context, deadLetterID string) (DeadLetter, error) {
-	mustContext(ctx, "Admin.DeadLetter")
-	shards, err := a.existingShards(ctx)
-	if err != nil {
-		return DeadLetter{}, err
+// Cancel cancels a request that waits in the schedule: one produced with At
+// or After whose time has not come, or a retry waiting for its back-off; or
+// a flow's parent waiting for its children (ProduceFlow), whose children
+// that are scheduled, queued or waiting are cancelled with it (running ones
+// finish; what is cancelled counts once each in Stats.Canceled).
+// Its callers get ErrCanceled (through the stored outcome, kept ResultTTL,
+// and a notice), and producing the id again meanwhile returns that outcome.
+// A cancelled child of a flow counts as a failed child for its parent.
+// Each cancellation counts once in Stats.Canceled. Cancelling a cancelled
+// request again returns nil and counts nothing (so does a resend after a lost
+// reply). A request that is already in the stream, running or completed
+// cannot be cancelled: Cancel returns ErrNotScheduled; an id with no record
+// returns ErrNotFound. A nil ctx panics.
+func (a *Admin) Cancel(ctx context.Context, id string) error {
+	mustContext(ctx, "Admin.Cancel")
+	if err := validateID(id); err != nil {
+		return err
 	}
-	shard, id, err := splitDeadLetterID(deadLetterID, len(shards))
+	shards, err := a.shards(ctx)
 	if err != nil {
-		return DeadLetter{}, err
+		return err
+	}
+	k := shards[keys.ShardOf(id, len(shards))]
+	// A flow's child names its parent in its stream fields: in the schedule's
+	// data while it waits there, in its own flow hash while it is a nested
+	// parent waiting for its children.
+	pipe := a.client.Pipeline()
+	data := pipe.HGet(ctx, k.ScheduleData, "r"+id)
+	stored := pipe.HGet(ctx, k.Flow(id), "e")
+	_, _ = pipe.Exec(ctx)
+	parent := ""
+	if raw, err := data.Result(); err == nil {
+		if d, ok := splitLengthPrefixed(raw); ok && len(d) >= 4 {
+			parent = fieldOf(d[3], keys.FieldParent)
+		}
+	}
+	if raw, err := stored.Result(); err == nil && parent == "" {
+		parent = fieldOf(raw, keys.FieldParent)
+	}
+	answering, err := a.client.Get(ctx, keys.AnsweringGroup(a.queue)).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("streamq: cancel %q: read the answering group: %w", id, err)
+	}
+	msg := "canceled by Admin.Cancel at " + time.Now().UTC().Format(time.RFC3339Nano)
+	res, err := a.cancel(ctx, k, id, answering, parent, msg, false)
+	if err != nil {
+		return err
+	}
+	code, _ := res[0].(int64)
+	switch code {
+	case 0:
+		return fmt.Errorf("%w: request %q of %s has no record (never produced, or its outcome expired)", ErrNotFound, id, a.queue)
+	case 1:
+		rec, _ := res[1].(string)
+		state := "completed"
+		if len(rec) > 0 {
+			state = "completed (" + describeRecord(rec[0]) + ")"
+		}
+		if len(rec) > 0 && rec[0] == keys.RecordInflight {
+			state = "already in the stream as entry " + rec[1:] + " (queued or running)"
+		}
+		return fmt.Errorf("%w: request %q of %s is %s", ErrNotScheduled, id, a.queue, state)
+	}
+	return a.cancelChildren(ctx, k.Flow(id), msg, 0)
+}
+
+// cancel runs cancel.lua for id in shard k; parent is the flow hash of the
+// request's parent, or "".
+func (a *Admin) cancel(ctx context.Context, k keys.Keys, id, group, parent, msg string, queued bool) ([]any, error) {
+	keyList := []string{k.Record(id), k.Schedule, k.ScheduleData, k.Counts, k.Retry, k.Stream}
+	if rec, stream, ok := keys.FlowParent(parent); ok {
+		keyList = append(keyList, parent, rec, stream)
+	}
+	q := ""
+	if queued {
+		q = "q"
+	}
+	res, err := scripts.Cancel.Run(ctx, a.client, keyList,
+		id, a.opts.ResultTTL.Milliseconds(), k.Channel, publishCommand(isCluster(a.client)), msg, group, q).Slice()
+	if err != nil {
+		if errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("%w: request %q of %s", ErrNotFound, id, a.queue)
+		}
+		return nil, fmt.Errorf("streamq: cancel %q: %w", id, err)
+	}
+	return res, nil
+}
+
+// cancelChildren cancels the children of a cancelled flow parent (flow is
+// its flow hash) that have no outcome yet and are scheduled, queued or
+// waiting for children of their own (recursively); running children finish.
+// A flow hash that is gone (not a flow) cancels nothing.
+func (a *Admin) cancelChildren(ctx context.Context, flow, msg string, depth int) error {
+	h, err := a.client.HGetAll(ctx, flow).Result()
+	if err != nil {
+		return fmt.Errorf("streamq: read the children of %s: %w", flow, err)
+	}
+	if len(h) == 0 || depth > MaxFlowChildren {
+		return nil
+	}
+	order, ok := splitLengthPrefixed(h["o"])
+	if !ok {
+		return nil
+	}
+	for i := 0; i+2 < len(order); i += 3 {
+		if h["k:"+order[i]] != "" {
+			continue // has its outcome
+		}
+		queue, id := order[i+1], order[i+2]
+		n, err := queueShards(ctx, a.client, queue)
+		if err != nil {
+			return err
+		}
+		ks, err := keys.Shards(queue, n)
+		if err != nil {
+			return err
+		}
+		ck := ks[keys.ShardOf(id, n)]
+		group, err := a.client.Get(ctx, keys.AnsweringGroup(queue)).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return fmt.Errorf("streamq: cancel child %q: read the answering group: %w", id, err)
+		}
+		// The parent is cancelled: the child's outcome need not count there.
+		res, err := a.cancel(ctx, ck, id, group, "", msg, true)
+		if err != nil {
+			return err
+		}
+		if code, _ := res[0].(int64); code == 2 {
+			if prev, _ := res[1].(string); prev == "P&" {
+				if err := a.cancelChildren(ctx, ck.Flow(id), msg, depth+1); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// fieldOf returns the value of stream field name in length-prefixed fields
+// (name, value, ...), or "".
+func fieldOf(encoded, name string) string {
+	f, ok := splitLengthPrefixed(encoded)
+	if !ok {
+		return ""
+	}
+	for i := 0; i+1 < len(f); i += 2 {
+		if f[i] == name {
+			return f[i+1]
+		}
+	}
+	return ""
+}
+
+// runNowMarkerTTL is how long RunNow remembers the entry it promoted a job
+// to, so that a call sent again (after a lost reply) succeeds.
+const runNowMarkerTTL = 10 * time.Minute
+
+// RunNow appends a scheduled job (produced with At or After) or a waiting
+// retry to the stream at once, as its promotion at its due time would: the
+// request keeps its record (callers waiting on the id get its result), its
+// start count (MaxDeliveries counts on) and its stream fields. It addresses
+// the Admin's group's retry (AdminOptions.Group; a fan-out group's retry has
+// no record). RunNow is idempotent for 10 minutes: asking again for a job it
+// promoted succeeds and does nothing. It returns ErrNotScheduled when the
+// job is not waiting in the schedule (queued, running, completed or
+// cancelled) and ErrNotFound when the request has no record. A nil ctx
+// panics.
+func (a *Admin) RunNow(ctx context.Context, id string) error {
+	mustContext(ctx, "Admin.RunNow")
+	if err := validateID(id); err != nil {
+		return err
+	}
+	shards, err := a.shards(ctx)
+	if err != nil {
+		return err
 	}
 	t, err := a.target(ctx)
 	if err != nil {
-		return DeadLetter{}, err
+		return err
 	}
-	msgs, err := a.client.XRangeN(ctx, t.deadLetterKey(shards[shard]), id, id, 1).Result()
+	k := shards[keys.ShardOf(id, len(shards))]
+	member, rec := "r"+id, k.Record(id)
+	if t.fanout {
+		member, rec = fanoutMember(t.group, id), k.Stream
+	}
+	res, err := scripts.Promote.Run(ctx, a.client,
+		[]string{k.Stream, k.Schedule, k.ScheduleData, k.Retry, k.RunNowMarker(member), rec,
+			k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow])},
+		1, startsTTL.Milliseconds(), member, runNowMarkerTTL.Milliseconds()).Slice()
 	if err != nil {
-		return DeadLetter{}, fmt.Errorf("streamq: read dead letter %s of %s: %w", deadLetterID, a.queue, err)
+		return fmt.Errorf("streamq: run %q of %s now: %w", id, a.queue, err)
 	}
-	if len(msgs) == 0 {
-		return DeadLetter{}, fmt.Errorf("%w: dead letter %s of %s", ErrNotFound, deadLetterID, a.queue)
+	if len(res) != 2 {
+		return fmt.Errorf("streamq: run %q of %s now: unexpected reply %v", id, a.queue, res)
 	}
-	d := parseDeadLetter(msgs[0])
-	d.DeadLetterID = deadLetterID
-	return d, nil
+	switch code, _ := res[0].(int64); code {
+	case 1:
+		return nil
+	case 2:
+		r, _ := res[1].(string)
+		state := "completed"
+		if len(r) > 0 {
+			state = "completed (" + describeRecord(r[0]) + ")"
+		}
+		return fmt.Errorf("%w: request %q of %s is %s; its schedule entry was dropped", ErrNotScheduled, id, a.queue, state)
+	}
+	r, ok := res[1].(string)
+	switch {
+	case !ok && !t.fanout:
+		return fmt.Errorf("%w: request %q of %s has no record (never produced, or its outcome expired)", ErrNotFound, id, a.queue)
+	case len(r) > 0 && r[0] == keys.RecordInflight && !strings.HasPrefix(r, "P@"):
+		return fmt.Errorf("%w: request %q of %s is already in the stream as entry %s (queued or running)", ErrNotScheduled, id, a.queue, r[1:])
+	case len(r) > 0 && r[0] != keys.RecordInflight:
+		return fmt.Errorf("%w: request %q of %s is completed (%s)", ErrNotScheduled, id, a.queue, describeRecord(r[0]))
+	}
+	return fmt.Errorf("%w: request %q of %s is not waiting in the schedule", ErrNotScheduled, id, a.queue)
 }

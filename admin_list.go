@@ -95,17 +95,6 @@ type JobSummary struct {
 	Payload []byte `json:"payload,omitempty"`
 }
 
-// HistoryPoint is one minute of Admin.History.
-type HistoryPoint struct {
-	// Minute is the start of the minute (UTC).
-	Minute time.Time `json:"minute"`
-	// Processed counts the outcomes recorded (succeeded and dead-lettered)
-	// plus the retries scheduled in the minute.
-	Processed int64 `json:"processed"`
-	// Failed counts the failed attempts (retries scheduled and dead letters).
-	Failed int64 `json:"failed"`
-}
-
 // ErrInvalidCursor is returned by Admin.Jobs for a cursor it did not issue,
 // or one issued for another state.
 var ErrInvalidCursor = errors.New("streamq: invalid cursor")
@@ -655,7 +644,7 @@ func (a *Admin) parsePart(state JobState, src, nShards int, res []any) (shardPar
 				s.EntryID = eid
 				s.Group = f["g"]
 				s.ProducedAt = time.UnixMilli(int64(it.ms))
-				s.Deliveries, _ = strconv.Atoi(f[fieldStarts])
+				s.Deliveries, _ = strconv.Atoi(f[keys.FieldStarts])
 				break
 			}
 			s.DeadLetterID = eid
@@ -666,7 +655,7 @@ func (a *Admin) parsePart(state JobState, src, nShards int, res []any) (shardPar
 			s.LastError = f["error"]
 			s.Consumer = f["consumer"]
 			s.Deliveries, _ = strconv.Atoi(f["deliveries"])
-			s.Priority = levelNamed(f[fieldPriority])
+			s.Priority = levelNamed(f[keys.FieldPriority])
 			if ms, err := strconv.ParseInt(f["at"], 10, 64); err == nil {
 				s.At = time.UnixMilli(ms)
 			}
@@ -706,129 +695,4 @@ func (a *Admin) jobByID(ctx context.Context, q JobsQuery, nShards int) (JobsPage
 		ProducedAt: info.Enqueued, Deliveries: info.Deliveries, Consumer: info.Consumer, Idle: info.Idle,
 	})
 	return page, nil
-}
-
-// runNowMarkerTTL is how long RunNow remembers the entry it promoted a job
-// to, so that a call sent again (after a lost reply) succeeds.
-const runNowMarkerTTL = 10 * time.Minute
-
-// RunNow appends a scheduled job (produced with At or After) or a waiting
-// retry to the stream at once, as its promotion at its due time would: the
-// request keeps its record (callers waiting on the id get its result), its
-// start count (MaxDeliveries counts on) and its stream fields. It addresses
-// the Admin's group's retry (AdminOptions.Group; a fan-out group's retry has
-// no record). RunNow is idempotent for 10 minutes: asking again for a job it
-// promoted succeeds and does nothing. It returns ErrNotScheduled when the
-// job is not waiting in the schedule (queued, running, completed or
-// cancelled) and ErrNotFound when the request has no record. A nil ctx
-// panics.
-func (a *Admin) RunNow(ctx context.Context, id string) error {
-	mustContext(ctx, "Admin.RunNow")
-	if err := validateID(id); err != nil {
-		return err
-	}
-	shards, err := a.shards(ctx)
-	if err != nil {
-		return err
-	}
-	t, err := a.target(ctx)
-	if err != nil {
-		return err
-	}
-	k := shards[keys.ShardOf(id, len(shards))]
-	member, rec := "r"+id, k.Record(id)
-	if t.fanout {
-		member, rec = fanoutMember(t.group, id), k.Stream
-	}
-	res, err := scripts.Promote.Run(ctx, a.client,
-		[]string{k.Stream, k.Schedule, k.ScheduleData, k.Retry, k.RunNowMarker(member), rec,
-			k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow])},
-		1, startsTTL.Milliseconds(), member, runNowMarkerTTL.Milliseconds()).Slice()
-	if err != nil {
-		return fmt.Errorf("streamq: run %q of %s now: %w", id, a.queue, err)
-	}
-	if len(res) != 2 {
-		return fmt.Errorf("streamq: run %q of %s now: unexpected reply %v", id, a.queue, res)
-	}
-	switch code, _ := res[0].(int64); code {
-	case 1:
-		return nil
-	case 2:
-		r, _ := res[1].(string)
-		state := "completed"
-		if len(r) > 0 {
-			state = "completed (" + describeRecord(r[0]) + ")"
-		}
-		return fmt.Errorf("%w: request %q of %s is %s; its schedule entry was dropped", ErrNotScheduled, id, a.queue, state)
-	}
-	r, ok := res[1].(string)
-	switch {
-	case !ok && !t.fanout:
-		return fmt.Errorf("%w: request %q of %s has no record (never produced, or its outcome expired)", ErrNotFound, id, a.queue)
-	case len(r) > 0 && r[0] == recordInflight && !strings.HasPrefix(r, "P@"):
-		return fmt.Errorf("%w: request %q of %s is already in the stream as entry %s (queued or running)", ErrNotScheduled, id, a.queue, r[1:])
-	case len(r) > 0 && r[0] != recordInflight:
-		return fmt.Errorf("%w: request %q of %s is completed (%s)", ErrNotScheduled, id, a.queue, describeRecord(r[0]))
-	}
-	return fmt.Errorf("%w: request %q of %s is not waiting in the schedule", ErrNotScheduled, id, a.queue)
-}
-
-// History returns processed and failed per minute over the last span (0 or
-// more than 24h: 24 hours), one point per minute, oldest first, the current
-// minute last, minutes without completions zero-filled, summed over every
-// shard and every consumer (every replica writes the same hashes). It reads
-// one hash per hour and shard in one pipelined round trip (after reading the
-// shard count). The minutes are those of the consumers' clocks; a span is
-// clamped to 24 hours, which the hashes keep (25 hours).
-func (a *Admin) History(ctx context.Context, span time.Duration) ([]HistoryPoint, error) {
-	mustContext(ctx, "Admin.History")
-	if span <= 0 || span > 24*time.Hour {
-		span = 24 * time.Hour
-	}
-	shards, err := a.shards(ctx)
-	if err != nil {
-		return nil, err
-	}
-	now := time.Now().UTC().Truncate(time.Minute)
-	n := int(span / time.Minute)
-	if n < 1 {
-		n = 1
-	}
-	first := now.Add(-time.Duration(n-1) * time.Minute)
-	firstHour, lastHour := first.Unix()/3600, now.Unix()/3600
-	pipe := a.client.Pipeline()
-	type read struct {
-		hour int64
-		cmd  *redis.MapStringStringCmd
-	}
-	var reads []read
-	for _, k := range shards {
-		for h := firstHour; h <= lastHour; h++ {
-			reads = append(reads, read{h, pipe.HGetAll(ctx, k.History(h))})
-		}
-	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("streamq: read the history of %s: %w", a.queue, err)
-	}
-	points := make([]HistoryPoint, n)
-	for i := range points {
-		points[i].Minute = first.Add(time.Duration(i) * time.Minute)
-	}
-	for _, r := range reads {
-		for field, v := range r.cmd.Val() {
-			m, err1 := strconv.ParseInt(field, 10, 64)
-			x, err2 := strconv.ParseInt(v, 10, 64)
-			if err1 != nil || err2 != nil || m < 0 || m > 59 {
-				continue
-			}
-			at := time.Unix(r.hour*3600+m*60, 0).UTC()
-			i := int(at.Sub(first) / time.Minute)
-			if at.Before(first) || i >= n {
-				continue
-			}
-			points[i].Processed += x & (1<<32 - 1)
-			points[i].Failed += x >> 32
-		}
-	}
-	return points, nil
 }

@@ -44,7 +44,7 @@ func seedLevels(t *testing.T, client *redis.Client, q string, perSource int) (qu
 				e := levelEntry{id: fmt.Sprintf("%s-%s-%d-%d", kind, levelValue[level], shard, i), ms: ms + uint64(i/3), seq: uint64(i % 3), src: src, level: levelValue[level]}
 				vals := []any{"id", e.id, "p", "x"}
 				if levelNames[level] != "" {
-					vals = append(vals, fieldPriority, levelNames[level])
+					vals = append(vals, keys.FieldPriority, levelNames[level])
 				}
 				require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: k.Stream, ID: fmt.Sprintf("%d-%d", e.ms, e.seq), Values: vals}).Err())
 				return e
@@ -142,7 +142,7 @@ func TestAdminJobsPriorityLevels(t *testing.T) {
 			k := ks[e.src%2].AtLevel(levelNames[e.src/2])
 			require.NoError(t, client.XDel(ctx, k.Stream, fmt.Sprintf("%d-%d", e.ms, e.seq)).Err())
 		}
-		require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: ks[1].LevelStream("low"), Values: []any{"id", "late", "p", "x", fieldPriority, "low"}}).Err())
+		require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: ks[1].LevelStream("low"), Values: []any{"id", "late", "p", "x", keys.FieldPriority, "low"}}).Err())
 		next, err := a.Jobs(ctx, JobsQuery{State: JobQueued, Limit: 10, Cursor: first.Next})
 		require.NoError(t, err)
 		require.Equal(t, order[10:20], summaryIDs(next.Jobs))

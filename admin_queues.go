@@ -2,6 +2,7 @@ package streamq
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -235,3 +236,31 @@ func (a *Admin) Trim(ctx context.Context) (int64, error) {
 
 // Queue returns the name of the Admin's queue.
 func (a *Admin) Queue() string { return a.queue }
+
+// Pause pauses the queue: from at most PauseCheckInterval (500ms) after Pause
+// returns, no consumer of any group starts a handler. Handlers already running
+// finish and their outcomes are recorded; producers keep accepting requests,
+// which wait in the stream. Entries a consumer holds while paused keep their
+// lease, and waiting costs them no delivery (a delivery is a handler start).
+// The state is a key in Redis (see DESIGN.md), so it survives consumer
+// restarts and, with persistence, Redis restarts. Pausing a paused queue
+// changes nothing. A nil ctx panics.
+func (a *Admin) Pause(ctx context.Context) error {
+	mustContext(ctx, "Admin.Pause")
+	err := a.client.SetArgs(ctx, keys.Paused(a.queue), time.Now().UnixMilli(), redis.SetArgs{Mode: "NX"}).Err()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("streamq: pause %s: %w", a.queue, err)
+	}
+	return nil
+}
+
+// Resume undoes Pause: within about PauseCheckInterval consumers start
+// handlers again and drain what waited. Resuming a queue that is not paused
+// changes nothing. A nil ctx panics.
+func (a *Admin) Resume(ctx context.Context) error {
+	mustContext(ctx, "Admin.Resume")
+	if err := a.client.Del(ctx, keys.Paused(a.queue)).Err(); err != nil {
+		return fmt.Errorf("streamq: resume %s: %w", a.queue, err)
+	}
+	return nil
+}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/streamq/streamq/internal/keys"
 	"github.com/stretchr/testify/require"
 )
 
@@ -44,8 +45,8 @@ func streamEntries(t *testing.T, client *redis.Client, stream string) (ids []str
 	rid = make(map[string]string, len(msgs))
 	for _, m := range msgs {
 		ids = append(ids, m.ID)
-		s, ok := m.Values[fieldID].(string)
-		require.True(t, ok, "entry %s has no %q field: %v", m.ID, fieldID, m.Values)
+		s, ok := m.Values[keys.FieldID].(string)
+		require.True(t, ok, "entry %s has no %q field: %v", m.ID, keys.FieldID, m.Values)
 		rid[m.ID] = s
 	}
 	return ids, rid
@@ -132,8 +133,8 @@ func TestTrimKeepsWhatALaggingGroupNeeds(t *testing.T) {
 		require.Len(t, got[0].Messages, 400)
 		for i, m := range got[0].Messages {
 			require.Equal(t, all[200+i], m.ID)
-			require.Equal(t, rid[m.ID], m.Values[fieldID])
-			require.NotNil(t, m.Values[fieldPayload], "entry %s lost its payload", m.ID)
+			require.Equal(t, rid[m.ID], m.Values[keys.FieldID])
+			require.NotNil(t, m.Values[keys.FieldPayload], "entry %s lost its payload", m.ID)
 		}
 
 		// Once b has acknowledged everything, trimming empties the stream.
@@ -219,13 +220,13 @@ func TestTrimConcurrentWithAppendsLosesNothing(t *testing.T) {
 				}
 				var ids []string
 				for _, m := range res[0].Messages {
-					id, ok := m.Values[fieldID].(string)
+					id, ok := m.Values[keys.FieldID].(string)
 					if !ok {
 						t.Errorf("group b read entry %s without its fields: it was trimmed before b read it", m.ID)
 						continue
 					}
 					ids = append(ids, m.ID)
-					if g, ok := m.Values[fieldGroup].(string); ok && g != "b" {
+					if g, ok := m.Values[keys.FieldGroup].(string); ok && g != "b" {
 						continue // another group's retry, as a consumer of b would skip it
 					}
 					bSeen[id]++
@@ -333,7 +334,7 @@ func TestPruneConsumersRemovesOnlyIdleEmptyConsumers(t *testing.T) {
 		// A stream with three entries, held pending by "holder".
 		require.NoError(t, client.XGroupCreateMkStream(ctx, stream, group, "0").Err())
 		for i := range 3 {
-			require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{fieldID, fmt.Sprint(i), fieldPayload, "1"}}).Err())
+			require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{keys.FieldID, fmt.Sprint(i), keys.FieldPayload, "1"}}).Err())
 		}
 		start := time.Now()
 		readAs := func(name string, count int64) []redis.XMessage {
@@ -357,7 +358,7 @@ func TestPruneConsumersRemovesOnlyIdleEmptyConsumers(t *testing.T) {
 			name := fmt.Sprintf("gone-%d-%x", i, rand.Uint64())
 			names[name] = true
 			if i%2 == 0 || mini != nil {
-				require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{fieldID, name, fieldPayload, "1"}}).Err())
+				require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{keys.FieldID, name, keys.FieldPayload, "1"}}).Err())
 				got := readAs(name, 1)
 				require.Len(t, got, 1)
 				require.NoError(t, client.XAck(ctx, stream, group, got[0].ID).Err())
@@ -366,7 +367,7 @@ func TestPruneConsumersRemovesOnlyIdleEmptyConsumers(t *testing.T) {
 			}
 		}
 		if mini != nil {
-			require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{fieldID, "me", fieldPayload, "1"}}).Err())
+			require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{keys.FieldID, "me", keys.FieldPayload, "1"}}).Err())
 			got := readAs("me", 1)
 			require.Len(t, got, 1)
 			require.NoError(t, client.XAck(ctx, stream, group, got[0].ID).Err())

@@ -467,7 +467,7 @@ func (r *run[Req, Resp]) completed(batch []*completion) {
 	if fc, ok := r.c.opts.Fetcher.(FetchCompleter); ok {
 		var done []Entry
 		for _, cp := range batch {
-			if cp.code == recordResult {
+			if cp.code == keys.RecordResult {
 				done = append(done, cp.s.entry)
 			}
 		}
@@ -589,12 +589,12 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 		}
 		var payload []byte
 		value := cp.value
-		if cp.code == recordDead {
+		if cp.code == keys.RecordDead {
 			payload = e.Data
 		} else if o.Fanout {
 			value = nil // a fan-out group records no result
 		}
-		if cp.s.tx != nil && cp.code == recordResult {
+		if cp.s.tx != nil && cp.code == keys.RecordResult {
 			payload = e.Data // a refused staged write makes it a dead letter
 			txArgs, txKeys = cp.s.tx.appendArgs(txArgs, txKeys, i+1)
 		}
@@ -616,7 +616,7 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 }
 
 // codeArg holds the outcome codes of complete.lua boxed once.
-var codeArg = [256]any{recordResult: "R", recordFailed: "E", recordDead: "L", recordSkip: "S", recordRetry: "T"}
+var codeArg = [256]any{keys.RecordResult: "R", keys.RecordFailed: "E", keys.RecordDead: "L", recordSkip: "S", recordRetry: "T"}
 
 // forgetCompletions forgets the slots of recorded (or abandoned) outcomes.
 func (r *run[Req, Resp]) forgetCompletions(batch []*completion) {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/streamq/streamq/internal/keys"
 	"github.com/stretchr/testify/require"
 )
 
@@ -62,9 +63,9 @@ func TestDeadLetterKeepsItsLevel(t *testing.T) {
 		require.Len(t, raw, len(levels))
 		for _, m := range raw {
 			id, _ := m.Values["id"].(string)
-			pr, has := m.Values[fieldPriority]
+			pr, has := m.Values[keys.FieldPriority]
 			if levels[id] == PriorityNormal {
-				require.False(t, has, "a default-level dead letter has no %q field: %v", fieldPriority, m.Values)
+				require.False(t, has, "a default-level dead letter has no %q field: %v", keys.FieldPriority, m.Values)
 			} else {
 				require.Equal(t, levels[id].String(), pr, id)
 			}
@@ -97,9 +98,9 @@ func TestDeadLetterKeepsItsLevel(t *testing.T) {
 			require.NoError(t, err)
 			require.Len(t, msgs, 1, "%s is requeued to %s", d.ID, streams[l])
 			require.Equal(t, d.ID, msgs[0].Values["id"])
-			pr, has := msgs[0].Values[fieldPriority]
+			pr, has := msgs[0].Values[keys.FieldPriority]
 			if l == levelNormal {
-				require.False(t, has, "a default-level requeue has no %q field: %v", fieldPriority, msgs[0].Values)
+				require.False(t, has, "a default-level requeue has no %q field: %v", keys.FieldPriority, msgs[0].Values)
 			} else {
 				require.Equal(t, d.Priority.String(), pr)
 			}
@@ -176,7 +177,7 @@ func TestDeadLetterLevelOfAFanoutGroup(t *testing.T) {
 		raw, err := client.XRange(ctx, "streamq:{"+q+"}:dead:audit", "-", "+").Result()
 		require.NoError(t, err)
 		require.Len(t, raw, 1)
-		require.Equal(t, "high", raw[0].Values[fieldPriority])
+		require.Equal(t, "high", raw[0].Values[keys.FieldPriority])
 
 		entry, err := admin.Requeue(ctx, dls[0].DeadLetterID)
 		require.NoError(t, err)
@@ -194,7 +195,7 @@ func TestDeadLetterLevelOfAFanoutGroup(t *testing.T) {
 		msgs, err := client.XRange(ctx, streams[levelHigh], entry, entry).Result()
 		require.NoError(t, err)
 		require.Len(t, msgs, 1)
-		require.Equal(t, "high", msgs[0].Values[fieldPriority])
+		require.Equal(t, "high", msgs[0].Values[keys.FieldPriority])
 		require.Equal(t, "audit", msgs[0].Values["g"])
 	})
 }

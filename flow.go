@@ -158,7 +158,7 @@ func (p *Producer[Req, Resp]) ProduceFlow(ctx context.Context, id string, req Re
 	pk := p.shards[parent.shard]
 	flowKey := pk.Flow(id)
 	keyList := []string{pk.Stream, pk.Record(id), flowKey}
-	pfields := []string{fieldID, id, fieldPayload, string(parent.payload), fieldFlow, "1"}
+	pfields := []string{keys.FieldID, id, keys.FieldPayload, string(parent.payload), keys.FieldFlow, "1"}
 	pfields = append(pfields, parent.fields...)
 	policy := "f"
 	if fo.Policy == RunAnyway {
@@ -215,7 +215,7 @@ func (p *Producer[Req, Resp]) ProduceFlow(ctx context.Context, id string, req Re
 			if c.policy == RunAnyway {
 				kind = "r"
 			}
-			fields := []string{fieldID, c.id, fieldPayload, string(c.payload), fieldFlow, "1", fieldParent, parentFlow}
+			fields := []string{keys.FieldID, c.id, keys.FieldPayload, string(c.payload), keys.FieldFlow, "1", keys.FieldParent, parentFlow}
 			e = lengthPrefixed(append(fields, it.fields...))
 			args = append(args, parentIdx, c.queue, c.id, c.payload, kind, e, 0)
 			for _, k := range c.kids {
@@ -400,13 +400,6 @@ func splitLengthPrefixed(s string) ([]string, bool) {
 	return out, true
 }
 
-// Entry fields of flows.
-const (
-	fieldParent     = "pa" // a child's: the flow hash of its parent
-	fieldFlow       = "fp" // a parent's: "1"
-	fieldFlowFailed = "ff" // a parent's whose children failed (policy FailOnChildFailure): its failure
-)
-
 // ChildResult is the outcome of one child of a flow, as the parent's
 // handler reads it (Message.Children).
 type ChildResult struct {
@@ -476,7 +469,7 @@ func parseFlowChildren(h map[string]string, key string) ([]ChildResult, error) {
 			c.Err = fmt.Errorf("%w: the flow has no entry for child %q", ErrWrongType, c.ID)
 		case rec == "":
 			c.Err = errChildPending
-		case rec[0] == recordResult:
+		case rec[0] == keys.RecordResult:
 			c.Result = []byte(rec[1:])
 		default:
 			_, c.Err = decodeRecord[[]byte](JSONCodec{}, rec, nil)

@@ -138,7 +138,7 @@ func FuzzDecodeRecord(f *testing.F) {
 		switch {
 		case record == "":
 			require.Error(t, err)
-		case record[0] == recordResult:
+		case record[0] == keys.RecordResult:
 			var want string
 			if json.Unmarshal([]byte(record[1:]), &want) == nil {
 				require.NoError(t, err)
@@ -146,17 +146,17 @@ func FuzzDecodeRecord(f *testing.F) {
 			} else {
 				require.Error(t, err)
 			}
-		case record[0] == recordDead:
+		case record[0] == keys.RecordDead:
 			require.ErrorAs(t, err, &re)
 			require.True(t, re.DeadLettered)
 			require.Equal(t, record[1:], re.Message)
-		case record[0] == recordFailed:
+		case record[0] == keys.RecordFailed:
 			require.ErrorAs(t, err, &re)
 			require.False(t, re.DeadLettered)
 			require.Equal(t, record[1:], re.Message)
-		case record[0] == recordNoResult:
+		case record[0] == keys.RecordNoResult:
 			require.ErrorIs(t, err, ErrNoResult)
-		case record[0] == recordCanceled:
+		case record[0] == keys.RecordCanceled:
 			require.ErrorIs(t, err, ErrCanceled)
 			require.False(t, errors.As(err, &re), "a cancellation is not a request error: %v", err)
 		default:
@@ -170,7 +170,7 @@ func FuzzDecodeRecord(f *testing.F) {
 		}
 		enc, err := JSONCodec{}.Marshal(record)
 		require.NoError(t, err)
-		back, err := decodeRecord[string](JSONCodec{}, string(recordResult)+string(enc), nil)
+		back, err := decodeRecord[string](JSONCodec{}, string(keys.RecordResult)+string(enc), nil)
 		require.NoError(t, err)
 		require.Equal(t, record, back)
 	})
@@ -227,8 +227,8 @@ func FuzzParseEntries(f *testing.F) {
 				require.Equal(t, want[i].ID, msgs[i].ID)
 				require.Equal(t, want[i].Values, msgs[i].Values)
 				// What admission reads must not panic, whatever the types.
-				_, _ = msgs[i].Values[fieldID].(string)
-				_, _ = msgs[i].Values[fieldPayload].(string)
+				_, _ = msgs[i].Values[keys.FieldID].(string)
+				_, _ = msgs[i].Values[keys.FieldPayload].(string)
 				_ = fieldNames(msgs[i].Values)
 			}
 		}

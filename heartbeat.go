@@ -30,7 +30,7 @@ type outcomeCounts struct {
 func (c *outcomeCounts) countRecorded(batch []*completion) {
 	var n int64
 	for _, cp := range batch {
-		if cp.code == recordResult {
+		if cp.code == keys.RecordResult {
 			n++
 		}
 	}

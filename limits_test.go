@@ -106,27 +106,3 @@ func TestConsumerOptionUpperBounds(t *testing.T) {
 		require.NoError(t, err, fmt.Sprintf("%+v", o))
 	}
 }
-
-// The ring keeps push order, grows with what it holds and gives memory back
-// once drained; closing it ends the workers' range after the queued slots.
-func TestRingGrowsAndShrinksInOrder(t *testing.T) {
-	r := newRing(MaxPrefetch, 1)
-	require.Empty(t, r.qs[0].q[levelNormal].buf, "no storage before the first push")
-	ctx := context.Background()
-	const n = 5000
-	got, err := r.reserve(ctx, n)
-	require.NoError(t, err)
-	require.Equal(t, n, got)
-	for i := range n {
-		r.push(&slot{entry: Entry{EntryID: fmt.Sprint(i)}})
-	}
-	require.LessOrEqual(t, len(r.qs[0].q[levelNormal].buf), 2*n)
-	r.close()
-	i := 0
-	for s := range r.slots {
-		require.Equal(t, fmt.Sprint(i), s.entry.EntryID)
-		i++
-	}
-	require.Equal(t, n, i)
-	require.LessOrEqual(t, len(r.qs[0].q[levelNormal].buf), ringKeepCap, "storage shrinks as the ring drains")
-}

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/streamq/streamq/internal/keys"
 )
 
 // Delivery is an untyped view of a message about to be handled, for
@@ -158,12 +160,6 @@ func headersOf(outs []*Outgoing, i int) (map[string]string, bool) {
 	return outs[i].Headers, true
 }
 
-// Entry fields of the observability features.
-const (
-	fieldHeaders  = "h"  // JSON object of string values
-	fieldDeadline = "dl" // Unix milliseconds
-)
-
 // encodeHeaders encodes h for the entry field; "" when empty.
 func encodeHeaders(h map[string]string) (string, error) {
 	if len(h) == 0 {
@@ -200,17 +196,17 @@ type messageMeta struct {
 func parseMeta(values map[string]any, readAt time.Time) messageMeta {
 	m := messageMeta{readAt: readAt}
 	if len(values) > 2 { // a plain entry has only its id and payload
-		m.parent, _ = values[fieldParent].(string)
-		m.flow = values[fieldFlow] != nil
-		m.flowFailed, _ = values[fieldFlowFailed].(string)
+		m.parent, _ = values[keys.FieldParent].(string)
+		m.flow = values[keys.FieldFlow] != nil
+		m.flowFailed, _ = values[keys.FieldFlowFailed].(string)
 	}
-	if h, ok := values[fieldHeaders].(string); ok && h != "" {
+	if h, ok := values[keys.FieldHeaders].(string); ok && h != "" {
 		var hs map[string]string
 		if json.Unmarshal([]byte(h), &hs) == nil && len(hs) > 0 {
 			m.headers = hs
 		}
 	}
-	if dl, ok := values[fieldDeadline].(string); ok {
+	if dl, ok := values[keys.FieldDeadline].(string); ok {
 		if ms, err := strconv.ParseInt(dl, 10, 64); err == nil && ms > 0 {
 			m.deadline = time.UnixMilli(ms)
 		}

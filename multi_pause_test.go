@@ -10,67 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestRingPausedQueueHoldsNoReadAhead: in a ring of two queues, a queue
-// paused while its slots fill the read-ahead target keeps them, but they
-// stop counting against the target, so the other queue still reads, and
-// the paused queue reads nothing more; the workers take only the other's.
-// Before, the paused queue's slots (skipped by the workers) held the whole
-// target and the other queue's feeder never got room again (its requests
-// waited for the resume: seen in a MultiConsumer).
-func TestRingPausedQueueHoldsNoReadAhead(t *testing.T) {
-	r := newSharedRing(64, 2, 2)
-	r.setTarget(6)
-	ctx := context.Background()
-	for got := 0; got < 6; {
-		n, err := r.reserveClass(ctx, classOf(0, levelNormal), 6-got)
-		require.NoError(t, err)
-		for range n {
-			r.push(&slot{queue: 0})
-		}
-		got += n
-	}
-	r.setPaused(0, true)
-	wctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	n, err := r.reserveClass(wctx, classOf(1, levelNormal), 4)
-	require.NoError(t, err, "the paused queue's slots held the read-ahead")
-	require.Positive(t, n)
-	short, cancel2 := context.WithTimeout(ctx, 50*time.Millisecond)
-	defer cancel2()
-	_, err = r.reserveClass(short, classOf(0, levelNormal), 1)
-	require.ErrorIs(t, err, context.DeadlineExceeded, "a paused queue read more")
-	r.push(&slot{queue: 1})
-	s, ok := r.tryTake()
-	require.True(t, ok)
-	require.Equal(t, 1, s.queue)
-	_, ok = r.tryTake()
-	require.False(t, ok, "a paused queue's slot was taken")
-	r.setPaused(0, false)
-	s, ok = r.tryTake()
-	require.True(t, ok)
-	require.Equal(t, 0, s.queue)
-}
-
-// TestRingTokenWaitersHoldUntilTheLast: the rate-limit hold of a queue is
-// a count of waiting workers: two workers that took the queue's slots
-// before either said it waits both hold it, and the first to get its token
-// does not release it while the second still waits (it did, a bool: a
-// third worker then took a slot and waited too).
-func TestRingTokenWaitersHoldUntilTheLast(t *testing.T) {
-	r := newSharedRing(64, 2, 2)
-	for range 3 {
-		r.push(&slot{queue: 0})
-	}
-	r.addWaiting(0, 1)
-	r.addWaiting(0, 1)
-	r.addWaiting(0, -1)
-	_, ok := r.tryTake()
-	require.False(t, ok, "taken while a worker still waits for the queue's token")
-	r.addWaiting(0, -1)
-	_, ok = r.tryTake()
-	require.True(t, ok)
-}
-
 // TestMultiPausedQueueKeepsNoReadAhead: end to end, a queue paused while
 // its entries wait in the shared ring (its workers busy) does not stop the
 // other queue's requests.

@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/streamq/streamq/internal/keys"
 	"github.com/stretchr/testify/require"
 )
 
@@ -525,13 +526,13 @@ func FuzzHeadersRoundTrip(f *testing.F) {
 		if k != "" {
 			enc, err := encodeHeaders(map[string]string{k: v})
 			require.NoError(t, err)
-			m := parseMeta(map[string]any{fieldHeaders: enc}, time.Time{})
+			m := parseMeta(map[string]any{keys.FieldHeaders: enc}, time.Time{})
 			// JSON replaces invalid UTF-8; valid text round-trips exactly.
 			if utf8.ValidString(k) && utf8.ValidString(v) {
 				require.Equal(t, map[string]string{k: v}, m.headers)
 			}
 		}
-		m := parseMeta(map[string]any{fieldHeaders: rawHeaders, fieldDeadline: rawDeadline}, time.Time{})
+		m := parseMeta(map[string]any{keys.FieldHeaders: rawHeaders, keys.FieldDeadline: rawDeadline}, time.Time{})
 		if m.headers != nil {
 			require.NotEmpty(t, m.headers, "no headers is nil, never an empty map")
 		}

@@ -89,11 +89,6 @@ var (
 // while each has work waiting: see ConsumerOptions.PriorityWeights.
 var DefaultPriorityWeights = [3]int{6, 3, 1}
 
-// fieldPriority is the entry field naming a non-default level ("high",
-// "low"): retries and delayed requests carry it through the schedule, and
-// promote.lua appends them to that level's stream.
-const fieldPriority = "pr"
-
 // flagLevelPrefix starts an item's flag naming its level for produce.lua:
 // "H" (high) or "L" (low).
 var levelFlags = [numLevels]string{"", "H", "L"}

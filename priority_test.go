@@ -183,69 +183,6 @@ func TestPriorityDedupAcrossLevels(t *testing.T) {
 	})
 }
 
-// TestPriorityRingTakes: the ring's choice among queued levels. Strict takes
-// every higher slot first; weighted takes follow the weights in every window
-// of one round (sum of weights), while all levels stay queued, and a level
-// with nothing queued gives its turns away.
-func TestPriorityRingTakes(t *testing.T) {
-	fill := func(r *ring, per int) {
-		for i := range per {
-			for l := range numLevels {
-				r.push(&slot{level: l, entry: Entry{EntryID: fmt.Sprint(i)}})
-			}
-		}
-	}
-	t.Run("strict", func(t *testing.T) {
-		r := newRing(1000, 1)
-		r.qs[0].strict = true
-		fill(r, 50)
-		var got []int
-		for range 150 {
-			s, ok := r.tryTake()
-			require.True(t, ok)
-			got = append(got, s.level)
-		}
-		for i, l := range got {
-			require.Equal(t, levelOrder[i/50], l, "take %d", i)
-		}
-	})
-	t.Run("weighted", func(t *testing.T) {
-		r := newRing(1000, 1)
-		for l := range numLevels {
-			r.qs[0].weights[l] = DefaultPriorityWeights[weightIndex[l]]
-		}
-		round := 0
-		for _, w := range r.qs[0].weights {
-			round += w
-		}
-		fill(r, 100)
-		for w := range 10 {
-			var counts [numLevels]int
-			for range round {
-				s, ok := r.tryTake()
-				require.True(t, ok)
-				counts[s.level]++
-			}
-			require.Equal(t, r.qs[0].weights, counts, "round %d", w)
-		}
-		// Drain the rest: with the high level empty, normal and low share 3:1
-		// (credit carried over from the rounds before moves a take or two
-		// between them, never more than one round's worth).
-		for r.qs[0].q[levelHigh].n > 0 {
-			r.tryTake()
-		}
-		const rounds = 10
-		var counts [numLevels]int
-		for range rounds * (r.qs[0].weights[levelNormal] + r.qs[0].weights[levelLow]) {
-			s, ok := r.tryTake()
-			require.True(t, ok)
-			counts[s.level]++
-		}
-		require.InDelta(t, rounds*r.qs[0].weights[levelNormal], counts[levelNormal], float64(round))
-		require.InDelta(t, rounds*r.qs[0].weights[levelLow], counts[levelLow], float64(round))
-	})
-}
-
 // gatedOrder produces a gate request, holds the consumer's only worker in
 // its handler until perLevel requests of each level (in one batch, lowest
 // level first) are all in the consumer's ring, then lets it go and returns

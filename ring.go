@@ -47,7 +47,7 @@ type ring struct {
 	// others.) nil while no feeder waits.
 	wake  chan struct{}
 	turns turns // feeders waiting in reserveClass for room (see run.stepAside)
-	// paused counts the paused queues (see hold): their places out do not
+	// paused counts the paused queues (see setPausedState): their places out do not
 	// count as read-ahead (ahead), and their feeders reserve nothing.
 	paused int
 	// With several classes in use (leveled: a priority level's feeder
@@ -68,7 +68,7 @@ type ring struct {
 	n      int // slots queued, all classes
 	closed bool
 	// held counts the queues whose slots are not taken now (paused, or a
-	// worker waits for the queue's rate-limit token; see hold). While it
+	// worker waits for the queue's rate-limit token; see setHeld). While it
 	// is 0, a queued slot can be taken.
 	held int
 	// qstrict takes the queues in qorder (highest weight first), the first
@@ -97,7 +97,7 @@ type ringQueue struct {
 	weight  int
 	qcredit int
 	// paused and waiting (workers waiting for the queue's rate-limit token)
-	// hold the queue (see ring.hold). paused is written with both mu and
+	// hold the queue (see ring.setHeld). paused is written with both mu and
 	// qmu held, so either lock reads it; waiting is guarded by qmu.
 	paused  bool
 	waiting int

@@ -514,7 +514,7 @@ func (r *run[Req, Resp]) txCompleted(batch []*completion, reply any) []*completi
 			r.c.outcomes.failed.Add(1)
 			r.c.log.WarnContext(cp.s.logContext(r.runCtx), "streamq: a staged write was refused; the request was dead-lettered",
 				"id", cp.s.entry.ID, "entry", cp.s.entry.EntryID, "err", v)
-			cp.code = recordDead
+			cp.code = keys.RecordDead
 		}
 		recorded = append(recorded, cp)
 	}

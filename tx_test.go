@@ -464,8 +464,8 @@ func TestTxPlainCallUnchanged(t *testing.T) {
 	_, r := newSoloPool(c)
 	fixed := r.completeFixedArgs(0)
 	batch := []*completion{
-		{s: &slot{entry: Entry{ID: "a", EntryID: "1-0"}}, code: recordResult, value: []byte("1")},
-		{s: &slot{entry: Entry{ID: "b", EntryID: "2-0"}}, code: recordResult, value: []byte("2")},
+		{s: &slot{entry: Entry{ID: "a", EntryID: "1-0"}}, code: keys.RecordResult, value: []byte("1")},
+		{s: &slot{entry: Entry{ID: "b", EntryID: "2-0"}}, code: keys.RecordResult, value: []byte("2")},
 	}
 	ks, args := r.completeArgs(0, &fixed, batch)
 	require.Len(t, ks, 3+len(batch)+2)

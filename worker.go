@@ -16,6 +16,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/streamq/streamq/internal/keys"
 )
 
 // drain sets aside a slot that will not start, for release at shutdown.
@@ -45,7 +47,7 @@ func (r *run[Req, Resp]) process(s *slot, flush func()) (owed bool) {
 	if s.meta.flowFailed != "" {
 		// A flow's parent whose children failed: its outcome is that
 		// failure, and the handler does not run (no start is charged).
-		r.handOff(&completion{s: s, code: recordFailed, value: []byte(s.meta.flowFailed)})
+		r.handOff(&completion{s: s, code: keys.RecordFailed, value: []byte(s.meta.flowFailed)})
 		return true
 	}
 	// Wait while the queue is paused, then for a rate-limit token: neither
@@ -113,7 +115,7 @@ func (r *run[Req, Resp]) process(s *slot, flush func()) (owed bool) {
 		return true
 	}
 	s.tx = tx
-	r.handOff(&completion{s: s, code: recordResult, value: payload})
+	r.handOff(&completion{s: s, code: keys.RecordResult, value: payload})
 	return true
 }
 
@@ -127,7 +129,7 @@ func (r *run[Req, Resp]) handOff(cp *completion) {
 	cp.s.handedOff.Store(true)
 	r.ring.settle(classOf(cp.s.queue, cp.s.level)) // no longer read-ahead: the feeder may read in its place
 	cp.s.data = nil                                // the fetched payload
-	if _, inline := r.c.opts.Fetcher.(InlineFetcher); inline && cp.code != recordDead && cp.code != recordRetry && cp.s.tx == nil {
+	if _, inline := r.c.opts.Fetcher.(InlineFetcher); inline && cp.code != keys.RecordDead && cp.code != recordRetry && cp.s.tx == nil {
 		cp.s.entry.Data = nil // the payload itself; dead letters and retries keep it
 	}
 	r.committers[cp.s.shard].add(cp)
@@ -267,7 +269,7 @@ func (r *run[Req, Resp]) deadLetter(s *slot, reason string) {
 	reason = strings.TrimPrefix(reason, "streamq: ")
 	r.c.log.WarnContext(s.logContext(r.runCtx), "streamq: dead-lettering message", "id", s.entry.ID, "entry", s.entry.EntryID,
 		"deliveries", s.entry.Deliveries, "reason", reason)
-	r.handOff(&completion{s: s, code: recordDead, value: []byte(reason)})
+	r.handOff(&completion{s: s, code: keys.RecordDead, value: []byte(reason)})
 }
 
 // recordSkip completes an entry requeued for another group: acknowledged,

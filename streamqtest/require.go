@@ -185,10 +185,10 @@ func storedPayload(ctx context.Context, client redis.UniversalClient, admin *str
 			if err != nil {
 				return nil, false, err
 			}
-			if len(msgs) == 0 || msgs[0].Values["id"] != id {
+			if len(msgs) == 0 || msgs[0].Values[keys.FieldID] != id {
 				continue
 			}
-			p, ok := msgs[0].Values["p"].(string)
+			p, ok := msgs[0].Values[keys.FieldPayload].(string)
 			return []byte(p), ok, nil
 		}
 		return nil, false, nil
@@ -213,7 +213,7 @@ func storedPayload(ctx context.Context, client redis.UniversalClient, admin *str
 		return nil, false, nil
 	}
 	for i := 0; i+1 < len(fields); i += 2 {
-		if fields[i] == "p" {
+		if fields[i] == keys.FieldPayload {
 			return []byte(fields[i+1]), true, nil
 		}
 	}

@@ -210,7 +210,7 @@ func (b baseline) cleanup(ctx context.Context, e *env) { e.admin.Unlink(ctx, b.s
 // decodeJob returns the job of a baseline entry.
 func decodeJob(m redis.XMessage) (job, error) {
 	var j job
-	p, ok := m.Values["p"].(string)
+	p, ok := m.Values[keys.FieldPayload].(string)
 	if !ok {
 		return j, fmt.Errorf("entry %s has no payload", m.ID)
 	}
@@ -279,7 +279,7 @@ func (b baseline) runConsumers(ctx context.Context, e *env, k int, count int64, 
 
 // xaddArgs returns the XADD of one baseline job.
 func (b baseline) xaddArgs(id string, payload []byte, extra ...any) *redis.XAddArgs {
-	values := append([]any{"id", id, "p", payload}, extra...)
+	values := append([]any{keys.FieldID, id, keys.FieldPayload, payload}, extra...)
 	return &redis.XAddArgs{Stream: b.stream, Values: values}
 }
 
@@ -296,7 +296,7 @@ func markStream(ctx context.Context, e *env, stream string, t *tracker) error {
 			return nil
 		}
 		for _, m := range msgs {
-			id, _ := m.Values["id"].(string)
+			id, _ := m.Values[keys.FieldID].(string)
 			i, err := parseJobID(id)
 			if err != nil {
 				return err

@@ -1,8 +1,15 @@
 package streamq
 
+// The promoter: moves delayed and retrying requests whose time has come
+// from the schedule and retry sets into the stream (promote.lua).
+//
+// Goroutines: one promoter per shard (run.promoteLoop), woken by its timer,
+// by the schedule's notices and by a backstop; it owns that shard's promote
+// cursor. The committer builds the retry calls (retryArgs) that put requests
+// into the retry set.
+
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -43,7 +50,7 @@ func publishCommand(sharded bool) string {
 // field "n" (0 for every other entry): an entry read as new is admitted with
 // it, so MaxDeliveries holds across reschedules.
 func carriedStarts(m redis.XMessage) int {
-	s, ok := m.Values[fieldStarts].(string)
+	s, ok := m.Values[keys.FieldStarts].(string)
 	if !ok {
 		return 0
 	}
@@ -53,9 +60,6 @@ func carriedStarts(m redis.XMessage) int {
 	}
 	return n
 }
-
-// fieldStarts is the entry field of a promoted retry holding its starts so far.
-const fieldStarts = "n"
 
 // promoteLoop is the promoter of one shard; it ends when Run's context ends
 // or the loops stop, within one promote.lua round trip.
@@ -206,157 +210,4 @@ func describeRecord(b byte) string {
 		return "failed"
 	}
 	return "record " + string(b)
-}
-
-// Cancel cancels a request that waits in the schedule: one produced with At
-// or After whose time has not come, or a retry waiting for its back-off; or
-// a flow's parent waiting for its children (ProduceFlow), whose children
-// that are scheduled, queued or waiting are cancelled with it (running ones
-// finish; what is cancelled counts once each in Stats.Canceled).
-// Its callers get ErrCanceled (through the stored outcome, kept ResultTTL,
-// and a notice), and producing the id again meanwhile returns that outcome.
-// A cancelled child of a flow counts as a failed child for its parent.
-// Each cancellation counts once in Stats.Canceled. Cancelling a cancelled
-// request again returns nil and counts nothing (so does a resend after a lost
-// reply). A request that is already in the stream, running or completed
-// cannot be cancelled: Cancel returns ErrNotScheduled; an id with no record
-// returns ErrNotFound. A nil ctx panics.
-func (a *Admin) Cancel(ctx context.Context, id string) error {
-	mustContext(ctx, "Admin.Cancel")
-	if err := validateID(id); err != nil {
-		return err
-	}
-	shards, err := a.shards(ctx)
-	if err != nil {
-		return err
-	}
-	k := shards[keys.ShardOf(id, len(shards))]
-	// A flow's child names its parent in its stream fields: in the schedule's
-	// data while it waits there, in its own flow hash while it is a nested
-	// parent waiting for its children.
-	pipe := a.client.Pipeline()
-	data := pipe.HGet(ctx, k.ScheduleData, "r"+id)
-	stored := pipe.HGet(ctx, k.Flow(id), "e")
-	_, _ = pipe.Exec(ctx)
-	parent := ""
-	if raw, err := data.Result(); err == nil {
-		if d, ok := splitLengthPrefixed(raw); ok && len(d) >= 4 {
-			parent = fieldOf(d[3], fieldParent)
-		}
-	}
-	if raw, err := stored.Result(); err == nil && parent == "" {
-		parent = fieldOf(raw, fieldParent)
-	}
-	answering, err := a.client.Get(ctx, keys.AnsweringGroup(a.queue)).Result()
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return fmt.Errorf("streamq: cancel %q: read the answering group: %w", id, err)
-	}
-	msg := "canceled by Admin.Cancel at " + time.Now().UTC().Format(time.RFC3339Nano)
-	res, err := a.cancel(ctx, k, id, answering, parent, msg, false)
-	if err != nil {
-		return err
-	}
-	code, _ := res[0].(int64)
-	switch code {
-	case 0:
-		return fmt.Errorf("%w: request %q of %s has no record (never produced, or its outcome expired)", ErrNotFound, id, a.queue)
-	case 1:
-		rec, _ := res[1].(string)
-		state := "completed"
-		if len(rec) > 0 {
-			state = "completed (" + describeRecord(rec[0]) + ")"
-		}
-		if len(rec) > 0 && rec[0] == recordInflight {
-			state = "already in the stream as entry " + rec[1:] + " (queued or running)"
-		}
-		return fmt.Errorf("%w: request %q of %s is %s", ErrNotScheduled, id, a.queue, state)
-	}
-	return a.cancelChildren(ctx, k.Flow(id), msg, 0)
-}
-
-// cancel runs cancel.lua for id in shard k; parent is the flow hash of the
-// request's parent, or "".
-func (a *Admin) cancel(ctx context.Context, k keys.Keys, id, group, parent, msg string, queued bool) ([]any, error) {
-	keyList := []string{k.Record(id), k.Schedule, k.ScheduleData, k.Counts, k.Retry, k.Stream}
-	if rec, stream, ok := keys.FlowParent(parent); ok {
-		keyList = append(keyList, parent, rec, stream)
-	}
-	q := ""
-	if queued {
-		q = "q"
-	}
-	res, err := scripts.Cancel.Run(ctx, a.client, keyList,
-		id, a.opts.ResultTTL.Milliseconds(), k.Channel, publishCommand(isCluster(a.client)), msg, group, q).Slice()
-	if err != nil {
-		if errors.Is(err, redis.Nil) {
-			return nil, fmt.Errorf("%w: request %q of %s", ErrNotFound, id, a.queue)
-		}
-		return nil, fmt.Errorf("streamq: cancel %q: %w", id, err)
-	}
-	return res, nil
-}
-
-// cancelChildren cancels the children of a cancelled flow parent (flow is
-// its flow hash) that have no outcome yet and are scheduled, queued or
-// waiting for children of their own (recursively); running children finish.
-// A flow hash that is gone (not a flow) cancels nothing.
-func (a *Admin) cancelChildren(ctx context.Context, flow, msg string, depth int) error {
-	h, err := a.client.HGetAll(ctx, flow).Result()
-	if err != nil {
-		return fmt.Errorf("streamq: read the children of %s: %w", flow, err)
-	}
-	if len(h) == 0 || depth > MaxFlowChildren {
-		return nil
-	}
-	order, ok := splitLengthPrefixed(h["o"])
-	if !ok {
-		return nil
-	}
-	for i := 0; i+2 < len(order); i += 3 {
-		if h["k:"+order[i]] != "" {
-			continue // has its outcome
-		}
-		queue, id := order[i+1], order[i+2]
-		n, err := queueShards(ctx, a.client, queue)
-		if err != nil {
-			return err
-		}
-		ks, err := keys.Shards(queue, n)
-		if err != nil {
-			return err
-		}
-		ck := ks[keys.ShardOf(id, n)]
-		group, err := a.client.Get(ctx, keys.AnsweringGroup(queue)).Result()
-		if err != nil && !errors.Is(err, redis.Nil) {
-			return fmt.Errorf("streamq: cancel child %q: read the answering group: %w", id, err)
-		}
-		// The parent is cancelled: the child's outcome need not count there.
-		res, err := a.cancel(ctx, ck, id, group, "", msg, true)
-		if err != nil {
-			return err
-		}
-		if code, _ := res[0].(int64); code == 2 {
-			if prev, _ := res[1].(string); prev == "P&" {
-				if err := a.cancelChildren(ctx, ck.Flow(id), msg, depth+1); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	return nil
-}
-
-// fieldOf returns the value of stream field name in length-prefixed fields
-// (name, value, ...), or "".
-func fieldOf(encoded, name string) string {
-	f, ok := splitLengthPrefixed(encoded)
-	if !ok {
-		return ""
-	}
-	for i := 0; i+1 < len(f); i += 2 {
-		if f[i] == name {
-			return f[i+1]
-		}
-	}
-	return ""
 }

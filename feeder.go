@@ -1,13 +1,10 @@
 package streamq
 
-// The feeder: what a consumer reads, claims, resumes and adopts, and the
-// leases of what it holds.
+// The feeder: what a consumer reads, claims, resumes and adopts.
 //
-// Goroutines: one feeder per shard (feed) owns that shard's reads, claim and
+// Goroutines: one feeder per shard (run.feed) owns that shard's reads, claim and
 // adoption passes and their cursors; it creates slots and pushes them into
-// places it reserved in the ring. The lease goroutine (leaseLoop) renews
-// the leases of owned slots and moves their ownedAt. The shutdown goroutine
-// releases unstarted slots (releaseUnstarted).
+// places it reserved in the ring (ring.go) and its shard's share (places.go).
 
 import (
 	"context"
@@ -20,10 +17,6 @@ import (
 
 	"github.com/streamq/streamq/internal/scripts"
 )
-
-// releaseIdle is the idle time given to released entries: far above any
-// sensible MinIdle, so the next XAUTOCLAIM of any consumer takes them.
-const releaseIdle = 365 * 24 * time.Hour
 
 // maxReadCount caps the COUNT of one read, claim or resume call.
 const maxReadCount = 1000
@@ -362,156 +355,4 @@ func parseEntries(v any) []redis.XMessage {
 		msgs = append(msgs, redis.XMessage{ID: id, Values: values})
 	}
 	return msgs
-}
-
-// leaseLoop renews the leases of every owned entry (in the ring, in a handler
-// or awaiting completion) every MinIdle/3, so they are not claimed while this
-// consumer lives. Entries found claimed by another consumer are marked lost and
-// their handlers cancelled. It runs until the end of shutdown.
-func (r *run[Req, Resp]) leaseLoop() {
-	defer r.loops.Done()
-	t := time.NewTicker(r.c.opts.MinIdle / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-r.stopLoops:
-			return
-		case <-t.C:
-		}
-		byShard := make([][]*slot, len(r.c.shards))
-		r.mu.Lock()
-		for k, s := range r.owned {
-			byShard[k.shard] = append(byShard[k.shard], s)
-		}
-		r.mu.Unlock()
-		for shard, slots := range byShard {
-			at := mono()
-			lost, err := r.leaseShard(r.bg, shard, slots, 0, r.recordFloor())
-			if err != nil {
-				r.c.slots.onError(err)
-				r.c.log.WarnContext(r.runCtx, "streamq: renewing leases failed; will retry", "entries", len(slots), "err", err)
-			} else {
-				r.renewed(slots, lost, at)
-			}
-			for _, id := range lost {
-				r.mu.Lock()
-				s := r.owned[ownedKey{shard, id}]
-				r.mu.Unlock()
-				// A handed-off entry leaves the pending list when its outcome
-				// is recorded; a renewal that raced with that is no loss (and
-				// if another consumer ran it too, the first outcome wins).
-				if s != nil && !s.handedOff.Load() {
-					r.c.log.WarnContext(r.runCtx, "streamq: lost a message to another consumer", "id", s.entry.ID, "entry", id)
-					s.markLost()
-				}
-			}
-		}
-	}
-}
-
-// renewed moves the ownership time of renewed slots to at (taken before the
-// renewal was sent), when their ownership was continuous: the renewal came
-// back less than MinIdle after the last confirmation, so no claim could
-// have taken the entry in between. Otherwise the slot's starts go through
-// charge.lua's owner check from now on (see committer.tick).
-func (r *run[Req, Resp]) renewed(slots []*slot, lost []string, at int64) {
-	now := mono()
-	gone := make(map[string]bool, len(lost))
-	for _, id := range lost {
-		gone[id] = true
-	}
-	for _, s := range slots {
-		prev := s.ownedAt.Load()
-		if prev != 0 && !gone[s.entry.EntryID] && time.Duration(now-prev) < r.c.opts.MinIdle {
-			s.ownedAt.CompareAndSwap(prev, at)
-		} else {
-			s.ownedAt.Store(0)
-		}
-	}
-}
-
-// leaseShard sets the idle time of the entries of the given slots of a shard
-// that this consumer still owns, in chunks, and returns those it no longer
-// owns. With a floor > 0 it also keeps their in-flight records alive at least
-// that long (see lease.lua); 0 leaves records alone.
-func (r *run[Req, Resp]) leaseShard(ctx context.Context, shard int, slots []*slot, idle, floor time.Duration) ([]string, error) {
-	o := &r.c.opts
-	var lost []string
-	const chunk = 500
-	for len(slots) > 0 {
-		n := min(chunk, len(slots))
-		args := make([]any, 0, 4+n)
-		args = append(args, o.Group, o.Name, idle.Milliseconds(), floor.Milliseconds())
-		keyList := make([]string, 1, 1+n)
-		keyList[0] = r.c.shards[shard].Stream
-		for _, s := range slots[:n] {
-			args = append(args, s.entry.EntryID)
-			keyList = append(keyList, r.recordKey(shard, s))
-		}
-		slots = slots[n:]
-		res, err := scripts.Lease.Run(ctx, r.c.client, keyList, args...).StringSlice()
-		if err != nil {
-			return lost, err
-		}
-		lost = append(lost, res...)
-	}
-	return lost, nil
-}
-
-// releaseUnstarted makes the entries that were prefetched but never started
-// claimable at once by any consumer.
-func (r *run[Req, Resp]) releaseUnstarted() {
-	r.releaseMu.Lock()
-	slots := r.unstarted
-	r.unstarted = nil
-	r.releaseMu.Unlock()
-	if len(slots) == 0 {
-		return
-	}
-	// Untrack first, so that a lease renewal does not undo the release.
-	r.untrack(slots...)
-	byShard := make([][]*slot, len(r.c.shards))
-	for _, s := range slots {
-		byShard[s.shard] = append(byShard[s.shard], s)
-	}
-	ctx, cancel := context.WithTimeout(r.bg, r.c.opts.ShutdownTimeout)
-	defer cancel()
-	for shard, ids := range byShard {
-		if len(ids) == 0 {
-			continue
-		}
-		if err := r.releaseShard(ctx, shard, ids); err != nil {
-			r.c.log.WarnContext(r.runCtx, "streamq: releasing prefetched entries failed; they will be claimed after MinIdle",
-				"entries", len(ids), "err", err)
-		} else {
-			r.c.log.InfoContext(r.runCtx, "streamq: released prefetched entries that had not started", "entries", len(ids))
-		}
-	}
-	r.forget(slots...)
-}
-
-// releaseShard releases unstarted entries of a shard (release.lua): their
-// idle time is set past any MinIdle, and a start charge sent for one of them
-// without an answer is taken back, since its handler never ran.
-func (r *run[Req, Resp]) releaseShard(ctx context.Context, shard int, slots []*slot) error {
-	o := &r.c.opts
-	k := r.c.shards[shard]
-	const chunk = 500
-	for len(slots) > 0 {
-		n := min(chunk, len(slots))
-		args := make([]any, 3, 3+2*n)
-		args[0], args[1], args[2] = o.Group, o.Name, releaseIdle.Milliseconds()
-		for _, s := range slots[:n] {
-			seen := -1
-			if s.charging {
-				seen = s.entry.Deliveries - 1
-			}
-			args = append(args, s.entry.EntryID, seen)
-		}
-		slots = slots[n:]
-		if err := scripts.Release.Run(ctx, r.c.client, []string{k.Stream, k.Starts(o.Group)}, args...).Err(); err != nil {
-			return err
-		}
-	}
-	return nil
 }

@@ -1,0 +1,259 @@
+package streamq
+
+// How outcomes reach waiting promises: the producer subscribes to the
+// queue's completion channel, the listener resolves calls by the notices it
+// receives, and the backstop reads the records of calls still waiting (a
+// notice lost with a connection, say).
+//
+// Goroutines: one listener (Producer.listen) and one backstop
+// (Producer.backstop) per Producer, started on the first Produce that waits.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/streamq/streamq/internal/keys"
+)
+
+// ensureSubscribed subscribes to the completion notices of every shard once,
+// and starts the listener and backstop loops. It returns after Redis confirmed
+// the subscriptions, so no notice of a request appended afterwards can be missed.
+func (p *Producer[Req, Resp]) ensureSubscribed(ctx context.Context) error {
+	if err := p.ensureMeta(ctx); err != nil {
+		return err
+	}
+	if p.subscribed.Load() {
+		return nil // no method values to allocate
+	}
+	return p.await(ctx, &p.subTry, p.subscribed.Load, p.subscribe)
+}
+
+// subscribe is one subscription attempt, run by await. Each PubSub is listed
+// in trying while it waits for its confirmation, so that Close can close it
+// (which ends a blocked read); the confirmation read is bounded by ctx's deadline.
+func (p *Producer[Req, Resp]) subscribe(ctx context.Context) error {
+	subs := make([]*redis.PubSub, 0, len(p.shards))
+	fail := func(err error) error {
+		p.setupMu.Lock()
+		p.trying = nil
+		p.setupMu.Unlock()
+		for _, ps := range subs {
+			_ = ps.Close()
+		}
+		return err
+	}
+	for _, k := range p.shards {
+		// One subscription per shard: in a cluster each channel lives on its
+		// shard's node (sharded pub/sub), and a subscription serves one node.
+		var ps *redis.PubSub
+		if p.sharded {
+			ps = p.client.SSubscribe(ctx, k.Channel)
+		} else {
+			ps = p.client.Subscribe(ctx, k.Channel)
+		}
+		subs = append(subs, ps)
+		p.setupMu.Lock()
+		stopping := p.stopping
+		p.trying = append(p.trying, ps)
+		p.setupMu.Unlock()
+		if stopping {
+			return fail(ErrClosed)
+		}
+		if _, err := ps.Receive(ctx); err != nil {
+			if errors.Is(err, context.DeadlineExceeded) && p.lifetime.Err() == nil {
+				err = fmt.Errorf("not confirmed within %v: %w", setupTimeout, err)
+			}
+			return fail(fmt.Errorf("streamq: subscribe to %s: %w", k.Channel, channelPermission(err, p.queue, len(p.shards))))
+		}
+	}
+	p.setupMu.Lock()
+	defer p.setupMu.Unlock()
+	p.trying = nil
+	if p.stopping {
+		for _, ps := range subs {
+			_ = ps.Close()
+		}
+		return ErrClosed
+	}
+	p.subs = subs
+	p.loops.Add(len(subs) + 1)
+	for _, ps := range subs {
+		go p.listen(ps, ps.ChannelWithSubscriptions())
+	}
+	go p.backstop()
+	p.subscribed.Store(true)
+	return nil
+}
+
+// listen resolves promises from completion notices. It runs until Close.
+func (p *Producer[Req, Resp]) listen(ps *redis.PubSub, ch <-chan any) {
+	defer p.loops.Done()
+	for m := range ch {
+		switch m := m.(type) {
+		case *redis.Message:
+			if len(m.Payload) > 0 && m.Payload[0] == '~' {
+				// A progress notice (progress.lua); completion notices start
+				// with a digit.
+				id, seq, v, err := parseProgressNotice(m.Payload[1:])
+				if err != nil {
+					p.log.WarnContext(p.lifetime, "streamq: ignoring a malformed progress notice", "err", err)
+				} else {
+					p.waiters.progress(id, seq, v)
+				}
+				continue
+			}
+			if err := parseNotice(m.Payload, p.waiters.resolveID); err != nil {
+				p.log.WarnContext(p.lifetime, "streamq: ignoring a malformed completion notice", "err", err)
+			}
+		case *redis.Subscription:
+			if m.Kind == "sunsubscribe" && p.lifetime.Err() == nil {
+				// The node ended the subscription: it became a replica in a
+				// cluster failover. It still relays the shard's notices as a
+				// replica, so subscribe again (go-redis does not).
+				if err := ps.SSubscribe(p.lifetime, m.Channel); err != nil && p.lifetime.Err() == nil {
+					p.log.WarnContext(p.lifetime, "streamq: resubscribing to completion notices failed", "channel", m.Channel, "err", err)
+				}
+			}
+			if m.Kind != "subscribe" && m.Kind != "ssubscribe" {
+				continue
+			}
+			// A resubscription after a reconnect: notices may have been lost.
+			select {
+			case p.kick <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// backstop periodically reads the records of waiting requests, recovering
+// results whose notice was lost. It runs until Close. A failed check is
+// retried after a short back-off (from backstopRetry, doubling up to
+// BackstopInterval), not a full interval later: the check after a
+// resubscription often meets a connection that is not usable yet, and a
+// missed result must be found while its record lives (ResultTTL).
+func (p *Producer[Req, Resp]) backstop() {
+	defer p.loops.Done()
+	t := time.NewTimer(p.opts.BackstopInterval)
+	defer t.Stop()
+	retry := time.Duration(0)
+	for {
+		select {
+		case <-p.lifetime.Done():
+			return
+		case <-t.C:
+		case <-p.kick:
+		}
+		next := p.opts.BackstopInterval
+		if err := p.checkWaiting(p.lifetime); err != nil && p.lifetime.Err() == nil {
+			p.slots.onError(err)
+			retry = min(max(2*retry, backstopRetry), p.opts.BackstopInterval)
+			next = retry
+			p.log.WarnContext(p.lifetime, "streamq: backstop check failed; will retry", "err", err, "retry_in", retry)
+		} else {
+			retry = 0
+		}
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+		t.Reset(next)
+	}
+}
+
+// backstopRetry is the first delay before a failed record check is tried again.
+const backstopRetry = 100 * time.Millisecond
+
+// checkWaiting reads the records of every waiting request and resolves those
+// that completed or vanished.
+func (p *Producer[Req, Resp]) checkWaiting(ctx context.Context) error {
+	byShard := make([][]string, len(p.shards))
+	for _, id := range p.waiters.appendedIDs() {
+		i := keys.ShardOf(id, len(p.shards))
+		byShard[i] = append(byShard[i], id)
+	}
+	for shard, ids := range byShard {
+		if err := p.checkRecords(ctx, p.shards[shard], ids); err != nil {
+			return err
+		}
+	}
+	// Progress notices lost with the subscription: the stored latest value,
+	// for the requests whose promises listen (none: nothing read).
+	for id, st := range p.waiters.progressListeners() {
+		if err := p.readProgress(ctx, id, st); err != nil && !errors.Is(err, redis.Nil) {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkRecords resolves the waiters of ids (all of one shard) whose records
+// show an outcome or vanished. MGET keeps to one slot: the keys share a tag.
+func (p *Producer[Req, Resp]) checkRecords(ctx context.Context, k keys.Keys, ids []string) error {
+	const chunk = 256
+	for len(ids) > 0 {
+		n := min(chunk, len(ids))
+		part := ids[:n]
+		ids = ids[n:]
+		names := make([]string, len(part))
+		for i, id := range part {
+			names[i] = k.Record(id)
+		}
+		vals, err := p.client.MGet(ctx, names...).Result()
+		if err != nil {
+			return err
+		}
+		for i, v := range vals {
+			s, ok := v.(string)
+			switch {
+			case !ok:
+				p.waiters.resolveLost(part[i], p.opts.InflightTTL)
+			case len(s) > 0 && s[0] != keys.RecordInflight:
+				p.waiters.resolveID(part[i], s)
+			}
+		}
+	}
+	return nil
+}
+
+// parseNotice splits a completion notice ("<len>:<id><len>:<record>"...) and
+// calls fn for each request.
+func parseNotice(s string, fn func(id, record string)) error {
+	next := func() (string, error) {
+		colon := -1
+		for i := 0; i < len(s) && i < 12; i++ {
+			if s[i] == ':' {
+				colon = i
+				break
+			}
+		}
+		if colon <= 0 {
+			return "", errors.New("missing length prefix")
+		}
+		n, err := strconv.Atoi(s[:colon])
+		if err != nil || n < 0 || colon+1+n > len(s) {
+			return "", fmt.Errorf("bad length %q", s[:colon])
+		}
+		v := s[colon+1 : colon+1+n]
+		s = s[colon+1+n:]
+		return v, nil
+	}
+	for len(s) > 0 {
+		id, err := next()
+		if err != nil {
+			return err
+		}
+		rec, err := next()
+		if err != nil {
+			return err
+		}
+		fn(id, rec)
+	}
+	return nil
+}
