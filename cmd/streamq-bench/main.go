@@ -75,14 +75,18 @@
 //
 // Output is a table; -json prints one JSON object per measured system (fields
 // scenario, system, n, seconds, jobs_per_sec, p50_ms, p99_ms, max_ms,
-// redis_cpu_us_per_job, redis_cmds_per_job, client_cpu_us_per_job, ...) and then one
+// redis_cpu_us_per_job, redis_cmds_per_job, client_cpu_us_per_job,
+// round_trips_per_job, ...) and then one
 // {"scenario":..., "ratio": streamq/baseline jobs_per_sec} line per scenario
 // (multi adds "vs_single_queue" to it, and a second line with "system":
 // "streamq-1q").
 // Redis CPU is the used_cpu_user+used_cpu_sys delta of INFO cpu; commands are
 // the delta of the INFO commandstats calls, which count commands run inside
 // Lua scripts too. Client CPU is this program's user+sys time (getrusage),
-// producers and consumers together. All are divided by the number of jobs.
+// producers and consumers together. Round trips count, on every connection
+// of the systems under test, each burst of writes that follows a read: one
+// command or one pipeline and its replies (a blocking read counts one). All
+// are divided by the number of jobs.
 //
 // The client and the server share the machine: absolute figures depend on it,
 // so compare the ratios measured in one run.
@@ -300,7 +304,7 @@ func (e *env) queue(scenario, system string) string {
 
 // client returns a new client, as a separate process would have.
 func (e *env) client(pool int) *redis.Client {
-	return redis.NewClient(&redis.Options{Addr: e.addr, PoolSize: max(pool, 20)})
+	return redis.NewClient(&redis.Options{Addr: e.addr, PoolSize: max(pool, 20), Dialer: countingDialer(nil)})
 }
 
 // meter returns a meter reading the server's counters.

@@ -37,6 +37,8 @@ type Result struct {
 	// Client-side cost: this program's CPU (user+sys, from getrusage) per
 	// job, producers and consumers together, Redis excluded.
 	ClientCPUUsPerJob float64 `json:"client_cpu_us_per_job"`
+	// Round trips per job on the system's connections (see roundTrips).
+	RoundTripsPerJob float64 `json:"round_trips_per_job"`
 
 	// Latency scenario, streamq only: from Produce to the handler's start.
 	PickupP50Ms float64 `json:"pickup_p50_ms,omitempty"`
@@ -138,6 +140,8 @@ type meter struct {
 	t0, t1 time.Time
 	// This process's CPU in microseconds at start and stop.
 	cpu0, cpu1 float64
+	// roundTrips at start and stop.
+	rt0, rt1 int64
 }
 
 // processCPUUs is the CPU this process used so far (user+sys), in µs.
@@ -155,12 +159,14 @@ func (m *meter) start(ctx context.Context) error {
 	m.before, err = snapshot(ctx, m.c)
 	m.t0 = time.Now()
 	m.cpu0 = processCPUUs()
+	m.rt0 = roundTrips.Load()
 	return err
 }
 
 func (m *meter) stop(ctx context.Context) error {
 	m.t1 = time.Now()
 	m.cpu1 = processCPUUs()
+	m.rt1 = roundTrips.Load()
 	var err error
 	m.after, err = snapshot(ctx, m.c)
 	return err
@@ -184,6 +190,7 @@ func (m *meter) result(scenario, system string, n int, latency string, lat []int
 		r.RedisCPUUsPerJob = (m.after.cpuUs - m.before.cpuUs) / float64(n)
 		r.RedisCmdsPerJob = float64(m.after.calls-m.before.calls) / float64(n)
 		r.ClientCPUUsPerJob = (m.cpu1 - m.cpu0) / float64(n)
+		r.RoundTripsPerJob = float64(m.rt1-m.rt0) / float64(n)
 	}
 	r.P50Ms, r.P99Ms, r.MaxMs = percentiles(lat)
 	if m.detail != nil {
@@ -327,8 +334,8 @@ type printer struct {
 
 func (p *printer) header() {
 	if !p.json {
-		fmt.Fprintf(p.w, "%-10s %-16s %8s %8s %11s %-14s %9s %9s %9s %10s %9s %10s\n",
-			"scenario", "system", "n", "seconds", "jobs/s", "latency", "p50 ms", "p99 ms", "max ms", "cpu us/job", "cmds/job", "cli us/job")
+		fmt.Fprintf(p.w, "%-10s %-16s %8s %8s %11s %-14s %9s %9s %9s %10s %9s %10s %8s\n",
+			"scenario", "system", "n", "seconds", "jobs/s", "latency", "p50 ms", "p99 ms", "max ms", "cpu us/job", "cmds/job", "cli us/job", "rt/job")
 	}
 }
 
@@ -342,9 +349,9 @@ func (p *printer) result(r Result) {
 	if latency == "" {
 		latency = "-"
 	}
-	fmt.Fprintf(p.w, "%-10s %-16s %8d %8.3f %11.0f %-14s %9.3f %9.3f %9.3f %10.2f %9.2f %10.2f\n",
+	fmt.Fprintf(p.w, "%-10s %-16s %8d %8.3f %11.0f %-14s %9.3f %9.3f %9.3f %10.2f %9.2f %10.2f %8.2f\n",
 		r.Scenario, r.System, r.N, r.Seconds, r.JobsPerSec, latency, r.P50Ms, r.P99Ms, r.MaxMs,
-		r.RedisCPUUsPerJob, r.RedisCmdsPerJob, r.ClientCPUUsPerJob)
+		r.RedisCPUUsPerJob, r.RedisCmdsPerJob, r.ClientCPUUsPerJob, r.RoundTripsPerJob)
 	if r.PickupP50Ms > 0 {
 		fmt.Fprintf(p.w, "%-10s %-16s pickup (Produce to handler start) p50 %.3f ms, p99 %.3f ms\n",
 			r.Scenario, r.System, r.PickupP50Ms, r.PickupP99Ms)
