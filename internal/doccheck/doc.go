@@ -14,15 +14,14 @@
 //     written into a directory of its own under a temporary directory inside
 //     the root module (named ".doccheck-*", so ./... never sees it) and all
 //     of them are checked with one `go vet`;
-//   - a complete file that imports a nested module, marked with
-//     <!-- module: DIR --> on the line above the fence: it is checked the same
-//     way inside the module in DIR (streamqdash, streamqotel, ...);
 //   - an excerpt, marked with <!-- excerpt: PATH [FUNC] --> on the line above
 //     the fence: every non-blank line of the block, leading white space
 //     ignored, must appear in that order in the function FUNC of the Go file
 //     PATH (relative to the repository root), or in the whole file without
 //     FUNC. A line "..." or "// ..." stands for omitted code. The excerpted
-//     file is itself compiled by `go vet ./...` of its module.
+//     file is itself compiled by `go vet ./...` of its module. Code that
+//     imports a nested module (streamqotel, streamqdash...) is shown this
+//     way: the root module cannot resolve those imports offline.
 //
 // A failure names the Markdown file and line of the link or block. Run them
 // with `go test ./internal/doccheck` (they are part of `make test`).

@@ -197,7 +197,7 @@ type compiled struct {
 // compiles: complete files with `go vet`, excerpts against their source.
 func TestGoBlocks(t *testing.T) {
 	root := repoRoot(t)
-	byModule := map[string][]compiled{} // module directory (relative to root) -> blocks
+	var files []compiled // complete files, vetted in the root module
 	blocks := 0
 	for _, f := range goBlockFiles(t, root) {
 		data, err := os.ReadFile(filepath.Join(root, f))
@@ -227,32 +227,15 @@ func TestGoBlocks(t *testing.T) {
 			case !IsFile(b.Code):
 				t.Errorf("%s: a Go block must be a complete file (starting with a package clause) or carry <!-- excerpt: PATH [FUNC] --> on the line above it", where)
 			default:
-				mod := "."
-				if m.Kind == "module" {
-					if len(m.Args) != 1 {
-						t.Errorf("%s: the marker is <!-- module: DIR -->, not <!-- %s -->", where, b.Marker)
-						continue
-					}
-					mod = filepath.Clean(m.Args[0])
-					if _, err := os.Stat(filepath.Join(root, mod, "go.mod")); err != nil {
-						t.Errorf("%s: %s has no go.mod", where, mod)
-						continue
-					}
-				}
-				byModule[mod] = append(byModule[mod], compiled{where: where, code: b.Code})
+				files = append(files, compiled{where: where, code: b.Code})
 			}
 		}
 	}
 	if blocks == 0 {
 		t.Fatal("no Go block found: is the test looking at the right files?")
 	}
-	mods := make([]string, 0, len(byModule))
-	for m := range byModule {
-		mods = append(mods, m)
-	}
-	sort.Strings(mods)
-	for _, mod := range mods {
-		for _, msg := range vetBlocks(t, filepath.Join(root, mod), byModule[mod]) {
+	if len(files) > 0 {
+		for _, msg := range vetBlocks(t, root, files) {
 			t.Error(msg)
 		}
 	}
@@ -260,7 +243,7 @@ func TestGoBlocks(t *testing.T) {
 }
 
 // vetBlocks writes each block into a directory of its own under a hidden
-// temporary directory of the module in modDir and runs one `go vet` over
+// temporary directory of the module in modDir (the root module) and runs one `go vet` over
 // them, offline. It returns the problems found, each naming the Markdown
 // file and line.
 func vetBlocks(t *testing.T, modDir string, blocks []compiled) []string {

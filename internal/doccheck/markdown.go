@@ -198,8 +198,8 @@ func CheckLink(root, path, target string, docs func(string) (Doc, error)) string
 
 // Marker is a parsed <!-- kind: args --> comment above a code block.
 type Marker struct {
-	Kind string   // "excerpt", "module" or "" (none)
-	Args []string // excerpt: path [func]; module: dir
+	Kind string   // "excerpt" or "" (none)
+	Args []string // path [func]
 }
 
 // ParseMarker reads a block's marker; a comment of another kind is ignored.
@@ -209,7 +209,7 @@ func ParseMarker(s string) Marker {
 		return Marker{}
 	}
 	kind = strings.TrimSpace(kind)
-	if kind != "excerpt" && kind != "module" {
+	if kind != "excerpt" {
 		return Marker{}
 	}
 	return Marker{Kind: kind, Args: strings.Fields(rest)}
