@@ -222,7 +222,7 @@ func TestGoBlocks(t *testing.T) {
 					fn = m.Args[1]
 				}
 				if i, msg := CheckExcerpt(b.Code, filepath.Join(root, filepath.FromSlash(m.Args[0])), fn); msg != "" {
-					t.Errorf("%s:%d: the excerpt differs from its source: %s", f, b.Line+1+max(i, 0), msg)
+					t.Errorf("%s:%d: the excerpt differs from its source: %s", f, b.Line+1+max(i, 0), strings.ReplaceAll(msg, root+string(filepath.Separator), ""))
 				}
 			case !IsFile(b.Code):
 				t.Errorf("%s: a Go block must be a complete file (starting with a package clause) or carry <!-- excerpt: PATH [FUNC] --> on the line above it", where)
