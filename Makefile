@@ -16,7 +16,7 @@ APT_GET := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninterac
 FUZZ_TARGETS := $(shell grep -ho '^func Fuzz[A-Za-z0-9_]*' *_test.go | cut -c6-)
 FUZZ_TIME ?= 4s
 
-.PHONY: test fuzz modcheck pin redis-server cc chromium bench quickstart
+.PHONY: test fuzz modcheck pin redis-server cc chromium bench quickstart doccheck
 
 ## test: vet and test the root module, then every nested module (a directory
 ## below the root with its own go.mod), check that the nested modules can be
@@ -86,6 +86,12 @@ cc:
 ## bench: run every benchmark scenario against a local redis-server.
 bench: redis-server
 	$(GO) run ./cmd/streamq-bench -scenario all
+
+## doccheck: check the Markdown files alone (part of `make test`, through
+## `go test ./...`): every relative link resolves, every Go block of
+## README.md and docs/ compiles (internal/doccheck).
+doccheck:
+	$(GO) test -count=1 ./internal/doccheck
 
 ## quickstart: run the quickstart example.
 quickstart:

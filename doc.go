@@ -16,7 +16,7 @@
 // are handler starts, kept by streamq itself, the same on every Redis 7.0+
 // server and on miniredis. A handler's Redis writes staged with
 // [Message.Tx] are applied exactly once per request, atomically with its
-// recorded outcome. README.md and RELIABILITY.md state the limits.
+// recorded outcome. docs/guarantees.md and docs/reliability.md state the limits.
 //
 // # Where to start
 //

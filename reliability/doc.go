@@ -7,7 +7,7 @@
 // producer's view of it.
 //
 // The short profile runs with plain `go test ./...`. The long one (minutes,
-// over 200,000 requests) runs with STREAMQ_RELIABILITY=long; see RELIABILITY.md
+// over 200,000 requests) runs with STREAMQ_RELIABILITY=long; see docs/reliability.md
 // at the repository root.
 //
 // The package has no API: it exists for its tests.

@@ -32,7 +32,7 @@ import (
 	"github.com/streamq/streamq/internal/redistest"
 )
 
-var update = flag.Bool("update", false, "rewrite the screenshots under ../docs with the browser tests' ones")
+var update = flag.Bool("update", false, "rewrite the screenshots under ../docs/images with the browser tests' ones")
 
 // chromiumPath finds a Chromium on PATH. Without one the test fails when CI
 // is set and is skipped otherwise.
@@ -185,7 +185,7 @@ func until(expr string) chromedp.Action[chromedp.Void] {
 }
 
 // screenshot takes a PNG of the whole page; with -update it is written to
-// ../docs/name (the README shows it), else to a temporary directory.
+// ../docs/images/name (the READMEs show it), else to a temporary directory.
 func (c *chrome) screenshot(name string) {
 	c.t.Helper()
 	sctx, cancel := context.WithTimeout(c.ctx, 30*time.Second)
@@ -196,7 +196,7 @@ func (c *chrome) screenshot(name string) {
 	require.NoError(c.t, err, "a PNG")
 	out := filepath.Join(c.t.TempDir(), name)
 	if *update {
-		out = filepath.Join("..", "docs", name)
+		out = filepath.Join("..", "docs", "images", name)
 		require.NoError(c.t, os.MkdirAll(filepath.Dir(out), 0o755))
 	}
 	require.NoError(c.t, os.WriteFile(out, shot, 0o644))
@@ -296,7 +296,7 @@ func seedStates(t *testing.T, client *redis.Client) states {
 // each lists the jobs seedStates left in that state, with relative and
 // absolute times, ids that do not wrap, and (on scheduled, retrying and
 // dead) a checkbox and buttons per row. It takes one screenshot per tab
-// (docs/dashboard-<tab>.png, and docs/dashboard.png of the default tab) and
+// (docs/images/dashboard-<tab>.png, and docs/images/dashboard.png of the default tab) and
 // checks that the chart has its axes and labels.
 func TestBrowserTabs(t *testing.T) {
 	c := newChrome(t)
