@@ -28,7 +28,7 @@ func entriesOf(t *testing.T, client *redis.Client, stream, id string) []string {
 }
 
 // TestAdminRequeueWhileTheIdRunsAgain is the case of the issue: an id ends in
-// the dead letters, is produced again with RetryFailed (as the README
+// the dead letters, is produced again with RetryFailed (as docs/producing.md
 // advises) and runs, and meanwhile the old dead letter is requeued. Before,
 // Requeue appended a second entry and overwrote the in-flight record: two
 // entries, three handler runs. Now it refuses with ErrRequeueInFlight, adds

@@ -76,7 +76,7 @@ var (
 	// ErrAccessDenied is returned by Consumer.Run when Redis refuses the
 	// client at start: no or wrong credentials (NOAUTH, WRONGPASS) or an ACL
 	// that does not allow a command or key the queue needs (NOPERM). The
-	// error names what was refused; README, Security, lists the ACL rules.
+	// error names what was refused; docs/operating.md ("Security") lists the ACL rules.
 	ErrAccessDenied = errors.New("streamq: Redis refused access")
 	// ErrLeaseLost is the cause of a handler context cancelled because another
 	// consumer claimed the message.

@@ -18,7 +18,7 @@ import (
 )
 
 // aclCommands is every command streamq sends, for the least-privilege rule in
-// README's Security section. Keep the two the same: TestSecurityLeastPrivilege
+// docs/operating.md's Security section. Keep the two the same: TestSecurityLeastPrivilege
 // runs the whole workload as a user allowed only these commands and fails on
 // any refusal. On a cluster, sharded pub/sub adds ssubscribe and spublish.
 var aclCommands = []string{

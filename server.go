@@ -142,6 +142,6 @@ func channelPermission(err error, queue string, shards int) error {
 	if err == nil || !strings.HasPrefix(err.Error(), "NOPERM") {
 		return err
 	}
-	return fmt.Errorf("the Redis user may not use the queue's notice channels: grant them with ACL SETUSER <user> %s (see README, Security): %w",
+	return fmt.Errorf("the Redis user may not use the queue's notice channels: grant them with ACL SETUSER <user> %s (see docs/operating.md, Security): %w",
 		keys.ChannelRule(queue, shards), err)
 }
