@@ -45,8 +45,14 @@ func (p *Producer[Req, Resp]) sendCoalesced(batch []*produceItem) {
 // full, and only full batches go in parallel, up to maxInflight. So a caller
 // never waits for more items to arrive, only for a round trip already under
 // way, and under load batches grow by themselves.
+//
+// Goroutines: maxInflight senders (coalescer.sender), started with the
+// coalescer, each sending one batch at a time. A caller's add wakes an idle
+// sender when its item can go, and a sender whose send returned takes what
+// waits itself: one hand-off from the caller to the goroutine that writes,
+// and a sender's stack stays grown from one send to the next. pending, busy
+// and closed are guarded by mu.
 type coalescer[T any] struct {
-	in          chan T
 	maxItems    int
 	maxBytes    int
 	maxInflight int
@@ -54,147 +60,146 @@ type coalescer[T any] struct {
 	size        func(T) int
 	send        func([]T)
 
-	sent chan struct{} // one token per finished send
-	done chan struct{} // closed when the loop has sent everything
+	mu      sync.Mutex
+	ready   sync.Cond // signalled when a batch can go, and on close; L is &mu
+	pending []T       // accepted and not yet taken by a sender, in order
+	bytes   int       // the size of pending
+	busy    int       // senders sending
+	closed  bool
+	filled  chan struct{} // capacity 1: a lingering sender's batch is full
+
+	senders sync.WaitGroup
 }
 
 func newCoalescer[T any](maxInflight, maxItems, maxBytes int, linger time.Duration, size func(T) int, send func([]T)) *coalescer[T] {
 	c := &coalescer[T]{
-		in:          make(chan T, maxItems*maxInflight),
 		maxItems:    maxItems,
 		maxBytes:    maxBytes,
 		maxInflight: maxInflight,
 		linger:      linger,
 		size:        size,
 		send:        send,
-		sent:        make(chan struct{}, maxInflight),
-		done:        make(chan struct{}),
+		filled:      make(chan struct{}, 1),
 	}
-	go c.loop()
+	c.ready.L = &c.mu
+	c.senders.Add(maxInflight)
+	for range maxInflight {
+		go c.sender()
+	}
 	return c
 }
 
-// close stops accepting items and returns once every accepted item was sent.
-// The caller guarantees that nobody sends on in after close.
-func (c *coalescer[T]) close() {
-	close(c.in)
-	<-c.done
+// add accepts v; it never blocks (the producer's byte budget bounds what
+// waits). It reports false once close has begun: v was not accepted.
+func (c *coalescer[T]) add(v T) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false
+	}
+	c.pending = append(c.pending, v)
+	c.bytes += c.size(v)
+	if c.full() {
+		select {
+		case c.filled <- struct{}{}:
+		default:
+		}
+	}
+	if c.goes() {
+		c.ready.Signal()
+	}
+	return true
 }
 
-// loop is the coalescer's only goroutine besides the sends it starts; it owns
-// carry and inflight.
-func (c *coalescer[T]) loop() {
-	defer close(c.done)
-	var (
-		carry    T
-		hasCarry bool
-		inflight int
-		closed   bool
-	)
-	defer func() {
-		for ; inflight > 0; inflight-- {
-			<-c.sent
-		}
-	}()
+// full reports whether pending fills a batch. mu is held.
+func (c *coalescer[T]) full() bool {
+	return len(c.pending) >= c.maxItems || c.bytes >= c.maxBytes
+}
+
+// goes reports whether a batch can be sent now: something waits, and
+// nothing is in flight, or the batch is full and a sender is free; or the
+// coalescer is closing. mu is held.
+func (c *coalescer[T]) goes() bool {
+	if len(c.pending) == 0 {
+		return false
+	}
+	return c.busy == 0 || c.closed || (c.full() && c.busy < c.maxInflight)
+}
+
+// close stops accepting items and returns once every accepted item was sent.
+func (c *coalescer[T]) close() {
+	c.mu.Lock()
+	c.closed = true
+	c.ready.Broadcast()
+	c.mu.Unlock()
+	select {
+	case c.filled <- struct{}{}: // a lingering sender stops lingering
+	default:
+	}
+	c.senders.Wait()
+}
+
+// sender sends batches until the coalescer is closed and nothing waits.
+func (c *coalescer[T]) sender() {
+	defer c.senders.Done()
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for {
-		var first T
-		if hasCarry {
-			first, hasCarry = carry, false
-		} else {
-			// Idle: wait for the first item, collecting finished sends meanwhile.
-			for !closed {
-				select {
-				case v, ok := <-c.in:
-					if !ok {
-						closed = true
-						continue
-					}
-					first = v
-				case <-c.sent:
-					inflight--
-					continue
-				}
-				break
-			}
-			if closed {
+		for !c.goes() {
+			if c.closed && len(c.pending) == 0 {
 				return
 			}
+			c.ready.Wait()
 		}
-		batch := []T{first}
-		bytes := c.size(first)
-		// add takes v into the batch, or keeps it for the next one when it
-		// would break the byte limit; it reports whether the batch is closed.
-		add := func(v T) bool {
-			if s := c.size(v); bytes+s > c.maxBytes {
-				carry, hasCarry = v, true
-				return true
-			} else {
-				bytes += s
-			}
-			batch = append(batch, v)
-			return len(batch) >= c.maxItems
-		}
-		full := hasCarry
-		// waiting takes what is already waiting.
-		waiting := func() {
-			for !full && !closed {
-				select {
-				case v, ok := <-c.in:
-					if !ok {
-						closed = true
-						continue
-					}
-					full = add(v)
-					continue
-				default:
-				}
-				break
-			}
-		}
-		waiting()
-		// Optional linger, for callers that ask for it.
-		if c.linger > 0 && !full && !closed {
+		if c.linger > 0 && !c.full() && !c.closed {
+			// Optional linger, for callers that ask for it: the batch waits
+			// for more items (or to be full) before it goes.
+			c.busy++ // others gather meanwhile, as behind a send
+			c.mu.Unlock()
 			t := time.NewTimer(c.linger)
-		linger:
-			for !full && !closed {
-				select {
-				case v, ok := <-c.in:
-					if !ok {
-						closed = true
-						break linger
-					}
-					full = add(v)
-				case <-t.C:
-					break linger
-				}
+			select {
+			case <-c.filled:
+			case <-t.C:
 			}
 			t.Stop()
+			c.mu.Lock()
+			c.busy--
 		}
-		// Group commit: while a send is in flight, gather until it returns.
-		for !full && !closed && inflight > 0 {
-			select {
-			case v, ok := <-c.in:
-				if !ok {
-					closed = true
-					continue
-				}
-				full = add(v)
-			case <-c.sent:
-				inflight--
-			}
+		batch := c.take()
+		c.busy++
+		if c.goes() {
+			c.ready.Signal() // what is left fills another batch
 		}
-		// The send returned while items waited in the channel: they go too.
-		waiting()
-		for inflight >= c.maxInflight {
-			<-c.sent
-			inflight--
-		}
-		inflight++
-		go func(b []T) {
-			c.send(b)
-			c.sent <- struct{}{}
-		}(batch)
+		c.mu.Unlock()
+		c.send(batch)
+		c.mu.Lock()
+		c.busy--
+		// Items that gathered during the send go next, from this sender;
+		// wake another only for what this one leaves.
 	}
+}
+
+// take removes the next batch from pending: at least one item, then items
+// while the batch stays within maxItems and maxBytes. mu is held.
+func (c *coalescer[T]) take() []T {
+	n, bytes := 1, c.size(c.pending[0])
+	for n < len(c.pending) && n < c.maxItems {
+		s := c.size(c.pending[n])
+		if bytes+s > c.maxBytes {
+			break
+		}
+		bytes += s
+		n++
+	}
+	batch := make([]T, n)
+	copy(batch, c.pending)
+	clear(c.pending[:n])
+	c.pending = c.pending[n:]
+	if len(c.pending) == 0 {
+		c.pending = nil // let the array go, or reuse it from the start
+	}
+	c.bytes -= bytes
+	return batch
 }
 
 // byteBudget bounds the bytes accepted but not yet sent.

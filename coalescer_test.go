@@ -28,10 +28,10 @@ func TestCoalescerSendsAtOnceAndBatchesWhatWaits(t *testing.T) {
 		mu.Unlock()
 		sent <- struct{}{}
 	})
-	c.in <- 0 // goes alone: nothing else is waiting
+	require.True(t, c.add(0)) // goes alone: nothing else is waiting
 	<-started
 	for i := 1; i <= 10; i++ {
-		c.in <- i
+		require.True(t, c.add(i))
 	}
 	close(release)
 	<-sent
@@ -45,9 +45,9 @@ func TestCoalescerRespectsLimits(t *testing.T) {
 	c := newCoalescer(1, 3, 10, 0, func(v int) int { return v }, func(b []int) {
 		batches = append(batches, append([]int(nil), b...))
 	})
-	// Fill the channel before the sender can run: close waits for all sends.
+	// Items may gather before the sender runs: close waits for all sends.
 	for _, v := range []int{1, 1, 1, 1, 6, 6, 2} {
-		c.in <- v
+		require.True(t, c.add(v))
 	}
 	c.close()
 	total := 0
@@ -68,8 +68,8 @@ func TestCoalescerLingerWaitsForMore(t *testing.T) {
 	c := newCoalescer(1, 100, 1<<20, 200*time.Millisecond, func(int) int { return 1 }, func(b []int) {
 		got <- append([]int(nil), b...)
 	})
-	c.in <- 1
-	c.in <- 2 // arrives within the linger
+	require.True(t, c.add(1))
+	require.True(t, c.add(2)) // arrives within the linger
 	require.Equal(t, []int{1, 2}, <-got)
 	c.close()
 }

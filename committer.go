@@ -2,12 +2,14 @@ package streamq
 
 // The per-shard committer.
 //
-// Goroutines: one committer loop per shard (committer.loop) and at most
-// maxTicks tick goroutines per shard at a time (committer.send). They own
-// every write the consumer makes to that shard on the hot path: start
-// charges, outcomes (results, dead letters, skips) and retries. Workers never
-// call Redis themselves; they queue requests here and wait only for the
-// answer to their own start.
+// Goroutines: maxTicks tick workers per shard (committer.work), one per lane.
+// They own every write the consumer makes to that shard on the hot path:
+// start charges, outcomes (results, dead letters, skips) and retries. Workers
+// never call Redis themselves; they queue requests here and wait only for the
+// answer to their own start. A free tick worker takes whatever is queued and
+// sends it as one tick, so a poke wakes the goroutine that writes, with no
+// dispatcher between them, and a tick worker's stack stays grown from one
+// tick to the next.
 
 import (
 	"errors"
@@ -48,33 +50,33 @@ const (
 	chargeStopped        // shutdown began before the start could be counted
 )
 
-// committer owns one shard's writes. Its queue (starts, outcomes) is guarded
-// by mu; everything else belongs to the loop and the ticks.
+// committer owns one shard's writes. Its queue (starts, outcomes) and the
+// counters below are guarded by mu; a tick's work belongs to the tick worker
+// that took it.
 type committer[Req, Resp any] struct {
 	r     *run[Req, Resp]
 	shard int
 	fixed completeFixed
-	lanes []*lane // the run's lanes (one per tick in flight), or nil
+	lanes []*lane // the run's lanes (one per tick worker), or nil
 
 	mu       sync.Mutex
 	starts   []*startReq
 	outcomes []*completion
 	closing  bool
 	fails    backoff // the back-off of failing ticks; reset by a success
+	// busy counts the ticks taken and not settled: in flight, or running
+	// what follows them (which may queue their work again after a failure).
+	busy  int
+	alive int // tick workers that have not returned
 
-	wake  chan struct{} // capacity 1: "the queue grew, a count was confirmed, or closing"
-	free  chan int      // capacity maxTicks: the lanes (or slots) free for a tick
-	ticks sync.WaitGroup
-	done  chan struct{} // closed when the loop has returned
+	wake chan struct{} // capacity 1: "the queue grew, a count was confirmed, a tick settled, or closing"
+	quit chan struct{} // closed once the committer is done: the tick workers return
+	done chan struct{} // closed when the last tick worker has returned
 }
 
 func newCommitter[Req, Resp any](r *run[Req, Resp], shard int, lanes []*lane) *committer[Req, Resp] {
-	c := &committer[Req, Resp]{r: r, shard: shard, fixed: r.completeFixedArgs(shard), lanes: lanes,
-		wake: make(chan struct{}, 1), free: make(chan int, maxTicks), done: make(chan struct{})}
-	for i := range maxTicks {
-		c.free <- i
-	}
-	return c
+	return &committer[Req, Resp]{r: r, shard: shard, fixed: r.completeFixedArgs(shard), lanes: lanes,
+		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
 }
 
 // poke wakes the loop. Workers queue outcomes without poking and poke before
@@ -103,8 +105,8 @@ func (c *committer[Req, Resp]) start(qs ...*startReq) {
 	c.poke()
 }
 
-// close makes the loop send what is queued and return once nothing is left
-// and no tick is in flight (or shutdown gave up: see abandon).
+// close makes the tick workers send what is queued and return once nothing
+// is left and no tick is in flight (or shutdown gave up: see abandon).
 func (c *committer[Req, Resp]) close() {
 	c.mu.Lock()
 	c.closing = true
@@ -117,6 +119,7 @@ func (c *committer[Req, Resp]) close() {
 // MaxCompleteBatch outcomes whose start count Redis has confirmed (an
 // outcome sent before that could overtake its start on another connection:
 // the start count's HDEL would run before its HSET and leave it behind).
+// A take that returns work counts it busy until settle.
 func (c *committer[Req, Resp]) take() ([]*startReq, []*completion, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -133,13 +136,41 @@ func (c *committer[Req, Resp]) take() ([]*startReq, []*completion, bool) {
 	}
 	clear(c.outcomes[len(keep):])
 	c.outcomes = keep
+	if len(starts) > 0 || len(outcomes) > 0 {
+		c.busy++
+	}
 	return starts, outcomes, c.closing
 }
 
-func (c *committer[Req, Resp]) idle() bool {
+// settle ends a tick taken by take, once what follows it is done, and wakes
+// a tick worker: outcomes may wait for the counts it confirmed, and a
+// closing committer looks again whether it is done.
+func (c *committer[Req, Resp]) settle() {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.starts) == 0 && len(c.outcomes) == 0
+	c.busy--
+	c.mu.Unlock()
+	c.poke()
+}
+
+// finished reports, while closing, whether the committer is done: nothing
+// queued and no tick unsettled, or shutdown's hard bound passed with no
+// tick unsettled (what is queued is then given up: abandon).
+func (c *committer[Req, Resp]) finished() bool {
+	c.mu.Lock()
+	if c.busy > 0 {
+		c.mu.Unlock()
+		return false // the tick's worker looks again when it settles
+	}
+	if len(c.starts) == 0 && len(c.outcomes) == 0 {
+		c.mu.Unlock()
+		return true
+	}
+	c.mu.Unlock()
+	if c.r.bg.Err() != nil {
+		c.abandon()
+		return true
+	}
+	return false
 }
 
 // abandon gives up on what is queued at shutdown's hard bound: the entries
@@ -164,58 +195,80 @@ func (c *committer[Req, Resp]) abandon() {
 // errGaveUp answers a start charge still queued when shutdown gave up.
 var errGaveUp = errors.New("streamq: shutdown gave up recording")
 
-// loop sends a tick whenever something can be sent and a lane is free: at
-// once when the shard is idle (no added latency), and gathering what arrives
-// meanwhile when it is busy (a group commit).
-func (c *committer[Req, Resp]) loop() {
-	defer close(c.done)
+// begin starts the tick workers, one per lane.
+func (c *committer[Req, Resp]) begin() {
+	c.alive = maxTicks
+	for lane := range maxTicks {
+		go c.work(lane)
+	}
+}
+
+// work is one tick worker: it sends a tick whenever something can be sent
+// and it is free: at once when the shard is idle (no added latency), and
+// gathering what arrived meanwhile when every worker was busy (a group
+// commit). What follows a tick runs in the worker when it is quick (forget
+// the recorded slots), else in a goroutine of its own, so that the lane is
+// free again: the fetcher's completion hook, or a back-off after a failure.
+func (c *committer[Req, Resp]) work(lane int) {
+	defer c.exit()
 	for {
-		c.mu.Lock()
-		closing := c.closing
-		c.mu.Unlock()
-		switch {
-		case !closing:
-			<-c.wake // after shutdown's hard bound too: no spinning on bg
-		case c.r.bg.Err() == nil:
+		starts, outcomes, closing := c.take()
+		if len(starts) > 0 || len(outcomes) > 0 {
+			after, slow := c.tick(lane, starts, outcomes)
+			if slow {
+				go func() {
+					after()
+					c.settle()
+				}()
+			} else {
+				after()
+				c.settle()
+			}
+			continue
+		}
+		if closing && c.finished() {
+			c.quitOnce()
+			return
+		}
+		if closing && c.r.bg.Err() == nil {
 			// Closing, with outcomes that may wait for a count: the hard
-			// bound must wake the loop to give up on them.
+			// bound must wake the worker to give up on them.
 			select {
 			case <-c.wake:
+			case <-c.quit:
+				return
 			case <-c.r.bg.Done():
 			}
+			continue
 		}
-		for {
-			lane := <-c.free
-			starts, outcomes, closing := c.take()
-			if len(starts) > 0 || len(outcomes) > 0 {
-				c.ticks.Add(1)
-				go c.send(lane, starts, outcomes)
-				continue
-			}
-			c.free <- lane
-			if closing {
-				c.ticks.Wait() // a failed tick may queue its work again
-				if c.idle() {
-					return
-				}
-				if c.r.bg.Err() != nil {
-					c.abandon()
-					return
-				}
-			}
-			break // wait for more, or for a start count that outcomes wait on
+		select { // after shutdown's hard bound too: no spinning on bg
+		case <-c.wake:
+		case <-c.quit:
+			return
 		}
 	}
 }
 
-// send runs one tick and what follows it: the slow parts (the fetcher's
-// completion hook, a back-off) run after the tick's lane is given back.
-func (c *committer[Req, Resp]) send(lane int, starts []*startReq, outcomes []*completion) {
-	defer c.ticks.Done()
-	after := c.tick(lane, starts, outcomes)
-	c.free <- lane
-	c.poke()
-	after()
+// quitOnce tells every tick worker to return.
+func (c *committer[Req, Resp]) quitOnce() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	select {
+	case <-c.quit:
+	default:
+		close(c.quit)
+	}
+}
+
+// exit counts a tick worker out; the last one closes done.
+func (c *committer[Req, Resp]) exit() {
+	c.mu.Lock()
+	c.alive--
+	last := c.alive == 0
+	c.mu.Unlock()
+	if last {
+		close(c.done)
+	}
 }
 
 // tick writes one pipelined round trip: the outcomes (one complete.lua call
@@ -230,8 +283,9 @@ func (c *committer[Req, Resp]) send(lane int, starts []*startReq, outcomes []*co
 // dies now) when the committer has lanes; their count is confirmed by the
 // reply (slot.counted), and sent again until it is. Starts with an owner
 // check wait for the reply. tick answers every start it carries and
-// returns what is left to do.
-func (c *committer[Req, Resp]) tick(li int, starts []*startReq, outcomes []*completion) (after func()) {
+// returns what is left to do, and whether that may take long (a fetcher's
+// completion hook, or a failure's back-off).
+func (c *committer[Req, Resp]) tick(li int, starts []*startReq, outcomes []*completion) (after func(), slow bool) {
 	r := c.r
 	o := &r.c.opts
 	k := r.c.shards[c.shard]
@@ -410,6 +464,8 @@ func (c *committer[Req, Resp]) tick(li int, starts []*startReq, outcomes []*comp
 		c.fails = backoff{}
 		c.mu.Unlock()
 	}
+	_, completer := o.Fetcher.(FetchCompleter)
+	slow = len(failed) > 0 || len(recount) > 0 || (len(recorded) > 0 && completer)
 	return func() {
 		if len(recorded) > 0 {
 			r.completed(recorded)
@@ -417,7 +473,7 @@ func (c *committer[Req, Resp]) tick(li int, starts []*startReq, outcomes []*comp
 		if len(failed) > 0 || len(recount) > 0 {
 			c.retry(failed, recount, failure)
 		}
-	}
+	}, slow
 }
 
 // retry queues outcomes and written-ahead starts again after a failed tick,

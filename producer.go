@@ -37,9 +37,8 @@ type Producer[Req, Resp any] struct {
 	// the coalescer channel or a setup attempt give up with ErrClosed.
 	closing chan struct{}
 
-	// mu guards closed, the sends on batcher.in and the Adds to batches. It is
-	// never held across Redis I/O, and a holder blocked on a send also watches
-	// closing, so Close takes it promptly.
+	// mu guards closed, the adds to batcher and the Adds to batches. It is
+	// never held across Redis I/O or a wait, so Close takes it promptly.
 	mu     sync.RWMutex
 	closed bool
 
@@ -363,21 +362,20 @@ func (p *Producer[Req, Resp]) submit(ctx context.Context, it *produceItem) (prod
 }
 
 // hand passes it to the coalescer, under the read lock that keeps Close from
-// closing the channel meanwhile.
+// closing the coalescer meanwhile.
 func (p *Producer[Req, Resp]) hand(ctx context.Context, it *produceItem) error {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	if p.closed {
 		return ErrClosed
 	}
-	select {
-	case p.batcher.in <- it:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-p.closing:
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if !p.batcher.add(it) {
 		return ErrClosed
 	}
+	return nil
 }
 
 // settle turns a produce outcome into a promise, which takes over the

@@ -133,7 +133,7 @@ func (r *run[Req, Resp]) begin(ctx context.Context) {
 			lanes = r.lanes[shard]
 		}
 		r.committers[shard] = newCommitter(r, shard, lanes)
-		go r.committers[shard].loop()
+		r.committers[shard].begin()
 	}
 	r.loops.Add(3)
 	go r.leaseLoop()
