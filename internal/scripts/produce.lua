@@ -54,6 +54,41 @@
 -- writes nothing, so it is answered under maxmemory too; otherwise its first
 -- write is a new id's XADD or record SET, which Redis refuses under maxmemory
 -- before anything is written.
+-- One item, now, not part of a batch, on the default level (the one-job
+-- path: KEYS are the stream, the record, the schedule and its data): the
+-- same steps as the general path below, without its set-up.
+if #KEYS == 4 and ARGV[2] == "0" and ARGV[5] == "0" then
+  local key = KEYS[2]
+  local prev = redis.pcall("GET", key)
+  if type(prev) ~= "string" then
+    prev = false -- none, or a key of another type (SET NX GET then fails)
+  end
+  if prev then
+    local c = string.sub(prev, 1, 1)
+    if not ((c == "E" or c == "L") and string.find(ARGV[6], "f", 1, true)) then
+      if c ~= "P" then
+        return {2, prev}
+      end
+      c = string.sub(prev, 2, 2)
+      return {1, (c == "@" or c == "&") and "" or string.sub(prev, 2)}
+    end
+  end
+  local eid = redis.call("XADD", KEYS[1], "*", "id", ARGV[3], "p", ARGV[4], unpack(ARGV, 8, 7 + tonumber(ARGV[7])))
+  if prev then
+    redis.call("SET", key, "P" .. eid, "PX", ARGV[1]) -- a stored failure, replaced (RetryFailed)
+    return {0, eid}
+  end
+  local r = redis.pcall("SET", key, "P" .. eid, "NX", "GET", "PX", ARGV[1])
+  if type(r) == "table" and r.err then
+    redis.call("XDEL", KEYS[1], eid)
+    if string.sub(r.err, 1, 9) ~= "WRONGTYPE" then
+      error(r)
+    end
+    return {-1, "key " .. key .. " holds a value that is not a streamq record"}
+  end
+  return {0, eid}
+end
+
 local ttl = tonumber(ARGV[1])
 local atomic = string.sub(ARGV[2], 1, 1) == "1"
 local leveled = string.sub(ARGV[2], 2, 2) == "L"
