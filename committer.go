@@ -12,8 +12,10 @@ package streamq
 // tick to the next.
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strconv"
 	"sync"
 	"time"
@@ -68,6 +70,9 @@ type committer[Req, Resp any] struct {
 	// what follows them (which may queue their work again after a failure).
 	busy  int
 	alive int // tick workers that have not returned
+	// quiet, while a feeder waits for the committer to have nothing queued
+	// or in flight (awaitQuiet), is closed (and dropped) when it has.
+	quiet chan struct{}
 
 	wake chan struct{} // capacity 1: "the queue grew, a count was confirmed, a tick settled, or closing"
 	quit chan struct{} // closed once the committer is done: the tick workers return
@@ -148,8 +153,41 @@ func (c *committer[Req, Resp]) take() ([]*startReq, []*completion, bool) {
 func (c *committer[Req, Resp]) settle() {
 	c.mu.Lock()
 	c.busy--
+	if c.quiet != nil && c.isQuiet() {
+		close(c.quiet)
+		c.quiet = nil
+	}
 	c.mu.Unlock()
 	c.poke()
+}
+
+// isQuiet reports whether nothing is queued or in flight. mu is held.
+func (c *committer[Req, Resp]) isQuiet() bool {
+	return c.busy == 0 && len(c.starts) == 0 && len(c.outcomes) == 0
+}
+
+// awaitQuiet waits until nothing is queued or in flight, at most bound, or
+// until ctx ends. It yields first, so that workers woken by the caller queue
+// their starts before it looks.
+func (c *committer[Req, Resp]) awaitQuiet(ctx context.Context, bound time.Duration) {
+	runtime.Gosched()
+	c.mu.Lock()
+	if c.isQuiet() {
+		c.mu.Unlock()
+		return
+	}
+	if c.quiet == nil {
+		c.quiet = make(chan struct{})
+	}
+	ch := c.quiet
+	c.mu.Unlock()
+	t := time.NewTimer(bound)
+	defer t.Stop()
+	select {
+	case <-ch:
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }
 
 // finished reports, while closing, whether the committer is done: nothing
@@ -243,6 +281,11 @@ func (c *committer[Req, Resp]) work(lane int) {
 		}
 		select { // after shutdown's hard bound too: no spinning on bg
 		case <-c.wake:
+			// Yield once before taking the queue: the workers woken with the
+			// one that poked (by a read that brought several entries, or by
+			// outcomes confirmed together) queue their starts first, and
+			// one tick carries them all instead of one tick each.
+			runtime.Gosched()
 		case <-c.quit:
 			return
 		}

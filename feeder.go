@@ -18,6 +18,12 @@ import (
 	"github.com/streamq/streamq/internal/scripts"
 )
 
+// shortReadPause bounds how long a feeder whose read came back short waits
+// for the shard's committer to be quiet before it reads again (see feed).
+// It is the most that a request arriving while the shard is busy waits
+// longer to be read; at idle a blocking read is already waiting for it.
+const shortReadPause = 2 * time.Millisecond
+
 // maxReadCount caps the COUNT of one read, claim or resume call.
 const maxReadCount = 1000
 
@@ -87,6 +93,14 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 			}
 			got, err = r.readNew(read, shard, n, max(block, time.Millisecond))
 			drained = err == nil && got == 0
+			if err == nil && got > 0 && got < n {
+				// A short read: the stream is drained. Before blocking
+				// again, let what it brought start and be recorded (up to
+				// shortReadPause): what arrives meanwhile then comes in
+				// one read, and its starts and outcomes in one tick each,
+				// instead of a read and two ticks per entry.
+				r.committers[shard].awaitQuiet(ctx, shortReadPause)
+			}
 			if full := got == n; err == nil && full != backlogged {
 				backlogged = full
 				r.ring.setBacklog(class, full) // only read with priority levels in use
