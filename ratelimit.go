@@ -116,9 +116,17 @@ func newLimiter[Req, Resp any](r *run[Req, Resp]) *limiter {
 	return l
 }
 
-// take waits for a token until ctx ends, and reports whether it got one.
-// Waiting is no failure and no delivery: the entry stays leased meanwhile.
-func (l *limiter) take(ctx context.Context) bool {
+// What take ended with.
+const (
+	tokenTaken   = iota // the worker holds a token
+	tokenPaused         // the queue was paused first
+	tokenStopped        // ctx ended first
+)
+
+// take waits for a token until ctx ends or paused closes, and tells which
+// came first. Waiting is no failure and no delivery: the entry stays leased
+// meanwhile.
+func (l *limiter) take(ctx context.Context, paused <-chan struct{}) int {
 	l.mu.Lock()
 	l.waiting++
 	l.mu.Unlock()
@@ -133,9 +141,11 @@ func (l *limiter) take(ctx context.Context) bool {
 	}()
 	select {
 	case <-l.tokens:
-		return true
+		return tokenTaken
+	case <-paused:
+		return tokenPaused
 	case <-ctx.Done():
-		return false
+		return tokenStopped
 	}
 }
 
@@ -219,17 +229,35 @@ func (l *limiter) loop() {
 	}
 }
 
-// mayStart waits until the queue is not paused and, with a RateLimit, for a
-// token; it reports false when Run's ctx ended first. A token taken while the
-// queue was paused meanwhile is dropped and another taken after resume, so a
-// pause holds even for workers waiting on a slow limit.
-func (r *run[Req, Resp]) mayStart(beforeWait func()) bool {
+// startGate is what mayStart decided about a slot.
+type startGate uint8
+
+const (
+	gateStart   startGate = iota // start it now
+	gateHeld                     // its queue is paused: it went back into the ring
+	gateStopped                  // Run's ctx ended
+)
+
+// mayStart decides whether a worker starts slot s now: when the queue is not
+// paused and, with a RateLimit, once the worker holds a token. A paused
+// queue's slot goes back into the ring (putBack), where it waits without
+// holding the worker, also when the pause comes while the worker waits for
+// a token (which is then dropped, as is a token that comes after the
+// pause). Only while a resume is being applied (the ring already open, the
+// gate not yet) does a worker wait at the gate. beforeWait runs before any
+// wait.
+func (r *run[Req, Resp]) mayStart(s *slot, beforeWait func()) startGate {
 	for {
-		if !r.pause.wait(r.runCtx, beforeWait) {
-			return false
+		if !r.pause.isOpen() {
+			if r.ring.putBack(s) {
+				return gateHeld
+			}
+			if !r.pause.wait(r.runCtx, beforeWait) {
+				return gateStopped
+			}
 		}
 		if r.limiter == nil {
-			return true
+			return gateStart
 		}
 		beforeWait()
 		if r.multi {
@@ -237,15 +265,18 @@ func (r *run[Req, Resp]) mayStart(beforeWait func()) bool {
 			// take other queues' slots meanwhile.
 			r.ring.addWaiting(r.queue, 1)
 		}
-		ok := r.limiter.take(r.runCtx)
+		got := r.limiter.take(r.runCtx, r.ring.pausing(r.queue))
 		if r.multi {
 			r.ring.addWaiting(r.queue, -1)
 		}
-		if !ok {
-			return false
+		switch {
+		case got == tokenStopped:
+			return gateStopped
+		case got == tokenTaken && r.pause.isOpen():
+			return gateStart
+		case r.ring.putBack(s):
+			return gateHeld
 		}
-		if r.pause.isOpen() {
-			return true
-		}
+		// Paused and resumed while the worker waited: wait again.
 	}
 }
