@@ -188,6 +188,7 @@ func (l *limiter) loop() {
 				return
 			}
 		}
+		sent := time.Now() // not after the server's now
 		res, err := scripts.RateLimit.Run(l.bg, l.client, []string{l.key},
 			l.interval.Microseconds(), l.burst, want, rateHorizon.Microseconds()).Int64Slice()
 		if err == nil && len(res) != 3 {
@@ -214,19 +215,50 @@ func (l *limiter) loop() {
 			continue
 		}
 		// The reply came after the server's now: waiting from here never
-		// uses a token before its time.
+		// uses a token before its time. A token is valid until (Burst-1)
+		// intervals after its time (counted from before the call, so never
+		// later than on the server's clock): one used later could join the
+		// tokens of the next moments, and the starts of a window W would
+		// exceed W*N/Per + Burst (a pool's limiter takes tokens for slots
+		// waiting in the ring, and a worker may be busy elsewhere at their
+		// time). A token nobody takes in time is dropped: the rate only
+		// drops.
 		start := time.Now()
+		late := time.Duration(l.burst-1) * l.interval
 		for i := range got {
-			if l.sleep(time.Until(start.Add(first + time.Duration(i)*l.interval))) {
+			at := first + time.Duration(i)*l.interval
+			if l.sleep(time.Until(start.Add(at))) {
 				return
 			}
-			select {
-			case l.tokens <- struct{}{}:
-			case <-l.stop:
+			if l.offer(sent.Add(at + late)) {
 				return
 			}
 		}
 	}
+}
+
+// offer hands one token to a waiting worker, trying until deadline (at
+// least once, without waiting), and reports whether stop came first. A
+// token nobody took is dropped.
+func (l *limiter) offer(deadline time.Time) (stopped bool) {
+	select {
+	case l.tokens <- struct{}{}:
+		return false
+	default:
+	}
+	d := time.Until(deadline)
+	if d <= 0 {
+		return false
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case l.tokens <- struct{}{}:
+	case <-t.C:
+	case <-l.stop:
+		return true
+	}
+	return false
 }
 
 // startGate is what mayStart decided about a slot.
