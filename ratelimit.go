@@ -178,6 +178,7 @@ func (l *limiter) sleep(d time.Duration) bool {
 func (l *limiter) loop() {
 	defer l.done()
 	var b backoff
+	var ltat time.Time // the theoretical arrival time of this limiter's hand-outs
 	for {
 		want := l.wanted()
 		if want == 0 {
@@ -223,42 +224,63 @@ func (l *limiter) loop() {
 		// waiting in the ring, and a worker may be busy elsewhere at their
 		// time). A token nobody takes in time is dropped: the rate only
 		// drops.
+		//
+		// The consumer's own hand-outs also keep the limit on its clock
+		// (ltat, GCRA as in ratelimit.lua): a token handed late, when this
+		// goroutine ran late, does not let the next one follow at once.
 		start := time.Now()
 		late := time.Duration(l.burst-1) * l.interval
 		for i := range got {
 			at := first + time.Duration(i)*l.interval
-			if l.sleep(time.Until(start.Add(at))) {
+			when := start.Add(at)
+			if e := ltat.Add(-late); when.Before(e) {
+				when = e
+			}
+			if l.sleep(time.Until(when)) {
 				return
 			}
-			if l.offer(sent.Add(at + late)) {
+			handed, stopped := l.offer(sent.Add(at + late))
+			if stopped {
 				return
+			}
+			if handed {
+				ltat = laterOf(ltat, time.Now()).Add(l.interval)
 			}
 		}
 	}
 }
 
 // offer hands one token to a waiting worker, trying until deadline (at
-// least once, without waiting), and reports whether stop came first. A
-// token nobody took is dropped.
-func (l *limiter) offer(deadline time.Time) (stopped bool) {
+// least once, without waiting), and reports whether a worker took it and
+// whether stop came first. A token nobody took is dropped.
+func (l *limiter) offer(deadline time.Time) (handed, stopped bool) {
 	select {
 	case l.tokens <- struct{}{}:
-		return false
+		return true, false
 	default:
 	}
 	d := time.Until(deadline)
 	if d <= 0 {
-		return false
+		return false, false
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case l.tokens <- struct{}{}:
+		return true, false
 	case <-t.C:
+		return false, false
 	case <-l.stop:
-		return true
+		return false, true
 	}
-	return false
+}
+
+// laterOf returns the later of a and b.
+func laterOf(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // startGate is what mayStart decided about a slot.
