@@ -12,6 +12,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
@@ -82,8 +83,37 @@ func (l *lane) dialer(dial func(ctx context.Context, network, addr string) (net.
 		l.mu.Lock()
 		l.cur = sc
 		l.mu.Unlock()
+		if sys, ok := conn.(syscall.Conn); ok {
+			// go-redis checks a pooled connection before it reuses it
+			// (a non-blocking peek of the socket, which finds the FIN of
+			// a connection the server closed), but only one that is a
+			// syscall.Conn: pass the socket through.
+			return &checkedConn{signalConn: sc, sys: sys}, nil
+		}
+		// The socket is hidden (TLS) or out of reach: the lane checks it
+		// itself before a tick's write counts (see live).
+		sc.probe, _ = transport(conn)
+		sc.ownCheck = true
 		return sc, nil
 	}
+}
+
+// transport returns the socket under conn, following NetConn (as *tls.Conn
+// gives it) a few levels down.
+func transport(conn net.Conn) (syscall.Conn, bool) {
+	for range 8 {
+		if sys, ok := conn.(syscall.Conn); ok {
+			return sys, true
+		}
+		u, ok := conn.(interface{ NetConn() net.Conn })
+		if !ok {
+			return nil, false
+		}
+		if conn = u.NetConn(); conn == nil {
+			return nil, false
+		}
+	}
+	return nil, false
 }
 
 // onConnect marks the connection being set up as ready once go-redis's
@@ -121,6 +151,15 @@ func (l *lane) disarm() (ran bool) {
 }
 
 // signalConn is a lane's connection.
+//
+// A tick may be signalled as written only when its bytes went to a live
+// connection: a socket whose peer closed it (CLIENT KILL, a restart, the
+// server's timeout, a load balancer) still takes a write, and the start
+// count it carries reaches nobody. For a plain socket go-redis's own check
+// before reuse sees to it (checkedConn passes the socket through); for a
+// socket under TLS the lane peeks at it before the tick's first write; a
+// connection with no socket to see is never signalled early (its ticks are
+// answered by their reply).
 type signalConn struct {
 	net.Conn
 	lane  *lane
@@ -129,15 +168,40 @@ type signalConn struct {
 	// handshake (HELLO, AUTH, SELECT and OnConnect read replies too; those
 	// reads must not count).
 	wrote atomic.Bool
+	// ownCheck is set when go-redis cannot check the connection: live
+	// peeks at probe, the socket under it (nil: none found).
+	ownCheck bool
+	probe    syscall.Conn
 }
 
 func (c *signalConn) Write(b []byte) (int, error) {
+	counts := c.ready.Load() && c.lane.armed.Load() != nil
+	if counts && c.ownCheck && !c.wrote.Load() && !c.live() {
+		counts = false // the reply will answer the tick
+	}
 	n, err := c.Conn.Write(b)
-	if err == nil && c.ready.Load() && c.lane.armed.Load() != nil {
+	if err == nil && counts {
 		c.wrote.Store(true)
 	}
 	return n, err
 }
+
+// live reports whether the socket under a connection go-redis does not
+// check is known to be open with nothing waiting in it (a TLS record there
+// may be the server's close_notify).
+func (c *signalConn) live() bool {
+	return c.probe != nil && peekSocket(c.probe) == socketIdle
+}
+
+// checkedConn is a lane's connection over a socket go-redis can check
+// before it reuses the connection.
+type checkedConn struct {
+	*signalConn
+	sys syscall.Conn
+}
+
+// SyscallConn gives go-redis's pool the socket, for its health check.
+func (c *checkedConn) SyscallConn() (syscall.RawConn, error) { return c.sys.SyscallConn() }
 
 func (c *signalConn) Read(b []byte) (int, error) {
 	if c.wrote.Load() {
@@ -147,3 +211,13 @@ func (c *signalConn) Read(b []byte) (int, error) {
 	}
 	return c.Conn.Read(b)
 }
+
+// socketState is what a peek at a socket found (peekSocket).
+type socketState uint8
+
+const (
+	socketUnknown socketState = iota // could not look
+	socketIdle                       // open, nothing to read
+	socketData                       // bytes wait to be read
+	socketClosed                     // the peer closed it, or it broke
+)

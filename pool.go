@@ -210,9 +210,8 @@ func (p *pool) work() {
 		default:
 			flush()
 			waited = true
-			select {
-			case <-s.ready:
-			case <-p.runCtx.Done():
+			if !p.awaitReady(s) {
+				continue // its queue was paused: the slot waits in the ring
 			}
 		}
 		if t, changed := p.ahead.took(waited && p.ring.binding()); changed {
@@ -242,9 +241,30 @@ func (p *pool) work() {
 		}
 		if q.process(s, flush) {
 			owe = next
-		}
-		if s.outcome != nil {
 			last[li] = s.outcome
+		}
+	}
+}
+
+// awaitReady waits for slot s's fetch, or for Run's ctx to end, and reports
+// true; it reports false when the slot's queue was paused first and the slot
+// went back into the ring, so that a paused queue's slow fetch does not hold
+// the worker (the fetch goes on; the slot is ready when taken again).
+func (p *pool) awaitReady(s *slot) bool {
+	for {
+		select {
+		case <-s.ready:
+			return true
+		case <-p.runCtx.Done():
+			return true
+		case <-p.ring.pausing(s.queue):
+			if p.ring.putBack(s) {
+				return false
+			}
+			if p.runCtx.Err() != nil {
+				return true
+			}
+			// Resumed meanwhile: pausing is a new channel.
 		}
 	}
 }

@@ -116,9 +116,17 @@ func newLimiter[Req, Resp any](r *run[Req, Resp]) *limiter {
 	return l
 }
 
-// take waits for a token until ctx ends, and reports whether it got one.
-// Waiting is no failure and no delivery: the entry stays leased meanwhile.
-func (l *limiter) take(ctx context.Context) bool {
+// What take ended with.
+const (
+	tokenTaken   = iota // the worker holds a token
+	tokenPaused         // the queue was paused first
+	tokenStopped        // ctx ended first
+)
+
+// take waits for a token until ctx ends or paused closes, and tells which
+// came first. Waiting is no failure and no delivery: the entry stays leased
+// meanwhile.
+func (l *limiter) take(ctx context.Context, paused <-chan struct{}) int {
 	l.mu.Lock()
 	l.waiting++
 	l.mu.Unlock()
@@ -133,9 +141,11 @@ func (l *limiter) take(ctx context.Context) bool {
 	}()
 	select {
 	case <-l.tokens:
-		return true
+		return tokenTaken
+	case <-paused:
+		return tokenPaused
 	case <-ctx.Done():
-		return false
+		return tokenStopped
 	}
 }
 
@@ -168,6 +178,7 @@ func (l *limiter) sleep(d time.Duration) bool {
 func (l *limiter) loop() {
 	defer l.done()
 	var b backoff
+	var ltat time.Time // the theoretical arrival time of this limiter's hand-outs
 	for {
 		want := l.wanted()
 		if want == 0 {
@@ -178,6 +189,7 @@ func (l *limiter) loop() {
 				return
 			}
 		}
+		sent := time.Now() // not after the server's now
 		res, err := scripts.RateLimit.Run(l.bg, l.client, []string{l.key},
 			l.interval.Microseconds(), l.burst, want, rateHorizon.Microseconds()).Int64Slice()
 		if err == nil && len(res) != 3 {
@@ -204,32 +216,102 @@ func (l *limiter) loop() {
 			continue
 		}
 		// The reply came after the server's now: waiting from here never
-		// uses a token before its time.
+		// uses a token before its time. A token is valid until (Burst-1)
+		// intervals after its time (counted from before the call, so never
+		// later than on the server's clock): one used later could join the
+		// tokens of the next moments, and the starts of a window W would
+		// exceed W*N/Per + Burst (a pool's limiter takes tokens for slots
+		// waiting in the ring, and a worker may be busy elsewhere at their
+		// time). A token nobody takes in time is dropped: the rate only
+		// drops.
+		//
+		// The consumer's own hand-outs also keep the limit on its clock
+		// (ltat, GCRA as in ratelimit.lua): a token handed late, when this
+		// goroutine ran late, does not let the next one follow at once.
 		start := time.Now()
+		late := time.Duration(l.burst-1) * l.interval
 		for i := range got {
-			if l.sleep(time.Until(start.Add(first + time.Duration(i)*l.interval))) {
+			at := first + time.Duration(i)*l.interval
+			when := start.Add(at)
+			if e := ltat.Add(-late); when.Before(e) {
+				when = e
+			}
+			if l.sleep(time.Until(when)) {
 				return
 			}
-			select {
-			case l.tokens <- struct{}{}:
-			case <-l.stop:
+			handed, stopped := l.offer(sent.Add(at + late))
+			if stopped {
 				return
+			}
+			if handed {
+				ltat = laterOf(ltat, time.Now()).Add(l.interval)
 			}
 		}
 	}
 }
 
-// mayStart waits until the queue is not paused and, with a RateLimit, for a
-// token; it reports false when Run's ctx ended first. A token taken while the
-// queue was paused meanwhile is dropped and another taken after resume, so a
-// pause holds even for workers waiting on a slow limit.
-func (r *run[Req, Resp]) mayStart(beforeWait func()) bool {
+// offer hands one token to a waiting worker, trying until deadline (at
+// least once, without waiting), and reports whether a worker took it and
+// whether stop came first. A token nobody took is dropped.
+func (l *limiter) offer(deadline time.Time) (handed, stopped bool) {
+	select {
+	case l.tokens <- struct{}{}:
+		return true, false
+	default:
+	}
+	d := time.Until(deadline)
+	if d <= 0 {
+		return false, false
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case l.tokens <- struct{}{}:
+		return true, false
+	case <-t.C:
+		return false, false
+	case <-l.stop:
+		return false, true
+	}
+}
+
+// laterOf returns the later of a and b.
+func laterOf(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// startGate is what mayStart decided about a slot.
+type startGate uint8
+
+const (
+	gateStart   startGate = iota // start it now
+	gateHeld                     // its queue is paused: it went back into the ring
+	gateStopped                  // Run's ctx ended
+)
+
+// mayStart decides whether a worker starts slot s now: when the queue is not
+// paused and, with a RateLimit, once the worker holds a token. A paused
+// queue's slot goes back into the ring (putBack), where it waits without
+// holding the worker, also when the pause comes while the worker waits for
+// a token (which is then dropped, as is a token that comes after the
+// pause). Only while a resume is being applied (the ring already open, the
+// gate not yet) does a worker wait at the gate. beforeWait runs before any
+// wait.
+func (r *run[Req, Resp]) mayStart(s *slot, beforeWait func()) startGate {
 	for {
-		if !r.pause.wait(r.runCtx, beforeWait) {
-			return false
+		if !r.pause.isOpen() {
+			if r.ring.putBack(s) {
+				return gateHeld
+			}
+			if !r.pause.wait(r.runCtx, beforeWait) {
+				return gateStopped
+			}
 		}
 		if r.limiter == nil {
-			return true
+			return gateStart
 		}
 		beforeWait()
 		if r.multi {
@@ -237,15 +319,18 @@ func (r *run[Req, Resp]) mayStart(beforeWait func()) bool {
 			// take other queues' slots meanwhile.
 			r.ring.addWaiting(r.queue, 1)
 		}
-		ok := r.limiter.take(r.runCtx)
+		got := r.limiter.take(r.runCtx, r.ring.pausing(r.queue))
 		if r.multi {
 			r.ring.addWaiting(r.queue, -1)
 		}
-		if !ok {
-			return false
+		switch {
+		case got == tokenStopped:
+			return gateStopped
+		case got == tokenTaken && r.pause.isOpen():
+			return gateStart
+		case r.ring.putBack(s):
+			return gateHeld
 		}
-		if r.pause.isOpen() {
-			return true
-		}
+		// Paused and resumed while the worker waited: wait again.
 	}
 }

@@ -106,6 +106,11 @@ type ringQueue struct {
 	// assumed (Run's start), and the queue keeps its place among the
 	// backlogged ones (classRoom).
 	pauseRead bool
+	// pausing is closed while paused is set (a new one is made when it is
+	// cleared): a worker waiting for one of the queue's slots (its fetch,
+	// its rate-limit token) gives the slot back when it closes. Guarded
+	// by qmu.
+	pausing chan struct{}
 }
 
 // slotQueue is one class's queue of slots, in push order.
@@ -135,6 +140,7 @@ func newSharedRing(depth, shards, queues int) *ring {
 		out: make([]int, queues*numLevels), backlog: make([]int, queues*numLevels), qorder: make([]int, queues)}
 	for i := range r.qs {
 		r.qs[i].weight = 1
+		r.qs[i].pausing = make(chan struct{})
 		r.qorder[i] = i
 	}
 	if queues > 1 {
@@ -584,13 +590,51 @@ func (r *ring) setPausedState(qi int, paused, read bool) {
 	q.paused = paused
 	if paused {
 		r.paused++
+		close(q.pausing)
 	} else {
 		r.paused--
+		q.pausing = make(chan struct{})
 	}
 	r.setHeld(was, q.paused || q.waiting > 0)
 	r.qmu.Unlock()
 	r.signalLocked()
 	r.mu.Unlock()
+}
+
+// pausing returns a channel closed while queue qi is paused (see
+// putBack).
+func (r *ring) pausing(qi int) <-chan struct{} {
+	r.qmu.Lock()
+	defer r.qmu.Unlock()
+	return r.qs[qi].pausing
+}
+
+// putBack returns a slot a worker took, and will not start now because its
+// queue is paused, to the head of its class, and reports whether it did: a
+// paused queue's slots wait in the ring, not in a worker. It does nothing
+// (false) when the queue is not paused (resumed meanwhile: the worker goes
+// on with the slot) or the ring is closed (the worker drains it). The slot
+// keeps its place in the budget, as it did in the worker.
+func (r *ring) putBack(s *slot) bool {
+	r.qmu.Lock()
+	defer r.qmu.Unlock()
+	rq := &r.qs[s.queue]
+	if !rq.paused || r.closed {
+		return false
+	}
+	q := &rq.q[s.level]
+	if q.n == len(q.buf) {
+		q.resize(max(ringMinCap, 2*len(q.buf)))
+	}
+	q.head = (q.head - 1 + len(q.buf)) % len(q.buf)
+	q.buf[q.head] = s
+	q.n++
+	rq.n++
+	r.n++
+	if s.level != levelNormal {
+		rq.mixed = true
+	}
+	return true // held: no worker can take it until Resume
 }
 
 // addWaiting counts a worker that starts (delta 1) or stops (-1) waiting

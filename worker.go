@@ -31,6 +31,8 @@ func (r *run[Req, Resp]) drain(s *slot) {
 // committer. flush pokes the committer of the worker's previous outcome; it
 // runs before anything that waits (the pause gate, a rate-limit token). It
 // reports whether an outcome was queued without a poke (the worker owes it).
+// When it reports false the slot is no longer the worker's (it may be back in
+// the ring, taken by another worker).
 func (r *run[Req, Resp]) process(s *slot, flush func()) (owed bool) {
 	if s.isLost() {
 		r.forget(s)
@@ -50,9 +52,13 @@ func (r *run[Req, Resp]) process(s *slot, flush func()) (owed bool) {
 		r.handOff(&completion{s: s, code: keys.RecordFailed, value: []byte(s.meta.flowFailed)})
 		return true
 	}
-	// Wait while the queue is paused, then for a rate-limit token: neither
-	// counts as a delivery, and the entry stays leased meanwhile.
-	if !r.mayStart(flush) {
+	// A paused queue's slot goes back into the ring; then wait for a
+	// rate-limit token: neither counts as a delivery, and the entry stays
+	// leased meanwhile.
+	switch r.mayStart(s, flush) {
+	case gateHeld:
+		return false
+	case gateStopped:
 		r.drain(s)
 		return false
 	}

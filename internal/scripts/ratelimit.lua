@@ -10,8 +10,9 @@
 -- each with the moment it may be used: one call serves several starts, and
 -- a caller never starts one early, so in any window of W microseconds at
 -- most W/T + B tokens are used, however many consumers share the key.
--- Tokens granted and never used (the consumer stopped) are lost: the rate
--- only drops.
+-- Tokens granted and never used (the consumer stopped, or no worker was
+-- waiting for one by (B-1)*T after its time: a later use could join the
+-- next moments' tokens and exceed the bound) are lost: the rate only drops.
 --
 -- KEYS[1]  the limit's key (a string: the TAT)
 -- ARGV[1]  T, the emission interval in microseconds (>= 1)
