@@ -335,6 +335,9 @@ func (a *Admin) Cancel(ctx context.Context, id string) error {
 		return fmt.Errorf("streamq: cancel %q: read the answering group: %w", id, err)
 	}
 	msg := "canceled by Admin.Cancel at " + time.Now().UTC().Format(time.RFC3339Nano)
+	if a.beforeCancel != nil {
+		a.beforeCancel()
+	}
 	res, err := a.cancel(ctx, k, id, answering, parent, msg, false)
 	if err != nil {
 		return err
