@@ -907,6 +907,8 @@ func TestProgressOfAnEarlierRunDoesNotReachANewRequest(t *testing.T) {
 			q := NewQueue[string, string](queueName(t))
 			k, _ := keys.New(q.Name())
 			gate := make(chan struct{})
+			var opened sync.Once
+			open := func() { opened.Do(func() { close(gate) }) }
 			var runs atomic.Int64
 			o := fastOpts(t, "c1", 2*time.Second)
 			o.ResultTTL = time.Hour
@@ -922,6 +924,7 @@ func TestProgressOfAnEarlierRunDoesNotReachANewRequest(t *testing.T) {
 			}, o)
 			require.NoError(t, err)
 			runConsumer(t, c)
+			t.Cleanup(open) // before the consumer stops
 			p := newStringProducer(t, client, q.Name())
 			pr, err := p.Produce(ctx, "job", "x")
 			require.NoError(t, err)
@@ -944,7 +947,7 @@ func TestProgressOfAnEarlierRunDoesNotReachANewRequest(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, JobRunning, info.State)
 			require.Nil(t, info.Progress, "Admin.Job shows the earlier run's progress")
-			close(gate)
+			open()
 			_, err = waitFor(t, pr2)
 			require.NoError(t, err)
 			for v := range ch {

@@ -29,12 +29,25 @@ const MaxProgressBytes = 64 << 10
 // order (each carries the next sequence number of the request, and a
 // producer drops a value older than one it has). A message whose record no
 // longer names its entry (the request completed, or another consumer's copy
-// runs now) stores nothing and returns nil. A fan-out group's handler
-// reports nothing. A nil ctx panics.
+// runs now) stores nothing and returns nil; so does a call made after the
+// handler returned (from a goroutine of its), and the handler's return
+// waits for a call still running. A fan-out group's handler reports
+// nothing. A nil ctx panics.
 func (m *Message[Req]) Progress(ctx context.Context, v any) error {
 	mustContext(ctx, "Message.Progress")
 	if m.link == nil {
 		return nil // built by hand (a test): nowhere to report
+	}
+	if st := m.st; st != nil {
+		st.reports.RLock()
+		defer st.reports.RUnlock()
+		st.mu.Lock()
+		done := st.done
+		st.mu.Unlock()
+		if done {
+			return nil // the outcome is on its way: nothing to report to
+		}
+		st.reported.Store(true)
 	}
 	return m.link.progress(ctx, m.shard, m.ID, m.EntryID, v)
 }

@@ -68,9 +68,9 @@ const (
 // same message applied, since Redis does not roll back: the dead letter's
 // error says how many.
 //
-// A Tx is safe for use by several goroutines of its handler (call
-// Message.Tx once before sharing it: Message.Tx itself is not); staging
-// after the handler returned fails with ErrTxClosed.
+// A Tx and Message.Tx are safe for use by several goroutines of its
+// handler; staging after the handler returned fails with ErrTxClosed, also
+// through a Tx that Message.Tx first returned after that.
 type Tx struct {
 	shard    *txShard
 	template bool // a shard's shared template: never staged into
@@ -113,6 +113,16 @@ func newTxShards(shards []keys.Keys, cluster bool) []*Tx {
 // stages and validates, allows any key, and is never applied: read it back
 // with Commands.
 func (m *Message[Req]) Tx() *Tx {
+	if st := m.st; st != nil {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		if st.tx == nil {
+			// First used after the handler returned (from a goroutine of
+			// its), it is closed: every staging fails with ErrTxClosed.
+			st.tx = &Tx{shard: m.tx.shard, closed: st.done}
+		}
+		return st.tx
+	}
 	switch {
 	case m.tx == nil:
 		m.tx = &Tx{}
@@ -120,6 +130,20 @@ func (m *Message[Req]) Tx() *Tx {
 		m.tx = &Tx{shard: m.tx.shard}
 	}
 	return m.tx
+}
+
+// finish marks the handler of the message as returned: it waits for
+// Progress calls running now, then closes the Tx. It returns the Tx when the
+// handler staged writes (else nil), and whether the delivery reported
+// progress.
+func (st *msgState) finish() (tx *Tx, reported bool) {
+	st.reports.Lock()
+	st.mu.Lock()
+	st.done = true
+	tx = st.tx
+	st.mu.Unlock()
+	st.reports.Unlock()
+	return tx.close(), st.reported.Load()
 }
 
 // Key returns the name of a key in the slot of the message's queue (or

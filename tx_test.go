@@ -699,7 +699,7 @@ func TestTxCountersCheckedAsRedisParsesThem(t *testing.T) {
 		"underflow": {"1e-5000", incrByFloat(1)}, "empty": {"", incrByFloat(1)}, "nan-paren": {"nan(1)", incrByFloat(1)},
 		"inf-increment": {"1", incrByFloat(math.Inf(1))}, "nan-increment": {"1", incrByFloat(math.NaN())},
 		"hash-trailing-space": {"5 ", hincrByFloat},
-		"int-too-big": {"99999999999999999999", incrBy(1)}, "int-below-min": {"-9223372036854775809", incrBy(1)},
+		"int-too-big":         {"99999999999999999999", incrBy(1)}, "int-below-min": {"-9223372036854775809", incrBy(1)},
 		"int-hex": {"0x10", incrBy(1)},
 	}
 	accepted := map[string]tc{
