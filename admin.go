@@ -21,7 +21,7 @@ type Admin struct {
 	queue    string
 	opts     AdminOptions
 	serverOK atomic.Bool // checkServer passed
-	// beforeCancel, when set (tests), runs in Cancel right before cancel.lua.
+	// beforeCancel, when set (tests), runs right before each cancel.lua call.
 	beforeCancel func()
 }
 

@@ -831,11 +831,14 @@ func TestFlowCancelRacingARetryCountsTheChild(t *testing.T) {
 	a, err := q.NewAdmin(client, nil)
 	require.NoError(t, err)
 	k, _ := keys.New(q.Name())
+	var moved sync.Once
 	a.beforeCancel = func() {
-		close(release)
-		eventually(t, 10*time.Second, func() bool {
-			return strings.HasPrefix(client.Get(ctx, k.Record("rc-child")).Val(), "P@")
-		}, "the child was not put in the retry set")
+		moved.Do(func() {
+			close(release)
+			eventually(t, 10*time.Second, func() bool {
+				return strings.HasPrefix(client.Get(ctx, k.Record("rc-child")).Val(), "P@")
+			}, "the child was not put in the retry set")
+		})
 	}
 	require.NoError(t, a.Cancel(ctx, "rc-child"))
 	got := client.HGet(ctx, k.Flow("rc-parent"), "k:"+k.Record("rc-child")).Val()
