@@ -251,7 +251,7 @@ func (a *Admin) Forget(ctx context.Context, id string, force bool) error {
 		f = "1"
 	}
 	res, err := scripts.Forget.Run(ctx, a.client, []string{k.Record(id), k.Stream, k.Starts(t.group), k.Schedule, k.ScheduleData, k.Retry,
-		k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow])}, t.group, f, id).StringSlice()
+		k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow]), k.Progress(id)}, t.group, f, id).StringSlice()
 	if err != nil {
 		return fmt.Errorf("streamq: forget %q in %s: %w", id, a.queue, err)
 	}
@@ -352,7 +352,7 @@ func (a *Admin) cancel(ctx context.Context, k keys.Keys, id, group, parent, msg 
 		q = "q"
 	}
 	for attempt := 0; ; attempt++ {
-		keyList := []string{k.Record(id), k.Schedule, k.ScheduleData, k.Counts, k.Retry, k.Stream, k.Flow(id)}
+		keyList := []string{k.Record(id), k.Schedule, k.ScheduleData, k.Counts, k.Retry, k.Stream, k.Flow(id), k.Progress(id)}
 		if rec, stream, ok := keys.FlowParent(parent); ok {
 			keyList = append(keyList, parent, rec, stream)
 		}

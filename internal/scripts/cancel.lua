@@ -23,7 +23,7 @@
 -- nested parent waiting for its children, in its entry while queued), so a
 -- request that moved between the caller's reads and this step still counts:
 -- when it is not the parent the caller named (ARGV[8], with its keys as
--- KEYS[8..10]), the script changes nothing and returns it, and the caller
+-- KEYS[9..11]), the script changes nothing and returns it, and the caller
 -- runs it again naming that parent.
 --
 -- KEYS[1]      the record
@@ -33,7 +33,8 @@
 -- KEYS[5]      the retry set (sorted set)
 -- KEYS[6]      the stream
 -- KEYS[7]      the request's own flow hash (a nested flow's parent)
--- KEYS[8..10]  optional: the flow hash, record and stream of the parent
+-- KEYS[8]      the request's progress key: it expires with the record
+-- KEYS[9..11]  optional: the flow hash, record and stream of the parent
 --              named in ARGV[8] (absent when ARGV[8] is "" or no flow hash
 --              of streamq's)
 -- ARGV[1]      the request id
@@ -114,10 +115,11 @@ else
 end
 local outcome = "C" .. ARGV[5]
 redis.call("SET", KEYS[1], outcome, "PX", ARGV[2])
+redis.call("PEXPIRE", KEYS[8], ARGV[2])
 redis.call(ARGV[4], ARGV[3], #ARGV[1] .. ":" .. ARGV[1] .. #outcome .. ":" .. outcome)
-if parent ~= "" and KEYS[8] then
-  if childDone(KEYS[8], KEYS[1], outcome) then
-    release(KEYS[8], KEYS[9], KEYS[10])
+if parent ~= "" and KEYS[9] then
+  if childDone(KEYS[9], KEYS[1], outcome) then
+    release(KEYS[9], KEYS[10], KEYS[11])
   end
 end
 return {2, cur}

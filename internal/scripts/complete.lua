@@ -71,7 +71,10 @@
 -- KEYS[4+n+3c]     the history hash of the hour of ARGV[7] (n: the number of items)
 -- KEYS[5+n+3c]     the group's start-count hash (see charge.lua): completed ids are
 --                  removed from it
--- KEYS[6+n+3c ..] the keys of the staged writes, if any (declared for a cluster)
+-- KEYS[6+n+3c ..] the progress keys of the items listed after "~" in ARGV[9], in
+--                  that order (p: their number): each expires with its item's
+--                  record (PEXPIRE to the record TTL) when the outcome is recorded
+-- KEYS[6+n+3c+p ..] the keys of the staged writes, if any (declared for a cluster)
 -- ARGV[1]          consumer group
 -- ARGV[2]          notification channel
 -- ARGV[3]          record TTL in milliseconds
@@ -86,9 +89,14 @@
 --                  answering group. Then, for the answering group, ":<i>,<j>,..."
 --                  when items i, j, ... are children of flows (entry field "pa"):
 --                  each one's first outcome is recorded in its flow hash too, and
---                  the last child's releases the parent in this same step; and
---                  "/<m>" when the last m ARGV are the staged writes. A call
---                  without children or staged writes carries no extra key or
+--                  the last child's releases the parent in this same step;
+--                  "~<i>,<j>,..." when items i, j, ... have a progress key to
+--                  expire with their record (a delivery that reported progress,
+--                  or a redelivery: an earlier one may have); "+<e>" when e ARGV
+--                  follow the items: pairs of an item index and the item's flow
+--                  fields ("pa", "fp", "ff"; length-prefixed), which its dead
+--                  letter keeps; and "/<m>" when the last m ARGV are the staged
+--                  writes. A call without any of them carries no extra key or
 --                  argument: "0" or "1".
 -- ARGV[10+6(i-1) .. 15+6(i-1)]  item i: entry id, request id, code, value, payload, deliveries
 --   code "R": value is the encoded response
@@ -96,7 +104,8 @@
 --   code "L": value is an error message; the item is also appended to the dead-letter
 --             stream, unless the request already had an outcome
 --   code "S": acknowledge only (an entry requeued for another group)
--- ARGV[10+6n ..]   staged writes, per item that has them: the item's index, its number
+-- ARGV[10+6n ..]   the items' flow fields ("+<e>" above), then the staged
+--                  writes, per item that has them: the item's index, its number
 --                  of commands, then per command: a header (the key type it needs: s
 --                  string, h hash, S set, l list, z zset, x stream, = any then string,
 --                  - any then none, . any unchanged; then where its keys are: F the
@@ -109,20 +118,23 @@
 -- the error that made it a dead letter (a staged write refused). An error reply,
 -- before any write, when the dead-letter key holds another type.
 local group, channel, ttl, store = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == "1"
-local flag, txlen, children = ARGV[9], 0, nil
+local flag, txlen, extralen, children, progressed = ARGV[9], 0, 0, nil, nil
 if #flag > 1 then
-  local slash = string.find(flag, "/", 1, true)
-  if slash then
-    txlen = tonumber(string.sub(flag, slash + 1))
-    flag = string.sub(flag, 1, slash - 1)
-  end
-  if #flag > 1 then
-    children = string.sub(flag, 3)
+  for mark, v in string.gmatch(string.sub(flag, 2), "([:~+/])([%d,]*)") do
+    if mark == ":" then
+      children = v
+    elseif mark == "~" then
+      progressed = v
+    elseif mark == "+" then
+      extralen = tonumber(v)
+    else
+      txlen = tonumber(v)
+    end
   end
   flag = string.sub(flag, 1, 1)
 end
 local fanout = flag == "1"
-local n = (#ARGV - 9 - txlen) / 6
+local n = (#ARGV - 9 - extralen - txlen) / 6
 
 -- The children of flows among the items: item index -> the position before
 -- its three flow keys (KEYS[p+1], KEYS[p+2], KEYS[p+3]).
@@ -136,6 +148,28 @@ if children then
   end
 end
 local history, starts = KEYS[4 + n + nflow], KEYS[5 + n + nflow]
+
+-- The items whose progress key expires with their record: item index ->
+-- the position of that key (after the start-count hash, in item order).
+local progressOf
+if progressed then
+  progressOf = {}
+  local at = 5 + n + nflow
+  for idx in string.gmatch(progressed, "%d+") do
+    at = at + 1
+    progressOf[tonumber(idx)] = at
+  end
+end
+
+-- The flow fields of the items that may become dead letters: item index ->
+-- its fields, length-prefixed (name, value...).
+local extra
+if extralen > 0 then
+  extra = {}
+  for p = 10 + 6 * n, 9 + 6 * n + extralen, 2 do
+    extra[tonumber(ARGV[p])] = ARGV[p + 1]
+  end
+end
 
 local function item(i)
   local b = 10 + 6 * (i - 1)
@@ -152,7 +186,7 @@ end
 local tx, txApply
 if txlen > 0 then
   tx = {}
-  local p = 10 + 6 * n
+  local p = 10 + 6 * n + extralen
   while p <= #ARGV do
     local i, c = tonumber(ARGV[p]), tonumber(ARGV[p + 1])
     p = p + 2
@@ -415,7 +449,7 @@ if txlen > 0 then
   -- Take dropped items out: no XACK, HDEL, XDEL, record or notice for them.
   tx.sent = n
   if dropped then
-    local kept, keys, moved = {}, {}, childOf and {}
+    local kept, keys, moved, movedProgress, movedExtra = {}, {}, childOf and {}, progressOf and {}, extra and {}
     for i = 1, n do
       local t = tx[i]
       if not (t and t.state == "drop") then
@@ -426,6 +460,12 @@ if txlen > 0 then
         keys[#keys + 1] = KEYS[3 + i]
         if moved then
           moved[#keys] = childOf[i] -- the item's new index; its flow keys stay where they are
+        end
+        if movedProgress then
+          movedProgress[#keys] = progressOf[i]
+        end
+        if movedExtra then
+          movedExtra[#keys] = extra[i]
         end
         if t then
           t.at = #keys
@@ -440,6 +480,8 @@ if txlen > 0 then
     end
     n = #keys
     childOf = moved or childOf
+    progressOf = movedProgress or progressOf
+    extra = movedExtra or extra
   end
   for i, t in pairs(tx) do
     if type(i) == "number" and t.at == nil then
@@ -565,6 +607,14 @@ local function deadLetter(i)
   if deadLevel then
     fields[15], fields[16] = "pr", deadLevel
   end
+  if extra and extra[i] then
+    -- A flow's parent or child keeps its flow fields ("pa", "fp", "ff"),
+    -- which requeue.lua copies back into the new entry.
+    local flowDec = flowLib()
+    for _, f in ipairs(flowDec(extra[i])) do
+      fields[#fields + 1] = f
+    end
+  end
   redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[5], "*", unpack(fields))
 end
 
@@ -624,6 +674,10 @@ for i = 1, n do
       end
       if code == "L" or not first then
         redis.call("SET", key, first and rec or prev, "PX", ttl)
+      end
+      if progressOf and progressOf[i] then
+        -- Its progress value lives as long as the record, no longer.
+        redis.call("PEXPIRE", KEYS[progressOf[i]], ttl)
       end
       if childOf and childOf[i] and first then
         -- A flow's child: its first outcome counts in the flow, and the last
