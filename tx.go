@@ -60,13 +60,21 @@ const (
 //
 // A staged write that Redis would refuse (a key holding another type, a
 // counter that is not a number for INCRBY or HINCRBY, ...) dead-letters the
-// request instead of recording its result. Key types and the values of
-// counters are checked before anything is written, so such a refusal
-// applies nothing; a refusal that only shows while applying (a counter the
-// request's own earlier staged write made non-numeric, an overflow, an
-// index out of range, an explicit XADD id) leaves the earlier writes of the
-// same message applied, since Redis does not roll back: the dead letter's
-// error says how many.
+// request instead of recording its result. Key types, and the numbers of
+// counters (the increment, and the value at the key or hash field, as the
+// writes of requests completed before it in the same step left it) are
+// checked before anything of the request is written, so such a refusal
+// applies nothing. Numbers are checked as Redis parses them: an integer
+// counter (INCRBY, HINCRBY, ...) holds a plain int64 ("5", not "05", " 5" or
+// "5.0"); a float counter (INCRBYFLOAT, HINCRBYFLOAT) what strtold takes
+// whole (so also "0x10", "+5", ".5", "5e3"; not "5 ", "inf" or "nan") and
+// stays finite, within a float64's range (which some servers exceed: a
+// value beyond it is refused here though such a server would take it). A
+// refusal that only shows while applying (a counter the request's own
+// earlier staged write made non-numeric, an integer overflow, an index out
+// of range, an explicit XADD id) leaves the earlier writes of the same
+// message applied, since Redis does not roll back: the dead letter's error
+// says how many.
 //
 // A Tx and Message.Tx are safe for use by several goroutines of its
 // handler; staging after the handler returned fails with ErrTxClosed, also
