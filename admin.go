@@ -21,6 +21,8 @@ type Admin struct {
 	queue    string
 	opts     AdminOptions
 	serverOK atomic.Bool // checkServer passed
+	// beforeCancel, when set (tests), runs right before each cancel.lua call.
+	beforeCancel func()
 }
 
 // AdminOptions configures an Admin. The zero value (or nil) uses the defaults.

@@ -251,7 +251,7 @@ func (a *Admin) Forget(ctx context.Context, id string, force bool) error {
 		f = "1"
 	}
 	res, err := scripts.Forget.Run(ctx, a.client, []string{k.Record(id), k.Stream, k.Starts(t.group), k.Schedule, k.ScheduleData, k.Retry,
-		k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow])}, t.group, f, id).StringSlice()
+		k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow]), k.Progress(id)}, t.group, f, id).StringSlice()
 	if err != nil {
 		return fmt.Errorf("streamq: forget %q in %s: %w", id, a.queue, err)
 	}
@@ -314,28 +314,12 @@ func (a *Admin) Cancel(ctx context.Context, id string) error {
 		return err
 	}
 	k := shards[keys.ShardOf(id, len(shards))]
-	// A flow's child names its parent in its stream fields: in the schedule's
-	// data while it waits there, in its own flow hash while it is a nested
-	// parent waiting for its children.
-	pipe := a.client.Pipeline()
-	data := pipe.HGet(ctx, k.ScheduleData, "r"+id)
-	stored := pipe.HGet(ctx, k.Flow(id), "e")
-	_, _ = pipe.Exec(ctx)
-	parent := ""
-	if raw, err := data.Result(); err == nil {
-		if d, ok := splitLengthPrefixed(raw); ok && len(d) >= 4 {
-			parent = fieldOf(d[3], keys.FieldParent)
-		}
-	}
-	if raw, err := stored.Result(); err == nil && parent == "" {
-		parent = fieldOf(raw, keys.FieldParent)
-	}
 	answering, err := a.client.Get(ctx, keys.AnsweringGroup(a.queue)).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("streamq: cancel %q: read the answering group: %w", id, err)
 	}
 	msg := "canceled by Admin.Cancel at " + time.Now().UTC().Format(time.RFC3339Nano)
-	res, err := a.cancel(ctx, k, id, answering, parent, msg, false)
+	res, err := a.cancel(ctx, k, id, answering, "", msg, false)
 	if err != nil {
 		return err
 	}
@@ -357,26 +341,41 @@ func (a *Admin) Cancel(ctx context.Context, id string) error {
 	return a.cancelChildren(ctx, k.Flow(id), msg, 0)
 }
 
-// cancel runs cancel.lua for id in shard k; parent is the flow hash of the
-// request's parent, or "".
+// cancel runs cancel.lua for id in shard k; parent is the flow hash the
+// caller takes for the request's parent, or "". The script reads the
+// parent in the step that cancels: when it is another one (the request
+// moved since the caller looked), nothing was written, and cancel runs the
+// script again naming it (a parent never changes, so once is enough).
 func (a *Admin) cancel(ctx context.Context, k keys.Keys, id, group, parent, msg string, queued bool) ([]any, error) {
-	keyList := []string{k.Record(id), k.Schedule, k.ScheduleData, k.Counts, k.Retry, k.Stream}
-	if rec, stream, ok := keys.FlowParent(parent); ok {
-		keyList = append(keyList, parent, rec, stream)
-	}
 	q := ""
 	if queued {
 		q = "q"
 	}
-	res, err := scripts.Cancel.Run(ctx, a.client, keyList,
-		id, a.opts.ResultTTL.Milliseconds(), k.Channel, publishCommand(isCluster(a.client)), msg, group, q).Slice()
-	if err != nil {
-		if errors.Is(err, redis.Nil) {
-			return nil, fmt.Errorf("%w: request %q of %s", ErrNotFound, id, a.queue)
+	for attempt := 0; ; attempt++ {
+		keyList := []string{k.Record(id), k.Schedule, k.ScheduleData, k.Counts, k.Retry, k.Stream, k.Flow(id), k.Progress(id)}
+		if rec, stream, ok := keys.FlowParent(parent); ok {
+			keyList = append(keyList, parent, rec, stream)
 		}
-		return nil, fmt.Errorf("streamq: cancel %q: %w", id, err)
+		if a.beforeCancel != nil {
+			a.beforeCancel()
+		}
+		res, err := scripts.Cancel.Run(ctx, a.client, keyList,
+			id, a.opts.ResultTTL.Milliseconds(), k.Channel, publishCommand(isCluster(a.client)), msg, group, q, parent).Slice()
+		if err != nil {
+			if errors.Is(err, redis.Nil) {
+				return nil, fmt.Errorf("%w: request %q of %s", ErrNotFound, id, a.queue)
+			}
+			return nil, fmt.Errorf("streamq: cancel %q: %w", id, err)
+		}
+		if code, _ := res[0].(int64); code == 3 && len(res) == 2 && attempt == 0 {
+			parent, _ = res[1].(string)
+			continue
+		}
+		if code, _ := res[0].(int64); code == 3 {
+			return nil, fmt.Errorf("streamq: cancel %q: the request's parent changed twice while cancelling (%v)", id, res)
+		}
+		return res, nil
 	}
-	return res, nil
 }
 
 // cancelChildren cancels the children of a cancelled flow parent (flow is
@@ -413,8 +412,9 @@ func (a *Admin) cancelChildren(ctx context.Context, flow, msg string, depth int)
 		if err != nil && !errors.Is(err, redis.Nil) {
 			return fmt.Errorf("streamq: cancel child %q: read the answering group: %w", id, err)
 		}
-		// The parent is cancelled: the child's outcome need not count there.
-		res, err := a.cancel(ctx, ck, id, group, "", msg, true)
+		// The parent (flow) is cancelled: the child's outcome counts there
+		// and releases nothing.
+		res, err := a.cancel(ctx, ck, id, group, flow, msg, true)
 		if err != nil {
 			return err
 		}
@@ -427,21 +427,6 @@ func (a *Admin) cancelChildren(ctx context.Context, flow, msg string, depth int)
 		}
 	}
 	return nil
-}
-
-// fieldOf returns the value of stream field name in length-prefixed fields
-// (name, value, ...), or "".
-func fieldOf(encoded, name string) string {
-	f, ok := splitLengthPrefixed(encoded)
-	if !ok {
-		return ""
-	}
-	for i := 0; i+1 < len(f); i += 2 {
-		if f[i] == name {
-			return f[i+1]
-		}
-	}
-	return ""
 }
 
 // runNowMarkerTTL is how long RunNow remembers the entry it promoted a job

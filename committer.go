@@ -667,20 +667,28 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 	var txArgs []any // the staged writes' section, when some item has one
 	var txKeys []string
 	var flowKeys []string // the children of flows: three keys each, after the records
-	var children []byte   // "0:<item>,<item>...": complete.lua's ARGV[9] when there are children
+	var children []byte   // ":<item>,<item>...": the children among the items
+	var progKeys []string // progress keys to expire with their records, after the start counts
+	var progressed []byte // "~<item>,<item>...": the items of progKeys
+	var extra []any       // pairs of an item and its flow fields, which its dead letter keeps
 	for i, cp := range batch {
 		e := cp.s.entry
+		if e.ID != "" && !o.Fanout && cp.code != recordSkip && (cp.s.reported || e.Deliveries > 1) {
+			// A delivery that reported progress, or a redelivery (an earlier
+			// one may have): the stored value expires with the record.
+			progKeys = append(progKeys, k.Progress(e.ID))
+			progressed = appendItem(progressed, '~', i+1)
+		}
+		if m := &cp.s.meta; (m.parent != "" || m.flow || m.flowFailed != "") &&
+			(cp.code == keys.RecordDead || (cp.s.tx != nil && cp.code == keys.RecordResult)) {
+			extra = append(extra, i+1, flowFields(m))
+		}
 		if e.ID != "" && !o.Fanout {
 			keyList = append(keyList, k.Record(e.ID))
 			if cp.s.meta.parent != "" && cp.code != recordSkip {
 				if rec, stream, ok := keys.FlowParent(cp.s.meta.parent); ok {
 					flowKeys = append(flowKeys, cp.s.meta.parent, rec, stream)
-					if children == nil {
-						children = []byte("0:")
-					} else {
-						children = append(children, ',')
-					}
-					children = strconv.AppendInt(children, int64(i+1), 10)
+					children = appendItem(children, ':', i+1)
 				}
 			}
 		} else {
@@ -699,19 +707,55 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 		}
 		args = append(args, e.EntryID, e.ID, codeArg[cp.code], value, payload, e.Deliveries)
 	}
-	if children != nil {
-		args[8] = string(children)
-		keyList = append(keyList, flowKeys...)
+	if children != nil || progressed != nil || extra != nil || txArgs != nil {
+		flag := []byte(args[8].(string))
+		flag = append(append(flag, children...), progressed...)
+		if extra != nil {
+			flag = strconv.AppendInt(append(flag, '+'), int64(len(extra)), 10)
+		}
+		if txArgs != nil {
+			flag = strconv.AppendInt(append(flag, '/'), int64(len(txArgs)), 10)
+		}
+		args[8] = string(flag)
 	}
+	keyList = append(keyList, flowKeys...)
 	keyList = append(keyList, k.History(now/msPerHour)) // the minute's history (complete.lua)
 	keyList = append(keyList, fixed.starts)             // complete.lua drops start counts there
-	if txArgs != nil {
-		// Staged writes: their keys after the start counts, their section after the items.
-		keyList = append(keyList, txKeys...)
-		args[8] = args[8].(string) + "/" + strconv.Itoa(len(txArgs))
-		args = append(args, txArgs...)
-	}
+	keyList = append(keyList, progKeys...)
+	// The flow fields after the items, then the staged writes (their keys
+	// last, declared for a cluster).
+	args = append(args, extra...)
+	keyList = append(keyList, txKeys...)
+	args = append(args, txArgs...)
 	return keyList, args
+}
+
+// appendItem appends item i to a list of complete.lua's ARGV[9] that starts
+// with mark (":", "~"): mark before the first, a comma before the others.
+func appendItem(list []byte, mark byte, i int) []byte {
+	if list == nil {
+		list = []byte{mark}
+	} else {
+		list = append(list, ',')
+	}
+	return strconv.AppendInt(list, int64(i), 10)
+}
+
+// flowFields returns an entry's flow fields ("pa", "fp", "ff"),
+// length-prefixed: its dead letter keeps them (complete.lua), and Requeue
+// puts them back into the new entry.
+func flowFields(m *messageMeta) string {
+	var f []string
+	if m.parent != "" {
+		f = append(f, keys.FieldParent, m.parent)
+	}
+	if m.flow {
+		f = append(f, keys.FieldFlow, "1")
+	}
+	if m.flowFailed != "" {
+		f = append(f, keys.FieldFlowFailed, m.flowFailed)
+	}
+	return lengthPrefixed(f)
 }
 
 // codeArg holds the outcome codes of complete.lua boxed once.

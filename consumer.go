@@ -44,12 +44,33 @@ type Message[Req any] struct {
 	// Priority is the request's priority level (see Priority).
 	Priority PriorityLevel
 
-	// tx is the shard's template (a Consumer's message that staged nothing)
-	// or the Tx that Tx made.
-	tx    *Tx
+	// tx is the shard's template (a Consumer's message), or the Tx that Tx
+	// made for a message built by hand.
+	tx *Tx
+	// st is what the handler's goroutines share with the worker (a Consumer's
+	// message; it lives in the slot): nil when built by hand.
+	st    *msgState
 	link  messageLink // the run, for Progress and Children; nil when built by hand
 	shard int
 	flow  bool // a flow's parent (entry field "fp")
+}
+
+// msgState is the part of a Consumer's Message that the handler's
+// goroutines share with the worker, which finishes it when the handler
+// returned (finish).
+type msgState struct {
+	// mu guards tx and done.
+	mu sync.Mutex
+	// tx is the Tx that Message.Tx made; nil while none.
+	tx *Tx
+	// done is set when the handler returned: Message.Tx then hands out a
+	// closed Tx, and Message.Progress stores nothing.
+	done bool
+	// reports is read-held by each Message.Progress call while it runs and
+	// taken by finish, so that no report is stored after finish: the
+	// outcome's completion call knows whether the delivery reported.
+	reports  sync.RWMutex
+	reported atomic.Bool // a Progress call of this delivery ran progress.lua
 }
 
 // Handler handles one request. Its context is cancelled when the consumer shuts

@@ -802,3 +802,204 @@ func TestFlowChildrenStageWrites(t *testing.T) {
 		require.Equal(t, 5, np, "every parent's INCR applied once")
 	})
 }
+
+// TestFlowCancelRacingARetryCountsTheChild cancels a flow's child that
+// runs when Cancel begins and waits in the retry set when cancel.lua runs
+// (a hook in Cancel moves it there in between): the cancellation counts in
+// the flow (the parent is released, and fails), whatever Cancel read before.
+func TestFlowCancelRacingARetryCountsTheChild(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := NewQueue[string, string](queueName(t))
+	running, release := make(chan struct{}), make(chan struct{})
+	var first sync.Once
+	c, err := q.NewConsumer(client, func(ctx context.Context, m *Message[string]) (string, error) {
+		if m.ID == "rc-child" {
+			first.Do(func() { close(running) })
+			<-release
+			return "", RetryAfter(errors.New("later"), time.Hour)
+		}
+		return "parent ran", nil
+	}, fastOpts(t, "c1", 2*time.Second))
+	require.NoError(t, err)
+	runConsumer(t, c)
+	p := newStringProducer(t, client, q.Name())
+	pr, err := p.ProduceFlow(ctx, "rc-parent", "p", []Child{ChildOf(q, "rc-child", "c")}, nil)
+	require.NoError(t, err)
+	<-running
+	a, err := q.NewAdmin(client, nil)
+	require.NoError(t, err)
+	k, _ := keys.New(q.Name())
+	var moved sync.Once
+	a.beforeCancel = func() {
+		moved.Do(func() {
+			close(release)
+			eventually(t, 10*time.Second, func() bool {
+				return strings.HasPrefix(client.Get(ctx, k.Record("rc-child")).Val(), "P@")
+			}, "the child was not put in the retry set")
+		})
+	}
+	require.NoError(t, a.Cancel(ctx, "rc-child"))
+	got := client.HGet(ctx, k.Flow("rc-parent"), "k:"+k.Record("rc-child")).Val()
+	require.True(t, strings.HasPrefix(got, "C"), "the cancelled child is not counted in its flow: %q", got)
+	_, err = waitFor(t, pr)
+	require.ErrorIs(t, err, ErrChildFailed)
+}
+
+// TestFlowRequeuedParentKeepsItsChildren dead-letters a flow's parent and
+// requeues it: the dead letter keeps the entry's flow fields, so the
+// requeued parent's handler still reads its children.
+func TestFlowRequeuedParentKeepsItsChildren(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := NewQueue[string, string](queueName(t))
+		var runs atomic.Int64
+		seen := make(chan []ChildResult, 2)
+		c, err := q.NewConsumer(client, func(ctx context.Context, m *Message[string]) (string, error) {
+			if m.ID != "rq-parent" {
+				return m.Payload + "!", nil
+			}
+			kids, err := m.Children(ctx)
+			if err != nil {
+				return "", err
+			}
+			seen <- kids
+			if runs.Add(1) == 1 {
+				return "", Permanent(errors.New("parent broke"))
+			}
+			return "parent ok", nil
+		}, fastOpts(t, "c1", 2*time.Second))
+		require.NoError(t, err)
+		runConsumer(t, c)
+		p := newStringProducer(t, client, q.Name())
+		pr, err := p.ProduceFlow(ctx, "rq-parent", "p", []Child{ChildOf(q, "rq-a", "a")}, nil)
+		require.NoError(t, err)
+		_, err = waitFor(t, pr)
+		require.ErrorIs(t, err, ErrDeadLettered)
+		require.Len(t, <-seen, 1)
+		a, err := q.NewAdmin(client, nil)
+		require.NoError(t, err)
+		dls, err := a.DeadLetters(ctx, "", 10)
+		require.NoError(t, err)
+		require.Len(t, dls, 1)
+		_, err = a.Requeue(ctx, dls[0].DeadLetterID)
+		require.NoError(t, err)
+		again, err := p.Produce(ctx, "rq-parent", "p")
+		require.NoError(t, err)
+		got, err := waitFor(t, again)
+		require.NoError(t, err)
+		require.Equal(t, "parent ok", got)
+		kids := <-seen
+		require.Len(t, kids, 1, "the requeued parent ran as a plain job")
+		require.Equal(t, "rq-a", kids[0].ID)
+		require.Equal(t, `"a!"`, string(kids[0].Result))
+	})
+}
+
+// TestProgressOfAnEarlierRunDoesNotReachANewRequest produces an id again
+// after its earlier request was forgotten (Admin.Forget), and after its
+// record expired (ResultTTL): the earlier run's progress is not the new
+// request's, neither in Admin.Job nor on its promise.
+func TestProgressOfAnEarlierRunDoesNotReachANewRequest(t *testing.T) {
+	for _, path := range []string{"forget", "expiry"} {
+		t.Run(path, func(t *testing.T) {
+			t.Parallel()
+			client := realRedis(t)
+			ctx := context.Background()
+			q := NewQueue[string, string](queueName(t))
+			k, _ := keys.New(q.Name())
+			gate := make(chan struct{})
+			var opened sync.Once
+			open := func() { opened.Do(func() { close(gate) }) }
+			var runs atomic.Int64
+			o := fastOpts(t, "c1", 2*time.Second)
+			o.ResultTTL = time.Hour
+			if path == "expiry" {
+				o.ResultTTL = 300 * time.Millisecond
+			}
+			c, err := q.NewConsumer(client, func(ctx context.Context, m *Message[string]) (string, error) {
+				if runs.Add(1) == 1 {
+					return "first", m.Progress(ctx, "old run")
+				}
+				<-gate // the new request reports nothing
+				return "second", nil
+			}, o)
+			require.NoError(t, err)
+			runConsumer(t, c)
+			t.Cleanup(open) // before the consumer stops
+			p := newStringProducer(t, client, q.Name())
+			pr, err := p.Produce(ctx, "job", "x")
+			require.NoError(t, err)
+			_, err = waitFor(t, pr)
+			require.NoError(t, err)
+			a, err := q.NewAdmin(client, nil)
+			require.NoError(t, err)
+			if path == "forget" {
+				require.NoError(t, a.Forget(ctx, "job", false))
+			} else {
+				eventually(t, 10*time.Second, func() bool {
+					return client.Exists(ctx, k.Record("job")).Val() == 0
+				}, "the record did not expire")
+			}
+			pr2, err := p.Produce(ctx, "job", "x")
+			require.NoError(t, err)
+			ch := pr2.Progress()
+			eventually(t, 10*time.Second, func() bool { return runs.Load() == 2 }, "the new request did not start")
+			info, err := a.Job(ctx, "job")
+			require.NoError(t, err)
+			require.Equal(t, JobRunning, info.State)
+			require.Nil(t, info.Progress, "Admin.Job shows the earlier run's progress")
+			open()
+			_, err = waitFor(t, pr2)
+			require.NoError(t, err)
+			for v := range ch {
+				t.Fatalf("the new request's promise got the earlier run's progress %q", v)
+			}
+		})
+	}
+}
+
+// TestProgressAskedAfterCompletionGetsTheStoredValue asks for the progress
+// of a request that completed already: the channel gives the stored last
+// value, then closes.
+func TestProgressAskedAfterCompletionGetsTheStoredValue(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := NewQueue[string, string](queueName(t))
+		c, err := q.NewConsumer(client, func(ctx context.Context, m *Message[string]) (string, error) {
+			return "done", m.Progress(ctx, 42)
+		}, fastOpts(t, "c1", 2*time.Second))
+		require.NoError(t, err)
+		runConsumer(t, c)
+		p := newStringProducer(t, client, q.Name())
+		pr, err := p.Produce(ctx, "job", "x")
+		require.NoError(t, err)
+		_, err = waitFor(t, pr)
+		require.NoError(t, err)
+		check := func(pr *Promise[string]) {
+			var got []string
+			timeout := time.After(10 * time.Second)
+			for ch := pr.Progress(); ch != nil; {
+				select {
+				case v, ok := <-ch:
+					if !ok {
+						ch = nil
+						continue
+					}
+					got = append(got, string(v))
+				case <-timeout:
+					t.Fatal("the progress channel did not close")
+				}
+			}
+			require.Equal(t, []string{"42"}, got)
+		}
+		check(pr)
+		// A promise of the stored outcome (another producer) too.
+		other := newStringProducer(t, client, q.Name())
+		stored, err := other.Produce(ctx, "job", "x")
+		require.NoError(t, err)
+		require.Equal(t, DedupStored, stored.Deduplicated())
+		check(stored)
+	})
+}

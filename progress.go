@@ -29,12 +29,25 @@ const MaxProgressBytes = 64 << 10
 // order (each carries the next sequence number of the request, and a
 // producer drops a value older than one it has). A message whose record no
 // longer names its entry (the request completed, or another consumer's copy
-// runs now) stores nothing and returns nil. A fan-out group's handler
-// reports nothing. A nil ctx panics.
+// runs now) stores nothing and returns nil; so does a call made after the
+// handler returned (from a goroutine of its), and the handler's return
+// waits for a call still running. A fan-out group's handler reports
+// nothing. A nil ctx panics.
 func (m *Message[Req]) Progress(ctx context.Context, v any) error {
 	mustContext(ctx, "Message.Progress")
 	if m.link == nil {
 		return nil // built by hand (a test): nowhere to report
+	}
+	if st := m.st; st != nil {
+		st.reports.RLock()
+		defer st.reports.RUnlock()
+		st.mu.Lock()
+		done := st.done
+		st.mu.Unlock()
+		if done {
+			return nil // the outcome is on its way: nothing to report to
+		}
+		st.reported.Store(true)
 	}
 	return m.link.progress(ctx, m.shard, m.ID, m.EntryID, v)
 }
@@ -91,11 +104,16 @@ func parseStoredProgress(s string) (int64, string, bool) {
 // latest value seen and the channels of the promises that asked for it.
 // Created by the first Promise.Progress of the id's call; its own mutex.
 type progressState struct {
-	mu     sync.Mutex
-	seq    int64 // of val; 0: none yet
-	val    []byte
-	subs   []chan []byte
-	closed bool // the request completed: subs are closed
+	mu   sync.Mutex
+	seq  int64 // of val; 0: none yet
+	val  []byte
+	subs []chan []byte
+	// closed: the request completed; subs are closed, once no fetch runs.
+	closed bool
+	// fetching: a read of the stored value runs (fetchProgress); the
+	// channels stay open until it lands, so a promise asking after the
+	// completion gets the stored last value before its channel closes.
+	fetching bool
 }
 
 // update takes value seq if it is newer than the one held, and offers it to
@@ -103,12 +121,34 @@ type progressState struct {
 func (s *progressState) update(seq int64, v []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed || seq <= s.seq {
+	s.take(seq, v)
+}
+
+// take is update with s.mu held.
+func (s *progressState) take(seq int64, v []byte) {
+	if (s.closed && !s.fetching) || seq <= s.seq {
 		return
 	}
 	s.seq, s.val = seq, v
 	for _, ch := range s.subs {
 		offerLatest(ch, v)
+	}
+}
+
+// fetched ends a read of the stored value: it takes the value (ok), then
+// closes the channels if the request completed meanwhile or before.
+func (s *progressState) fetched(seq int64, v []byte, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ok {
+		s.take(seq, v)
+	}
+	s.fetching = false
+	if s.closed {
+		for _, ch := range s.subs {
+			close(ch)
+		}
+		s.subs = nil
 	}
 }
 
@@ -140,7 +180,7 @@ func (s *progressState) subscribe() chan []byte {
 	if s.seq > 0 {
 		ch <- s.val
 	}
-	if s.closed {
+	if s.closed && !s.fetching {
 		close(ch)
 	} else {
 		s.subs = append(s.subs, ch)
@@ -162,7 +202,7 @@ func (s *progressState) unsubscribe(ch chan []byte) {
 }
 
 // close closes every channel: the request completed (its last value stays
-// in each channel's buffer).
+// in each channel's buffer). With a fetch running, fetched closes them.
 func (s *progressState) close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -170,6 +210,9 @@ func (s *progressState) close() {
 		return
 	}
 	s.closed = true
+	if s.fetching {
+		return
+	}
 	for _, ch := range s.subs {
 		close(ch)
 	}
@@ -183,8 +226,10 @@ func (s *progressState) listening() bool {
 }
 
 // progressOf returns c's progress state, creating it (closed when c is
-// resolved already), and whether it holds no value yet.
-func (w *waiters) progressOf(c *call) (*progressState, bool) {
+// resolved already). With canFetch, it reports whether the caller must read
+// the stored value (fetchProgress): the state holds no value yet and no read
+// runs; the state then counts the read as running.
+func (w *waiters) progressOf(c *call, canFetch bool) (*progressState, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if c.prog == nil {
@@ -195,10 +240,14 @@ func (w *waiters) progressOf(c *call) (*progressState, bool) {
 		default:
 		}
 	}
-	c.prog.mu.Lock()
-	empty := c.prog.seq == 0 && !c.prog.closed
-	c.prog.mu.Unlock()
-	return c.prog, empty
+	st := c.prog
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	fetch := canFetch && st.seq == 0 && !st.fetching
+	if fetch {
+		st.fetching = true
+	}
+	return st, fetch
 }
 
 // progressListeners returns the progress states that promises listen to,
@@ -247,12 +296,13 @@ type progressSource interface {
 }
 
 // fetchProgress reads id's stored progress value in a goroutine of its own
-// (bounded by setupTimeout, stopped by Close) and hands it to st, which
-// keeps it only if no newer value arrived meanwhile.
+// (bounded by setupTimeout, stopped by Close) and hands it to st (fetched),
+// which keeps it only if no newer value arrived meanwhile.
 func (p *Producer[Req, Resp]) fetchProgress(id string, st *progressState) {
 	p.setupMu.Lock()
 	if p.stopping {
 		p.setupMu.Unlock()
+		st.fetched(0, nil, false)
 		return
 	}
 	p.loops.Add(1)
@@ -261,21 +311,32 @@ func (p *Producer[Req, Resp]) fetchProgress(id string, st *progressState) {
 		defer p.loops.Done()
 		ctx, cancel := context.WithTimeout(p.lifetime, setupTimeout)
 		defer cancel()
-		_ = p.readProgress(ctx, id, st)
+		seq, val, err := p.storedProgress(ctx, id)
+		st.fetched(seq, val, err == nil && seq > 0)
 	}()
 }
 
 // readProgress reads id's stored progress value into st.
 func (p *Producer[Req, Resp]) readProgress(ctx context.Context, id string, st *progressState) error {
+	seq, val, err := p.storedProgress(ctx, id)
+	if err == nil && seq > 0 {
+		st.update(seq, val)
+	}
+	return err
+}
+
+// storedProgress reads id's stored progress value; seq 0 when none parses.
+func (p *Producer[Req, Resp]) storedProgress(ctx context.Context, id string) (int64, []byte, error) {
 	k := p.shards[keys.ShardOf(id, len(p.shards))]
 	v, err := p.client.Get(ctx, k.Progress(id)).Result()
 	if err != nil {
-		return err
+		return 0, nil, err
 	}
-	if seq, val, ok := parseStoredProgress(v); ok {
-		st.update(seq, []byte(val))
+	seq, val, ok := parseStoredProgress(v)
+	if !ok {
+		return 0, nil, nil
 	}
-	return nil
+	return seq, []byte(val), nil
 }
 
 // Progress returns a channel of the request's progress values (what its
@@ -287,15 +348,17 @@ func (p *Producer[Req, Resp]) readProgress(ctx context.Context, id string, st *p
 // reported them. A promise asking while the request runs first gets the
 // stored latest value (one Redis read, in the background). The channel is
 // closed when the request completes (the last value stays readable) or the
-// promise is released; for a request complete already it is closed at once,
-// holding the last value this producer saw, if any. Every call returns the
-// same channel.
+// promise is released. For a request complete already, the channel gives
+// the last value: the one this producer saw, else the stored one (one
+// Redis read, in the background; it is kept as long as the request's
+// outcome, ResultTTL), then it is closed; it is closed without a value when
+// none was reported or stored. Every call returns the same channel.
 func (pr *Promise[Resp]) Progress() <-chan []byte {
 	pr.progOnce.Do(func() {
-		st, empty := pr.w.progressOf(pr.c)
+		st, fetch := pr.w.progressOf(pr.c, pr.src != nil)
 		pr.prog = st
 		pr.progCh = st.subscribe()
-		if empty && pr.src != nil {
+		if fetch {
 			pr.src.fetchProgress(pr.id, st)
 		}
 	})

@@ -44,6 +44,12 @@ type slot struct {
 	// outcome (complete.lua); nil when none. Set by the worker before the
 	// hand-off.
 	tx *Tx
+	// msg is the state its Message shares with the handler's goroutines.
+	msg msgState
+	// reported: the handler reported progress (Message.Progress), whose key
+	// complete.lua then expires with the record. Set by the worker before
+	// the hand-off.
+	reported bool
 	// handedOff is set at hand-off: the entry leaves the pending list when its
 	// outcome is recorded, which the lease loop must not take for a loss.
 	handedOff atomic.Bool

@@ -60,17 +60,25 @@ const (
 //
 // A staged write that Redis would refuse (a key holding another type, a
 // counter that is not a number for INCRBY or HINCRBY, ...) dead-letters the
-// request instead of recording its result. Key types and the values of
-// counters are checked before anything is written, so such a refusal
-// applies nothing; a refusal that only shows while applying (a counter the
-// request's own earlier staged write made non-numeric, an overflow, an
-// index out of range, an explicit XADD id) leaves the earlier writes of the
-// same message applied, since Redis does not roll back: the dead letter's
-// error says how many.
+// request instead of recording its result. Key types, and the numbers of
+// counters (the increment, and the value at the key or hash field, as the
+// writes of requests completed before it in the same step left it) are
+// checked before anything of the request is written, so such a refusal
+// applies nothing. Numbers are checked as Redis parses them: an integer
+// counter (INCRBY, HINCRBY, ...) holds a plain int64 ("5", not "05", " 5" or
+// "5.0"); a float counter (INCRBYFLOAT, HINCRBYFLOAT) what strtold takes
+// whole (so also "0x10", "+5", ".5", "5e3"; not "5 ", "inf" or "nan") and
+// stays finite, within a float64's range (which some servers exceed: a
+// value beyond it is refused here though such a server would take it). A
+// refusal that only shows while applying (a counter the request's own
+// earlier staged write made non-numeric, an integer overflow, an index out
+// of range, an explicit XADD id) leaves the earlier writes of the same
+// message applied, since Redis does not roll back: the dead letter's error
+// says how many.
 //
-// A Tx is safe for use by several goroutines of its handler (call
-// Message.Tx once before sharing it: Message.Tx itself is not); staging
-// after the handler returned fails with ErrTxClosed.
+// A Tx and Message.Tx are safe for use by several goroutines of its
+// handler; staging after the handler returned fails with ErrTxClosed, also
+// through a Tx that Message.Tx first returned after that.
 type Tx struct {
 	shard    *txShard
 	template bool // a shard's shared template: never staged into
@@ -113,6 +121,16 @@ func newTxShards(shards []keys.Keys, cluster bool) []*Tx {
 // stages and validates, allows any key, and is never applied: read it back
 // with Commands.
 func (m *Message[Req]) Tx() *Tx {
+	if st := m.st; st != nil {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		if st.tx == nil {
+			// First used after the handler returned (from a goroutine of
+			// its), it is closed: every staging fails with ErrTxClosed.
+			st.tx = &Tx{shard: m.tx.shard, closed: st.done}
+		}
+		return st.tx
+	}
 	switch {
 	case m.tx == nil:
 		m.tx = &Tx{}
@@ -120,6 +138,20 @@ func (m *Message[Req]) Tx() *Tx {
 		m.tx = &Tx{shard: m.tx.shard}
 	}
 	return m.tx
+}
+
+// finish marks the handler of the message as returned: it waits for
+// Progress calls running now, then closes the Tx. It returns the Tx when the
+// handler staged writes (else nil), and whether the delivery reported
+// progress.
+func (st *msgState) finish() (tx *Tx, reported bool) {
+	st.reports.Lock()
+	st.mu.Lock()
+	st.done = true
+	tx = st.tx
+	st.mu.Unlock()
+	st.reports.Unlock()
+	return tx.close(), st.reported.Load()
 }
 
 // Key returns the name of a key in the slot of the message's queue (or

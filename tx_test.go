@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -642,4 +643,143 @@ func TestTxPriorityLevels(t *testing.T) {
 		}
 		require.ElementsMatch(t, []string{"job-0", "job-1", "job-2"}, client.SMembers(ctx, k.TxKey("done")).Val())
 	})
+}
+
+// TestTxFirstUsedAfterTheHandlerReturned: a goroutine of the handler that
+// first calls Message.Tx after the handler returned stages nothing: every
+// write fails with ErrTxClosed (none is silently dropped).
+func TestTxFirstUsedAfterTheHandlerReturned(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	later := make(chan struct{})
+	res := make(chan error, 1)
+	p := txQueue(t, client, q, nil, func(_ context.Context, m *Message[string]) (string, error) {
+		go func() {
+			<-later
+			tx := m.Tx()
+			res <- tx.Incr(tx.Key("late"))
+		}()
+		return "ok", nil
+	})
+	pr, err := p.Produce(ctx, "job", "x")
+	require.NoError(t, err)
+	_, err = pr.Wait(waitCtx(t, 30*time.Second))
+	require.NoError(t, err)
+	close(later)
+	require.ErrorIs(t, <-res, ErrTxClosed)
+}
+
+// TestTxCountersCheckedAsRedisParsesThem stages an INCR, then an increment
+// of a counter holding a value that Redis refuses to increment (though
+// Lua's tonumber takes some of them): the request is dead-lettered before
+// anything is written. Values Redis takes are applied.
+func TestTxCountersCheckedAsRedisParsesThem(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	k, _ := keys.New(q)
+	type tc struct {
+		value string
+		stage func(tx *Tx, key string) error
+	}
+	incrByFloat := func(f float64) func(*Tx, string) error {
+		return func(tx *Tx, key string) error { return tx.IncrByFloat(key, f) }
+	}
+	hincrByFloat := func(tx *Tx, key string) error { return tx.Do("HINCRBYFLOAT", key, "f", 1) }
+	incrBy := func(n int64) func(*Tx, string) error {
+		return func(tx *Tx, key string) error { return tx.IncrBy(key, n) }
+	}
+	refused := map[string]tc{
+		"trailing-space": {"5 ", incrByFloat(1)}, "leading-space": {" 5", incrByFloat(1)},
+		"inf": {"inf", incrByFloat(1)}, "neg-infinity": {"-Infinity", incrByFloat(1)}, "nan": {"nan", incrByFloat(1)},
+		"hex-no-digits": {"0x", incrByFloat(1)}, "exp-no-digits": {"1e", incrByFloat(1)}, "overflow": {"1e5000", incrByFloat(1)},
+		"underflow": {"1e-5000", incrByFloat(1)}, "empty": {"", incrByFloat(1)}, "nan-paren": {"nan(1)", incrByFloat(1)},
+		"inf-increment": {"1", incrByFloat(math.Inf(1))}, "nan-increment": {"1", incrByFloat(math.NaN())},
+		"hash-trailing-space": {"5 ", hincrByFloat},
+		"int-too-big":         {"99999999999999999999", incrBy(1)}, "int-below-min": {"-9223372036854775809", incrBy(1)},
+		"int-hex": {"0x10", incrBy(1)},
+	}
+	accepted := map[string]tc{
+		"hex-float": {"0x10", incrByFloat(1)}, "plus": {"+5", incrByFloat(1)}, "dot-first": {".5", incrByFloat(1)},
+		"dot-last": {"5.", incrByFloat(1)}, "exp": {"5e3", incrByFloat(1)}, "hex-exp": {"0x1.8p1", incrByFloat(1)},
+		"int-max": {"9223372036854775807", incrBy(0)}, "int-min": {"-9223372036854775808", incrBy(0)},
+	}
+	p := txQueue(t, client, q, nil, func(_ context.Context, m *Message[string]) (string, error) {
+		tx := m.Tx()
+		require.NoError(t, tx.Incr(tx.Key("n-"+m.ID)))
+		c, ok := refused[m.ID]
+		if !ok {
+			c = accepted[m.ID]
+		}
+		require.NoError(t, c.stage(tx, tx.Key("v-"+m.ID)))
+		return "ok", nil
+	})
+	run := func(id string, c tc) error {
+		key := k.TxKey("v-" + id)
+		if strings.HasPrefix(id, "hash-") {
+			require.NoError(t, client.HSet(ctx, key, "f", c.value).Err())
+		} else {
+			require.NoError(t, client.Set(ctx, key, c.value, 0).Err())
+		}
+		pr, err := p.Produce(ctx, id, "x")
+		require.NoError(t, err)
+		_, err = pr.Wait(waitCtx(t, 30*time.Second))
+		return err
+	}
+	for id, c := range refused {
+		err := run(id, c)
+		require.ErrorIs(t, err, ErrDeadLettered, "%s: %q", id, c.value)
+		require.ErrorContains(t, err, "nothing of this request's staged writes was applied", "%s: %q", id, c.value)
+		require.Zero(t, client.Exists(ctx, k.TxKey("n-"+id)).Val(), "%s: %q: a write applied", id, c.value)
+	}
+	for id, c := range accepted {
+		require.NoError(t, run(id, c), "%s: %q", id, c.value)
+		require.Equal(t, "1", client.Get(ctx, k.TxKey("n-"+id)).Val(), id)
+	}
+}
+
+// TestTxCounterSpoiledByAnotherRequestOfTheCall drives complete.lua with two
+// requests: the first stages a SET that makes a counter non-numeric, the
+// second an INCR of another key, then an INCR of that counter. The second is
+// checked against what the first leaves: it is dead-lettered with nothing
+// applied (the exception for the request's own earlier write does not
+// extend to another request's).
+func TestTxCounterSpoiledByAnotherRequestOfTheCall(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	k, _ := keys.New(q)
+	require.NoError(t, client.XGroupCreateMkStream(ctx, k.Stream, DefaultGroup, "0").Err())
+	var eids []string
+	for _, id := range []string{"a", "b"} {
+		eid, err := client.XAdd(ctx, &redis.XAddArgs{Stream: k.Stream, Values: []any{"id", id, "p", "x"}}).Result()
+		require.NoError(t, err)
+		require.NoError(t, client.Set(ctx, k.Record(id), "P"+eid, time.Minute).Err())
+		eids = append(eids, eid)
+	}
+	require.NoError(t, client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: DefaultGroup, Consumer: "me",
+		Streams: []string{k.Stream, ">"}, Count: 2, Block: -1}).Err())
+	require.NoError(t, client.Set(ctx, k.TxKey("counter"), "1", 0).Err())
+	first, second := &Tx{}, &Tx{}
+	require.NoError(t, first.Set(k.TxKey("counter"), "abc", 0))
+	require.NoError(t, second.Incr(k.TxKey("mine")))
+	require.NoError(t, second.Incr(k.TxKey("counter")))
+	txArgs, txKeys := first.appendArgs(nil, nil, 1)
+	txArgs, txKeys = second.appendArgs(txArgs, txKeys, 2)
+	ks := append([]string{k.Stream, k.DeadLetter, k.Fanout, k.Record("a"), k.Record("b"), k.History(1), k.Starts(DefaultGroup)}, txKeys...)
+	args := append([]any{DefaultGroup, k.Channel, 60000, "1", 100, "me", 1, "PUBLISH", "0/" + strconv.Itoa(len(txArgs)),
+		eids[0], "a", "R", `"ok"`, "x", 1, eids[1], "b", "R", `"ok"`, "x", 1}, txArgs...)
+	v, err := scripts.Complete.Run(ctx, client, ks, args...).Result()
+	require.NoError(t, err)
+	out := v.([]any)
+	require.Equal(t, int64(0), out[0])
+	msg, _ := out[1].(string)
+	require.Contains(t, msg, "nothing of this request's staged writes was applied")
+	require.Zero(t, client.Exists(ctx, k.TxKey("mine")).Val(), "a write of the dead request applied")
+	require.Equal(t, "abc", client.Get(ctx, k.TxKey("counter")).Val())
+	require.True(t, strings.HasPrefix(client.Get(ctx, k.Record("b")).Val(), "L"))
 }

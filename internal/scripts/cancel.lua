@@ -15,9 +15,16 @@
 --
 -- With ARGV[7] = "q" (the children of a cancelled flow parent), a queued
 -- request is cancelled too: its entry, held by no consumer of group ARGV[6],
--- is deleted. A flow's child (KEYS[7..9] given) counts its "C" outcome in its
--- parent's flow, and the last child's releases the parent (flowrelease.lua,
--- which scripts.go puts in front of this file).
+-- is deleted. A flow's child counts its "C" outcome in its parent's flow, and
+-- the last child's releases the parent (flowrelease.lua, which scripts.go
+-- puts in front of this file). The parent is read here, in the step that
+-- cancels (field "pa" of the request's stream fields: in the schedule's data
+-- while scheduled or waiting for a retry, in its own flow hash while it is a
+-- nested parent waiting for its children, in its entry while queued), so a
+-- request that moved between the caller's reads and this step still counts:
+-- when it is not the parent the caller named (ARGV[8], with its keys as
+-- KEYS[9..11]), the script changes nothing and returns it, and the caller
+-- runs it again naming that parent.
 --
 -- KEYS[1]      the record
 -- KEYS[2]      the schedule (sorted set)
@@ -25,8 +32,11 @@
 -- KEYS[4]      the shard's counts (hash)
 -- KEYS[5]      the retry set (sorted set)
 -- KEYS[6]      the stream
--- KEYS[7..9]   optional: the flow hash, record and stream of the request's
---              parent, when it is a flow's child
+-- KEYS[7]      the request's own flow hash (a nested flow's parent)
+-- KEYS[8]      the request's progress key: it expires with the record
+-- KEYS[9..11]  optional: the flow hash, record and stream of the parent
+--              named in ARGV[8] (absent when ARGV[8] is "" or no flow hash
+--              of streamq's)
 -- ARGV[1]      the request id
 -- ARGV[2]      TTL of the stored outcome in milliseconds
 -- ARGV[3]      the completion notice channel
@@ -34,11 +44,13 @@
 -- ARGV[5]      the message stored with the outcome
 -- ARGV[6]      the answering group ("" when none)
 -- ARGV[7]      "q": cancel a queued request too; "": scheduled (or waiting) only
+-- ARGV[8]      the flow hash the caller takes for the request's parent ("": none)
 --
 -- Returns {0} when the id has no record, {1, record} when it is not scheduled
 -- (in the stream, running, or completed: the record says which), {2, the
 -- record it replaced} when it was cancelled, now or before (a record "C...": a second call, or one that
--- go-redis resent after a lost reply, changes, counts and announces nothing).
+-- go-redis resent after a lost reply, changes, counts and announces nothing);
+-- {3, parent} when the request's parent is not ARGV[8] (nothing written).
 local cur = redis.pcall("GET", KEYS[1])
 if type(cur) == "table" then
   return redis.error_reply("WRONGTYPE key " .. KEYS[1] .. " is not a streamq record")
@@ -64,6 +76,34 @@ if string.sub(cur, 1, 2) ~= "P@" and cur ~= "P&" then
   end
   queued = eid
 end
+-- The request's parent, from its stream fields.
+local flowDec, childDone, release = flowLib()
+local fields = {}
+if queued then
+  local e = redis.call("XRANGE", KEYS[6], queued, queued)
+  if e[1] then
+    fields = e[1][2]
+  end
+elseif cur == "P&" then
+  local raw = redis.pcall("HGET", KEYS[7], "e")
+  if type(raw) == "string" then
+    fields = flowDec(raw)
+  end
+else
+  local raw = redis.pcall("HGET", KEYS[3], "r" .. ARGV[1])
+  if type(raw) == "string" then
+    fields = flowDec(flowDec(raw)[4] or "")
+  end
+end
+local parent = ""
+for i = 1, #fields - 1, 2 do
+  if fields[i] == "pa" then
+    parent = fields[i + 1]
+  end
+end
+if parent ~= (ARGV[8] or "") then
+  return {3, parent}
+end
 redis.call("HINCRBY", KEYS[4], "canceled", 1)
 if queued then
   redis.call("XDEL", KEYS[6], queued)
@@ -75,11 +115,11 @@ else
 end
 local outcome = "C" .. ARGV[5]
 redis.call("SET", KEYS[1], outcome, "PX", ARGV[2])
+redis.call("PEXPIRE", KEYS[8], ARGV[2])
 redis.call(ARGV[4], ARGV[3], #ARGV[1] .. ":" .. ARGV[1] .. #outcome .. ":" .. outcome)
-if KEYS[7] then
-  local _, childDone, release = flowLib()
-  if childDone(KEYS[7], KEYS[1], outcome) then
-    release(KEYS[7], KEYS[8], KEYS[9])
+if parent ~= "" and KEYS[9] then
+  if childDone(KEYS[9], KEYS[1], outcome) then
+    release(KEYS[9], KEYS[10], KEYS[11])
   end
 end
 return {2, cur}

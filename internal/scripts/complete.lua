@@ -41,10 +41,15 @@
 --   - its request must not have an outcome yet (the record holds P..., or
 --     nothing), else its writes are skipped and it completes as a duplicate;
 --   - every staged key must hold the type its command needs (or nothing),
---     following what the call's earlier staged writes do to it, and a counter
---     that INCRBY (HINCRBY, ...) increments must hold a number unless a
---     staged write of the call touched it first; else the item becomes a
---     dead letter and nothing of it is applied.
+--     following what the call's earlier staged writes do to it; else the
+--     item becomes a dead letter and nothing of it is applied.
+-- Right before an item's first write (so after the call's earlier items'
+-- writes, which it sees), the numbers its counters need are checked as
+-- Redis parses them: an increment argument, and the value a counter that
+-- INCRBY (INCRBYFLOAT, HINCRBY, ...) increments holds, unless the item's own
+-- earlier staged write touched that key (or hash field); a float counter's
+-- sum must stay finite. A failed check makes the item a dead letter with
+-- nothing of it applied.
 -- A dropped item is taken out of the call (ARGV and KEYS compacted), and a
 -- dead one gets code "L", so the phases below run unchanged and a call
 -- without staged writes runs exactly what it always did. The writes run
@@ -66,7 +71,10 @@
 -- KEYS[4+n+3c]     the history hash of the hour of ARGV[7] (n: the number of items)
 -- KEYS[5+n+3c]     the group's start-count hash (see charge.lua): completed ids are
 --                  removed from it
--- KEYS[6+n+3c ..] the keys of the staged writes, if any (declared for a cluster)
+-- KEYS[6+n+3c ..] the progress keys of the items listed after "~" in ARGV[9], in
+--                  that order (p: their number): each expires with its item's
+--                  record (PEXPIRE to the record TTL) when the outcome is recorded
+-- KEYS[6+n+3c+p ..] the keys of the staged writes, if any (declared for a cluster)
 -- ARGV[1]          consumer group
 -- ARGV[2]          notification channel
 -- ARGV[3]          record TTL in milliseconds
@@ -81,9 +89,14 @@
 --                  answering group. Then, for the answering group, ":<i>,<j>,..."
 --                  when items i, j, ... are children of flows (entry field "pa"):
 --                  each one's first outcome is recorded in its flow hash too, and
---                  the last child's releases the parent in this same step; and
---                  "/<m>" when the last m ARGV are the staged writes. A call
---                  without children or staged writes carries no extra key or
+--                  the last child's releases the parent in this same step;
+--                  "~<i>,<j>,..." when items i, j, ... have a progress key to
+--                  expire with their record (a delivery that reported progress,
+--                  or a redelivery: an earlier one may have); "+<e>" when e ARGV
+--                  follow the items: pairs of an item index and the item's flow
+--                  fields ("pa", "fp", "ff"; length-prefixed), which its dead
+--                  letter keeps; and "/<m>" when the last m ARGV are the staged
+--                  writes. A call without any of them carries no extra key or
 --                  argument: "0" or "1".
 -- ARGV[10+6(i-1) .. 15+6(i-1)]  item i: entry id, request id, code, value, payload, deliveries
 --   code "R": value is the encoded response
@@ -91,7 +104,8 @@
 --   code "L": value is an error message; the item is also appended to the dead-letter
 --             stream, unless the request already had an outcome
 --   code "S": acknowledge only (an entry requeued for another group)
--- ARGV[10+6n ..]   staged writes, per item that has them: the item's index, its number
+-- ARGV[10+6n ..]   the items' flow fields ("+<e>" above), then the staged
+--                  writes, per item that has them: the item's index, its number
 --                  of commands, then per command: a header (the key type it needs: s
 --                  string, h hash, S set, l list, z zset, x stream, = any then string,
 --                  - any then none, . any unchanged; then where its keys are: F the
@@ -104,20 +118,23 @@
 -- the error that made it a dead letter (a staged write refused). An error reply,
 -- before any write, when the dead-letter key holds another type.
 local group, channel, ttl, store = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == "1"
-local flag, txlen, children = ARGV[9], 0, nil
+local flag, txlen, extralen, children, progressed = ARGV[9], 0, 0, nil, nil
 if #flag > 1 then
-  local slash = string.find(flag, "/", 1, true)
-  if slash then
-    txlen = tonumber(string.sub(flag, slash + 1))
-    flag = string.sub(flag, 1, slash - 1)
-  end
-  if #flag > 1 then
-    children = string.sub(flag, 3)
+  for mark, v in string.gmatch(string.sub(flag, 2), "([:~+/])([%d,]*)") do
+    if mark == ":" then
+      children = v
+    elseif mark == "~" then
+      progressed = v
+    elseif mark == "+" then
+      extralen = tonumber(v)
+    else
+      txlen = tonumber(v)
+    end
   end
   flag = string.sub(flag, 1, 1)
 end
 local fanout = flag == "1"
-local n = (#ARGV - 9 - txlen) / 6
+local n = (#ARGV - 9 - extralen - txlen) / 6
 
 -- The children of flows among the items: item index -> the position before
 -- its three flow keys (KEYS[p+1], KEYS[p+2], KEYS[p+3]).
@@ -131,6 +148,28 @@ if children then
   end
 end
 local history, starts = KEYS[4 + n + nflow], KEYS[5 + n + nflow]
+
+-- The items whose progress key expires with their record: item index ->
+-- the position of that key (after the start-count hash, in item order).
+local progressOf
+if progressed then
+  progressOf = {}
+  local at = 5 + n + nflow
+  for idx in string.gmatch(progressed, "%d+") do
+    at = at + 1
+    progressOf[tonumber(idx)] = at
+  end
+end
+
+-- The flow fields of the items that may become dead letters: item index ->
+-- its fields, length-prefixed (name, value...).
+local extra
+if extralen > 0 then
+  extra = {}
+  for p = 10 + 6 * n, 9 + 6 * n + extralen, 2 do
+    extra[tonumber(ARGV[p])] = ARGV[p + 1]
+  end
+end
 
 local function item(i)
   local b = 10 + 6 * (i - 1)
@@ -147,7 +186,7 @@ end
 local tx, txApply
 if txlen > 0 then
   tx = {}
-  local p = 10 + 6 * n
+  local p = 10 + 6 * n + extralen
   while p <= #ARGV do
     local i, c = tonumber(ARGV[p]), tonumber(ARGV[p + 1])
     p = p + 2
@@ -171,25 +210,171 @@ if txlen > 0 then
     end
     return v
   end
-  -- Counters whose current value is checked too (an INCRBY on "abc" would
-  -- fail while applying, after the item's earlier writes), unless a staged
-  -- write of this call touched the key (or the hash field) before.
+  -- Counters: the commands whose increment argument and current value
+  -- Redis parses as a number (kind "i" an integer, "f" a float; "I", "F"
+  -- the same in a hash field), and where the increment is (its ARGV offset
+  -- from the command's name).
   local counters = {INCR = "i", INCRBY = "i", DECR = "i", DECRBY = "i", INCRBYFLOAT = "f",
     HINCRBY = "I", HINCRBYFLOAT = "F"}
-  local written = {} -- keys ("key" or "key\0field") staged writes of this call touch
-  local function badCounter(kind, v)
-    if not v then
-      return false
-    elseif kind == "i" or kind == "I" then
-      return not (v == "0" or (#v <= 20 and string.match(v, "^-?[1-9]%d*$")))
+  local increments = {INCRBY = 2, DECRBY = 2, INCRBYFLOAT = 2, HINCRBY = 3, HINCRBYFLOAT = 3}
+  -- isInteger: v is what Redis's string2ll takes (INCRBY's counters and
+  -- increments): no sign but "-", no leading zero, no space, in int64.
+  local function isInteger(v)
+    if v == "0" then
+      return true
     end
-    return tonumber(v) == nil
+    if #v > 20 or not string.match(v, "^-?[1-9]%d*$") then
+      return false
+    end
+    local digits = string.match(v, "%d+")
+    if #digits ~= 19 then
+      return #digits < 19
+    end
+    if string.sub(v, 1, 1) == "-" then
+      return digits <= "9223372036854775808"
+    end
+    return digits <= "9223372036854775807"
   end
-  -- txTypes checks the key types one item's writes need (and the values of
-  -- the counters it increments); it returns an error message, or nil and
-  -- what the item's writes make of the keys.
+  -- floatValue returns the number v stands for when Redis's string2ld
+  -- (strtold over all of v: INCRBYFLOAT's counters and increments) takes
+  -- it and it is finite, else nil: no leading space, nothing after the
+  -- number, no NaN; "inf" parses, but no increment of it is finite. Decimal
+  -- and hexadecimal ("0x1.8p1") forms follow strtold's grammar. A number
+  -- beyond a double's range (what Lua holds), which Redis takes where long
+  -- double is wider, is refused too: refused here, nothing is written.
+  local function floatValue(v)
+    if #v == 0 or #v >= 5120 or string.find(v, "^%s") then
+      return nil
+    end
+    local body = string.gsub(v, "^[+-]", "", 1)
+    local mant, rest, nonzero
+    if string.find(body, "^0[xX]") then
+      mant, rest = string.match(body, "^0[xX](%x*%.?%x*)(.*)$")
+      if not mant or not string.find(mant, "%x") then
+        return nil
+      end
+      if rest ~= "" and not string.find(rest, "^[pP][+-]?%d+$") then
+        return nil
+      end
+      nonzero = string.find(mant, "[1-9a-fA-F]")
+    else
+      mant, rest = string.match(body, "^(%d*%.?%d*)(.*)$")
+      if not mant or not string.find(mant, "%d") then
+        return nil
+      end
+      if rest ~= "" and not string.find(rest, "^[eE][+-]?%d+$") then
+        return nil
+      end
+      nonzero = string.find(mant, "[1-9]")
+    end
+    -- The form is valid: Lua's tonumber (strtod) reads it whole.
+    local n = tonumber(v)
+    if not n or n ~= n or n == math.huge or n == -math.huge or (n == 0 and nonzero) then
+      return nil
+    end
+    return n
+  end
+  -- counterError checks staged command j (t.cmds[j], a counter's) of an
+  -- item before any of the item's writes: its increment, and the current
+  -- value at the key (or hash field), unless touched says an earlier write
+  -- of the item's changed it (Redis then refuses it while applying, after
+  -- those writes). Returns an error message, or nil.
+  local function counterError(j, c, touched)
+    local b = c[2]
+    local name = ARGV[b]
+    local counter = counters[name]
+    if not counter then
+      return nil
+    end
+    local nothing = ": nothing of this request's staged writes was applied"
+    local float = counter == "f" or counter == "F"
+    local inc = 1
+    if increments[name] then
+      local arg = ARGV[b + increments[name]]
+      if float then
+        inc = floatValue(arg)
+      elseif isInteger(arg) then
+        inc = tonumber(arg)
+      else
+        inc = nil
+      end
+      if not inc then
+        return "staged command " .. j .. " (" .. name .. ") has an increment that Redis refuses (" ..
+          string.sub(arg, 1, 40) .. ")" .. nothing
+      end
+    end
+    local key, at, place = ARGV[b + 1], ARGV[b + 1], "key " .. ARGV[b + 1]
+    if counter == "I" or counter == "F" then
+      at = key .. "\0" .. ARGV[b + 2]
+      place = "field " .. ARGV[b + 2] .. " of key " .. key
+    end
+    if touched[key] or touched[at] then
+      return nil
+    end
+    local v
+    if at == key then
+      v = redis.pcall("GET", key)
+    else
+      v = redis.pcall("HGET", key, ARGV[b + 2])
+    end
+    if type(v) ~= "string" then
+      return nil -- nothing there (a 0), or another type (the type check's)
+    end
+    local ok
+    if float then
+      local cur = floatValue(v)
+      ok = cur ~= nil
+      if ok then
+        local sum = cur + inc
+        if sum ~= sum or sum == math.huge or sum == -math.huge then
+          return "staged command " .. j .. " (" .. name .. ") would make the number at " .. place ..
+            " infinite" .. nothing
+        end
+      end
+    else
+      ok = isInteger(v)
+    end
+    if not ok then
+      local what = float and "a number" or "an integer"
+      return "staged command " .. j .. " (" .. name .. ") needs " .. what .. " at " .. place .. ', which holds "' ..
+        string.sub(v, 1, 40) .. '"' .. nothing
+    end
+    return nil
+  end
+  -- txCounters checks the counters of an item's writes, before the first of
+  -- them, against the keys as the call's earlier items left them. Returns
+  -- an error message, or nil.
+  local function txCounters(t)
+    local touched = {}
+    for j, c in ipairs(t.cmds) do
+      local err = counterError(j, c, touched)
+      if err then
+        return err
+      end
+      local where, b, e = string.sub(c[1], 2, 2), c[2], c[3]
+      local step = 1
+      if where == "F" then
+        e = b + 1
+      elseif where == "P" then
+        step = 2
+      end
+      local counter = counters[ARGV[b]]
+      for a = b + 1, e, step do
+        if counter == "I" or counter == "F" then
+          touched[ARGV[a] .. "\0" .. ARGV[b + 2]] = true -- the field
+        else
+          touched[ARGV[a]] = true -- the whole key
+        end
+      end
+    end
+    return nil
+  end
+  -- txTypes checks the key types one item's writes need, following what
+  -- the call's earlier items and the item's own earlier writes do to them;
+  -- it returns an error message, or nil and what the item's writes make of
+  -- the keys.
   local function txTypes(t)
-    local mine, touched = {}, {}
+    local mine = {}
     for j, c in ipairs(t.cmds) do
       local kind, where, b, e = string.sub(c[1], 1, 1), string.sub(c[1], 2, 2), c[2], c[3]
       local step = 1
@@ -207,39 +392,15 @@ if txlen > 0 then
             return "WRONGTYPE staged command " .. j .. " (" .. ARGV[b] .. ") needs a " .. want .. " at key " ..
               key .. ", which holds a " .. cur .. ": nothing of this request's staged writes was applied"
           end
-          local counter, at = counters[ARGV[b]], key
-          if counter == "I" or counter == "F" then
-            at = key .. "\0" .. ARGV[b + 2]
-          end
-          if counter and cur == want and not (touched[key] or written[key] or touched[at] or written[at]) then
-            local v
-            if at == key then
-              v = redis.call("GET", key)
-            else
-              v = redis.call("HGET", key, ARGV[b + 2])
-            end
-            if badCounter(counter, v) then
-              local what, place = "an integer", "key " .. key
-              if counter == "f" or counter == "F" then
-                what = "a number"
-              end
-              if at ~= key then
-                place = "field " .. ARGV[b + 2] .. " of key " .. key
-              end
-              return "staged command " .. j .. " (" .. ARGV[b] .. ") needs " .. what .. " at " .. place .. ', which holds "' ..
-                string.sub(v, 1, 40) .. '": nothing of this request\'s staged writes was applied'
-            end
-          end
-          touched[at] = true -- the field for HINCRBY, else the whole key
           mine[key] = want
         elseif kind == "=" then
-          mine[key], touched[key] = "string", true
+          mine[key] = "string"
         elseif kind == "-" then
-          mine[key], touched[key] = "none", true
+          mine[key] = "none"
         end
       end
     end
-    return nil, mine, touched
+    return nil, mine
   end
 
   local me, seen, dropped = ARGV[6], {}, false
@@ -261,16 +422,13 @@ if txlen > 0 then
         end
       end
       if t.state == "apply" then
-        local err, mine, touched = txTypes(t)
+        local err, mine = txTypes(t)
         if err then
           t.state, t.err = "dead", err
           ARGV[b + 2], ARGV[b + 3] = "L", err
         else
           for k, v in pairs(mine) do
             types[k] = v
-          end
-          for k in pairs(touched) do
-            written[k] = true
           end
         end
       end
@@ -291,7 +449,7 @@ if txlen > 0 then
   -- Take dropped items out: no XACK, HDEL, XDEL, record or notice for them.
   tx.sent = n
   if dropped then
-    local kept, keys, moved = {}, {}, childOf and {}
+    local kept, keys, moved, movedProgress, movedExtra = {}, {}, childOf and {}, progressOf and {}, extra and {}
     for i = 1, n do
       local t = tx[i]
       if not (t and t.state == "drop") then
@@ -302,6 +460,12 @@ if txlen > 0 then
         keys[#keys + 1] = KEYS[3 + i]
         if moved then
           moved[#keys] = childOf[i] -- the item's new index; its flow keys stay where they are
+        end
+        if movedProgress then
+          movedProgress[#keys] = progressOf[i]
+        end
+        if movedExtra then
+          movedExtra[#keys] = extra[i]
         end
         if t then
           t.at = #keys
@@ -316,6 +480,8 @@ if txlen > 0 then
     end
     n = #keys
     childOf = moved or childOf
+    progressOf = movedProgress or progressOf
+    extra = movedExtra or extra
   end
   for i, t in pairs(tx) do
     if type(i) == "number" and t.at == nil then
@@ -331,18 +497,22 @@ if txlen > 0 then
     for i = 1, tx.sent do
       local t = tx[i]
       if t and t.state == "apply" then
-        for j, c in ipairs(t.cmds) do
+        -- Its counters, as the call's earlier items left them.
+        local err = txCounters(t)
+        for j, c in ipairs(err and {} or t.cmds) do
           local r = redis.pcall(unpack(ARGV, c[2], c[3]))
           if type(r) == "table" and r.err then
-            t.state = "dead"
-            t.err = "staged command " .. j .. " (" .. ARGV[c[2]] .. ") failed: " .. r.err .. "; " .. (j - 1) ..
+            err = "staged command " .. j .. " (" .. ARGV[c[2]] .. ") failed: " .. r.err .. "; " .. (j - 1) ..
               " of the request's " .. #t.cmds .. " staged writes were applied"
-            local b = 10 + 6 * (t.at - 1)
-            ARGV[b + 2], ARGV[b + 3] = "L", t.err
-            firstAck[t.at] = true -- acknowledged by this call, and owned: the group's first
-            dead = dead + 1
             break
           end
+        end
+        if err then
+          t.state, t.err = "dead", err
+          local b = 10 + 6 * (t.at - 1)
+          ARGV[b + 2], ARGV[b + 3] = "L", err
+          firstAck[t.at] = true -- acknowledged by this call, and owned: the group's first
+          dead = dead + 1
         end
       end
     end
@@ -437,6 +607,14 @@ local function deadLetter(i)
   if deadLevel then
     fields[15], fields[16] = "pr", deadLevel
   end
+  if extra and extra[i] then
+    -- A flow's parent or child keeps its flow fields ("pa", "fp", "ff"),
+    -- which requeue.lua copies back into the new entry.
+    local flowDec = flowLib()
+    for _, f in ipairs(flowDec(extra[i])) do
+      fields[#fields + 1] = f
+    end
+  end
   redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[5], "*", unpack(fields))
 end
 
@@ -496,6 +674,10 @@ for i = 1, n do
       end
       if code == "L" or not first then
         redis.call("SET", key, first and rec or prev, "PX", ttl)
+      end
+      if progressOf and progressOf[i] then
+        -- Its progress value lives as long as the record, no longer.
+        redis.call("PEXPIRE", KEYS[progressOf[i]], ttl)
       end
       if childOf and childOf[i] and first then
         -- A flow's child: its first outcome counts in the flow, and the last

@@ -17,6 +17,8 @@
 -- KEYS[6]  the shard's retry set (sorted set)
 -- KEYS[7]  optional: the stream of priority level "high" of the shard
 -- KEYS[8]  optional: the stream of priority level "low" of the shard
+-- KEYS[9]  optional: the request's progress key, deleted with the record (a
+--          request produced again later does not show this one's progress)
 -- ARGV[1]  consumer group
 -- ARGV[2]  "1": forget even while a consumer holds the entry
 -- ARGV[3]  the request id (its member in the schedule is "r" .. id)
@@ -53,4 +55,7 @@ elseif string.sub(rec, 1, 1) == "P" then
   redis.call("HDEL", KEYS[3], eid)
 end
 redis.call("DEL", KEYS[1])
+if KEYS[9] then
+  redis.call("DEL", KEYS[9])
+end
 return {"ok", rec}

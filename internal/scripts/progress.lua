@@ -16,8 +16,10 @@
 -- KEYS[2]  the progress key ("<seq>:<value>")
 -- ARGV[1]  the entry id
 -- ARGV[2]  the value
--- ARGV[3]  the least TTL of the progress key, ms (it takes the record's
---          TTL when that is longer)
+-- ARGV[3]  the TTL of the progress key, ms, when the record has none (else
+--          it takes the record's: the value never outlives the record, and
+--          complete.lua expires it with the record when the outcome is
+--          recorded; forget.lua and cancel.lua too)
 -- ARGV[4]  the notice channel
 -- ARGV[5]  "PUBLISH" or "SPUBLISH"
 -- ARGV[6]  the request id
@@ -31,7 +33,10 @@ local cur = redis.pcall("GET", KEYS[2])
 if type(cur) == "string" then
   seq = (tonumber(string.match(cur, "^(%d+):")) or 0) + 1
 end
-local ttl = math.max(redis.call("PTTL", KEYS[1]), tonumber(ARGV[3]))
+local ttl = redis.call("PTTL", KEYS[1])
+if ttl <= 0 then
+  ttl = tonumber(ARGV[3])
+end
 redis.call("SET", KEYS[2], seq .. ":" .. ARGV[2], "PX", ttl)
 local s = tostring(seq)
 redis.call(ARGV[5], ARGV[4], "~" .. #ARGV[6] .. ":" .. ARGV[6] .. #s .. ":" .. s .. #ARGV[2] .. ":" .. ARGV[2])

@@ -1,7 +1,9 @@
 -- requeue.lua: move a dead letter back to the queue's stream (of its priority level).
 --
 -- The request keeps its id; its record is reset to in flight so that new callers
--- of that id attach to the new entry instead of getting the old error.
+-- of that id attach to the new entry instead of getting the old error. The
+-- new entry keeps the dead letter's flow fields ("pa", "fp", "ff": a flow's
+-- parent still reads its children).
 --
 -- Idempotent by dead-letter id: a marker remembers the new entry id for a while,
 -- so a call sent again after its reply was lost (go-redis resends a command
@@ -39,7 +41,8 @@
 -- already requeued), false when the dead letter does not exist, or
 -- {"inflight", record} when the request id is in flight again (nothing
 -- written).
-if #redis.call("XRANGE", KEYS[2], ARGV[1], ARGV[1]) == 0 then
+local dead = redis.call("XRANGE", KEYS[2], ARGV[1], ARGV[1])
+if #dead == 0 then
   return redis.call("GET", KEYS[4])
 end
 if ARGV[2] ~= "" and ARGV[7] ~= "0" then
@@ -55,6 +58,15 @@ if ARGV[6] ~= "" then
 end
 if ARGV[8] and ARGV[8] ~= "" then
   fields[#fields + 1], fields[#fields + 2] = "pr", ARGV[8]
+end
+-- A flow's parent or child keeps its flow fields: a parent still reads its
+-- children (Message.Children), a child's outcome was counted in its flow.
+local df = dead[1][2]
+for i = 1, #df - 1, 2 do
+  local f = df[i]
+  if f == "pa" or f == "fp" or f == "ff" then
+    fields[#fields + 1], fields[#fields + 2] = f, df[i + 1]
+  end
 end
 local eid = redis.call("XADD", KEYS[1], "*", unpack(fields))
 redis.call("XDEL", KEYS[2], ARGV[1])
