@@ -166,6 +166,13 @@ func (c *committer[Req, Resp]) isQuiet() bool {
 	return c.busy == 0 && len(c.starts) == 0 && len(c.outcomes) == 0
 }
 
+// quietNow reports whether nothing is queued or in flight now.
+func (c *committer[Req, Resp]) quietNow() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.isQuiet()
+}
+
 // awaitQuiet waits until nothing is queued or in flight, at most bound, or
 // until ctx ends. It yields first, so that workers woken by the caller queue
 // their starts before it looks.

@@ -18,8 +18,9 @@ import (
 	"github.com/streamq/streamq/internal/scripts"
 )
 
-// shortReadPause bounds how long a feeder whose read came back short waits
-// for the shard's committer to be quiet before it reads again (see feed).
+// shortReadPause bounds how long a feeder whose read came back short, while
+// the shard was busy, waits for the shard's committer to be quiet before it
+// reads again (see feed).
 // It is the most that a request arriving while the shard is busy waits
 // longer to be read; at idle a blocking read is already waiting for it.
 const shortReadPause = 2 * time.Millisecond
@@ -91,14 +92,19 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 				// place without waiting for ReadBlock.
 				block = time.Millisecond
 			}
-			got, err = r.readNew(read, shard, n, max(block, time.Millisecond))
+			var busy bool
+			got, busy, err = r.readNew(read, shard, n, max(block, time.Millisecond))
 			drained = err == nil && got == 0
-			if err == nil && got > 0 && got < n {
-				// A short read: the stream is drained. Before blocking
-				// again, let what it brought start and be recorded (up to
-				// shortReadPause): what arrives meanwhile then comes in
-				// one read, and its starts and outcomes in one tick each,
-				// instead of a read and two ticks per entry.
+			if err == nil && got > 0 && got < n && busy {
+				// A short read while the shard was busy with earlier
+				// entries: the stream is drained and requests trickle in.
+				// Before blocking again, let what it brought start and be
+				// recorded (up to shortReadPause): what arrives meanwhile
+				// then comes in one read, and its starts and outcomes in
+				// one tick each, instead of a read and two ticks per
+				// entry. A read that found the shard quiet blocks again at
+				// once: a request at a time (a caller that waits for each
+				// outcome before the next) finds a read waiting in Redis.
 				r.committers[shard].awaitQuiet(ctx, shortReadPause)
 			}
 			if full := got == n; err == nil && full != backlogged {
@@ -168,8 +174,10 @@ func (r *run[Req, Resp]) awaitLevel(ctx, read context.Context, shard int) bool {
 func isNoGroup(err error) bool { return err != nil && strings.Contains(err.Error(), "NOGROUP") }
 
 // readNew reads up to n new entries of a shard, blocking up to block, and
-// returns how many it admitted.
-func (r *run[Req, Resp]) readNew(ctx context.Context, shard, n int, block time.Duration) (int, error) {
+// returns how many it admitted, and whether the shard's committer had work
+// queued or in flight when the read returned, before its entries were
+// admitted (busy).
+func (r *run[Req, Resp]) readNew(ctx context.Context, shard, n int, block time.Duration) (got int, busy bool, err error) {
 	at := mono()
 	res, err := r.c.client.XReadGroup(ctx, &redis.XReadGroupArgs{
 		Group:    r.c.opts.Group,
@@ -180,17 +188,17 @@ func (r *run[Req, Resp]) readNew(ctx context.Context, shard, n int, block time.D
 	}).Result()
 	if errors.Is(err, redis.Nil) {
 		r.c.markReady()
-		return 0, nil
+		return 0, false, nil
 	}
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	r.c.markReady()
-	got := 0
+	busy = !r.committers[shard].quietNow()
 	for _, st := range res {
 		got += r.admit(shard, st.Messages, at, func(i int) int { return carriedStarts(st.Messages[i]) })
 	}
-	return got, nil
+	return got, busy, nil
 }
 
 // readHistory reads up to n of this consumer's own pending entries of a shard
