@@ -453,8 +453,10 @@ const runNowMarkerTTL = 10 * time.Minute
 // request keeps its record (callers waiting on the id get its result), its
 // start count (MaxDeliveries counts on) and its stream fields. It addresses
 // the Admin's group's retry (AdminOptions.Group; a fan-out group's retry has
-// no record). RunNow is idempotent for 10 minutes: asking again for a job it
-// promoted succeeds and does nothing. It returns ErrNotScheduled when the
+// no record). A call sent again (after a lost reply) succeeds and does
+// nothing while the entry the first call appended is still in the stream
+// (queued or running; remembered for 10 minutes); a job that failed again
+// and waits for its retry once more is run again. It returns ErrNotScheduled when the
 // job is not waiting in the schedule (queued, running, completed or
 // cancelled) and ErrNotFound when the request has no record. A nil ctx
 // panics.
