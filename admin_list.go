@@ -258,7 +258,7 @@ func (a *Admin) Jobs(ctx context.Context, q JobsQuery) (JobsPage, error) {
 		return page, err
 	}
 	if q.ID != "" && (q.State == JobQueued || q.State == JobRunning) {
-		return a.jobByID(ctx, q, len(shards))
+		return a.jobByID(ctx, q, shards)
 	}
 	// The sources read: the shards, and for queued and running jobs each
 	// shard's stream of every priority level (pageItem.src).
@@ -678,7 +678,7 @@ func levelNamed(name string) PriorityLevel {
 
 // jobByID answers an ID search of queued or running jobs from the id's
 // record (Admin.Job): a page of that job, or an empty one.
-func (a *Admin) jobByID(ctx context.Context, q JobsQuery, nShards int) (JobsPage, error) {
+func (a *Admin) jobByID(ctx context.Context, q JobsQuery, shards []keys.Keys) (JobsPage, error) {
 	page := JobsPage{Jobs: []JobSummary{}, Total: -1}
 	info, err := a.Job(ctx, q.ID)
 	if errors.Is(err, ErrNotFound) {
@@ -690,9 +690,21 @@ func (a *Admin) jobByID(ctx context.Context, q JobsQuery, nShards int) (JobsPage
 	if info.State != q.State {
 		return page, nil
 	}
-	page.Jobs = append(page.Jobs, JobSummary{
-		ID: info.ID, State: info.State, Shard: keys.ShardOf(q.ID, nShards), EntryID: info.EntryID,
+	sum := JobSummary{
+		ID: info.ID, State: info.State, Shard: info.Shard, EntryID: info.EntryID, Priority: info.Priority,
 		ProducedAt: info.Enqueued, Deliveries: info.Deliveries, Consumer: info.Consumer, Idle: info.Idle,
-	})
+	}
+	// The payload, as the list gives it: its first jobsPayloadCap bytes.
+	k := shards[info.Shard].AtLevel(levelNames[levelOf[info.Priority]])
+	if payload, err := scripts.EntryPayload.Run(ctx, a.client, []string{k.Stream}, info.EntryID, jobsPayloadCap).Text(); err == nil {
+		sum.Payload = payloadBytes(payload)
+	} else if !errors.Is(err, redis.Nil) {
+		return page, fmt.Errorf("streamq: read the payload of %q in %s: %w", q.ID, a.queue, err)
+	}
+	page.Jobs = append(page.Jobs, sum)
 	return page, nil
 }
+
+// jobsPayloadCap is the most payload bytes a JobSummary holds (jobs.lua's
+// cap).
+const jobsPayloadCap = 4096

@@ -56,6 +56,10 @@ var (
 	flowSrc string
 	//go:embed progress.lua
 	progressSrc string
+	//go:embed payload.lua
+	payloadSrc string
+	//go:embed cancelretry.lua
+	cancelRetrySrc string
 )
 
 // The scripts. Run uses EVALSHA and falls back to EVAL when the server lacks the script.
@@ -86,4 +90,8 @@ var (
 	Flow = redis.NewScript(flowReleaseSrc + flowSrc)
 	// Progress stores and announces a handler's progress value.
 	Progress = redis.NewScript(progressSrc)
+	// EntryPayload reads the start of one entry's payload.
+	EntryPayload = redis.NewScript(payloadSrc)
+	// CancelRetry cancels a fan-out group's waiting retry.
+	CancelRetry = redis.NewScript(cancelRetrySrc)
 )
