@@ -303,7 +303,15 @@ func (a *Admin) existingShards(ctx context.Context) ([]keys.Keys, error) {
 // request again returns nil and counts nothing (so does a resend after a lost
 // reply). A request that is already in the stream, running or completed
 // cannot be cancelled: Cancel returns ErrNotScheduled; an id with no record
-// returns ErrNotFound. A nil ctx panics.
+// returns ErrNotFound.
+//
+// With AdminOptions.Group naming a fan-out group, Cancel drops that group's
+// retry of the id waiting in the retry set instead (counted in
+// Stats.Canceled): the group does not run the request again, and the
+// request's record, its callers and the answering group's retry are left
+// alone. A fan-out group keeps no record, so Cancel returns ErrNotScheduled
+// when the group has no retry of the id waiting, also when an earlier call
+// cancelled it. A nil ctx panics.
 func (a *Admin) Cancel(ctx context.Context, id string) error {
 	mustContext(ctx, "Admin.Cancel")
 	if err := validateID(id); err != nil {
@@ -314,6 +322,20 @@ func (a *Admin) Cancel(ctx context.Context, id string) error {
 		return err
 	}
 	k := shards[keys.ShardOf(id, len(shards))]
+	t, err := a.target(ctx)
+	if err != nil {
+		return err
+	}
+	if t.fanout {
+		n, err := scripts.CancelRetry.Run(ctx, a.client, []string{k.Retry, k.ScheduleData, k.Counts}, fanoutMember(t.group, id)).Int64()
+		if err != nil {
+			return fmt.Errorf("streamq: cancel group %s's retry of %q: %w", t.group, id, err)
+		}
+		if n == 0 {
+			return fmt.Errorf("%w: group %s of %s has no retry of request %q waiting (never failed there, already run, or cancelled)", ErrNotScheduled, t.group, a.queue, id)
+		}
+		return nil
+	}
 	// A flow's child names its parent in its stream fields: in the schedule's
 	// data while it waits there, in its own flow hash while it is a nested
 	// parent waiting for its children.
