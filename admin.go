@@ -523,9 +523,11 @@ type HistoryPoint struct {
 // History returns processed and failed per minute over the last span (0 or
 // more than 24h: 24 hours), one point per minute, oldest first, the current
 // minute last, minutes without completions zero-filled, summed over every
-// shard and every consumer (every replica writes the same hashes). It reads
-// one hash per hour and shard in one pipelined round trip (after reading the
-// shard count). The minutes are those of the consumers' clocks; a span is
+// shard and every consumer of the Admin's group (AdminOptions.Group; default
+// the answering group: a job that fan-out groups process too counts once;
+// every replica writes the same hashes). It reads one hash per hour and
+// shard in one pipelined round trip (after reading the shard count and the
+// answering group). The minutes are those of the consumers' clocks; a span is
 // clamped to 24 hours, which the hashes keep (25 hours).
 func (a *Admin) History(ctx context.Context, span time.Duration) ([]HistoryPoint, error) {
 	mustContext(ctx, "Admin.History")
@@ -533,6 +535,10 @@ func (a *Admin) History(ctx context.Context, span time.Duration) ([]HistoryPoint
 		span = 24 * time.Hour
 	}
 	shards, err := a.shards(ctx)
+	if err != nil {
+		return nil, err
+	}
+	t, err := a.target(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -551,7 +557,11 @@ func (a *Admin) History(ctx context.Context, span time.Duration) ([]HistoryPoint
 	var reads []read
 	for _, k := range shards {
 		for h := firstHour; h <= lastHour; h++ {
-			reads = append(reads, read{h, pipe.HGetAll(ctx, k.History(h))})
+			key := k.History(h)
+			if t.fanout {
+				key = k.GroupHistory(t.group, h)
+			}
+			reads = append(reads, read{h, pipe.HGetAll(ctx, key)})
 		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {

@@ -274,7 +274,9 @@ func requeueInFlightError(deadLetterID, id, queue, rec string) error {
 }
 
 // PurgeDeadLetters deletes dead letters of the Admin's group: the given ids,
-// or all of them when none is given. It returns how many were deleted.
+// or all of them when none is given. It returns how many were deleted
+// (without ids, each shard's count and deletion are one atomic step, so dead
+// letters added meanwhile are either counted and deleted, or kept).
 func (a *Admin) PurgeDeadLetters(ctx context.Context, deadLetterIDs ...string) (int64, error) {
 	mustContext(ctx, "Admin.PurgeDeadLetters")
 	shards, err := a.shards(ctx)
@@ -288,14 +290,15 @@ func (a *Admin) PurgeDeadLetters(ctx context.Context, deadLetterIDs ...string) (
 	var total int64
 	if len(deadLetterIDs) == 0 {
 		for _, k := range shards {
-			n, err := a.client.XLen(ctx, t.deadLetterKey(k)).Result()
-			if err == nil {
-				err = a.client.Del(ctx, t.deadLetterKey(k)).Err()
-			}
-			if err != nil {
+			// XLEN and DEL in one MULTI/EXEC: a dead letter added between
+			// them would be deleted without being counted.
+			pipe := a.client.TxPipeline()
+			n := pipe.XLen(ctx, t.deadLetterKey(k))
+			pipe.Del(ctx, t.deadLetterKey(k))
+			if _, err := pipe.Exec(ctx); err != nil {
 				return total, fmt.Errorf("streamq: purge dead letters of %s: %w", a.queue, err)
 			}
-			total += n
+			total += n.Val()
 		}
 		return total, nil
 	}

@@ -604,7 +604,7 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 		args[8] = string(children)
 		keyList = append(keyList, flowKeys...)
 	}
-	keyList = append(keyList, k.History(now/msPerHour)) // the minute's history (complete.lua)
+	keyList = append(keyList, historyKey(k, o, now)) // the minute's history (complete.lua)
 	keyList = append(keyList, fixed.starts)             // complete.lua drops start counts there
 	if txArgs != nil {
 		// Staged writes: their keys after the start counts, their section after the items.
@@ -626,4 +626,14 @@ func (r *run[Req, Resp]) forgetCompletions(batch []*completion) {
 		close(cp.done)
 	}
 	r.forget(slots...)
+}
+
+// historyKey returns the history hash of the hour of now (Unix ms) that the
+// completions of o.Group count in: the answering group's, or a fan-out
+// group's own, so that a job counts once per group.
+func historyKey(k keys.Keys, o *ConsumerOptions, now int64) string {
+	if o.Fanout {
+		return k.GroupHistory(o.Group, now/msPerHour)
+	}
+	return k.History(now / msPerHour)
 }
