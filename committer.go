@@ -605,7 +605,7 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 		keyList = append(keyList, flowKeys...)
 	}
 	keyList = append(keyList, historyKey(k, o, now)) // the minute's history (complete.lua)
-	keyList = append(keyList, fixed.starts)             // complete.lua drops start counts there
+	keyList = append(keyList, fixed.starts)          // complete.lua drops start counts there
 	if txArgs != nil {
 		// Staged writes: their keys after the start counts, their section after the items.
 		keyList = append(keyList, txKeys...)
