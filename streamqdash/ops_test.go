@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamq/streamq"
@@ -250,5 +249,3 @@ func TestRetryRowActsOnItsGroup(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, streamq.JobRetrying, info.State, "the answering group's retry of f-2 still waits")
 }
-
-var _ = redis.Nil
