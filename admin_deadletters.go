@@ -298,15 +298,13 @@ func (a *Admin) PurgeDeadLetters(ctx context.Context, deadLetterIDs ...string) (
 	var total int64
 	if len(deadLetterIDs) == 0 {
 		for _, k := range shards {
-			// XLEN and DEL in one MULTI/EXEC: a dead letter added between
-			// them would be deleted without being counted.
-			pipe := a.client.TxPipeline()
-			n := pipe.XLen(ctx, t.deadLetterKey(k))
-			pipe.Del(ctx, t.deadLetterKey(k))
-			if _, err := pipe.Exec(ctx); err != nil {
+			// XLEN and DEL in one script: a dead letter added between them
+			// would be deleted without being counted.
+			n, err := scripts.Purge.Run(ctx, a.client, []string{t.deadLetterKey(k)}).Int64()
+			if err != nil {
 				return total, fmt.Errorf("streamq: purge dead letters of %s: %w", a.queue, err)
 			}
-			total += n.Val()
+			total += n
 		}
 		return total, nil
 	}

@@ -60,6 +60,8 @@ var (
 	payloadSrc string
 	//go:embed cancelretry.lua
 	cancelRetrySrc string
+	//go:embed purge.lua
+	purgeSrc string
 )
 
 // The scripts. Run uses EVALSHA and falls back to EVAL when the server lacks the script.
@@ -94,4 +96,6 @@ var (
 	EntryPayload = redis.NewScript(payloadSrc)
 	// CancelRetry cancels a fan-out group's waiting retry.
 	CancelRetry = redis.NewScript(cancelRetrySrc)
+	// Purge deletes a dead-letter stream and counts it, in one step.
+	Purge = redis.NewScript(purgeSrc)
 )
