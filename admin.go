@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -170,6 +171,10 @@ type GroupStats struct {
 	// and reporting -1 when both sides hold more; and when other entries sit
 	// before the position too (several groups), it checks Redis's figure
 	// against the entries after the position, reading up to 100 of them.
+	// A priority level's stream where the group does not exist yet (no
+	// consumer of the group has seen the level: consumers down, or paused
+	// when its first job came) counts wholly: the group reads it from the
+	// start once created.
 	Lag int64 `json:"lag"`
 	// OldestPendingAge is the idle time of the longest-idle pending entry.
 	OldestPendingAge time.Duration `json:"oldest_pending_age_ns"`
@@ -255,7 +260,7 @@ func (a *Admin) shardStats(ctx context.Context, k keys.Keys, answering string, s
 			return err
 		}
 	}
-	_, err = a.streamGroupStats(ctx, k, length, dead, answering, s, byName)
+	_, _, err = a.streamGroupStats(ctx, k, length, dead, answering, s, byName)
 	return err
 }
 
@@ -264,12 +269,31 @@ func (a *Admin) shardStats(ctx context.Context, k keys.Keys, answering string, s
 func (a *Admin) levelStats(ctx context.Context, shards []keys.Keys, s *Stats, byName map[string]int) error {
 	var levels [numLevels]LevelStats
 	found := false
+	// The groups of each shard's default stream: a level stream that no
+	// consumer has seen yet has no group, and each of them reads its
+	// entries from the start once it creates its group there.
+	defaultGroups := make(map[int][]string)
+	groupsOf := func(shard int) ([]string, error) {
+		if names, ok := defaultGroups[shard]; ok {
+			return names, nil
+		}
+		groups, err := a.client.XInfoGroups(ctx, shards[shard].Stream).Result()
+		if err != nil && !isNoSuchKey(err) {
+			return nil, err
+		}
+		names := []string{}
+		for _, g := range groups {
+			names = append(names, g.Name)
+		}
+		defaultGroups[shard] = names
+		return names, nil
+	}
 	for _, l := range [...]int{levelHigh, levelLow, levelNormal} {
 		if l == levelNormal && !found {
 			break // only the default level: no split
 		}
 		levels[l].Priority = levelValue[l]
-		for _, k := range shards {
+		for shard, k := range shards {
 			k = k.AtLevel(levelNames[l])
 			n, err := a.client.Exists(ctx, k.Stream).Result()
 			if err != nil {
@@ -297,11 +321,30 @@ func (a *Admin) levelStats(ctx context.Context, shards []keys.Keys, s *Stats, by
 			found = true
 			s.Length += length
 			// The dead letters are the shard's, counted once by shardStats.
-			pending, err := a.streamGroupStats(ctx, k, length, -1, "", s, byName)
+			pending, seen, err := a.streamGroupStats(ctx, k, length, -1, "", s, byName)
 			if err != nil {
 				return err
 			}
 			levels[l].Pending += pending
+			names, err := groupsOf(shard)
+			if err != nil {
+				return err
+			}
+			for _, name := range names {
+				if slices.Contains(seen, name) {
+					continue
+				}
+				// No group here yet: every entry of the level waits for it.
+				i, ok := byName[name]
+				if !ok {
+					i = len(s.Groups)
+					byName[name] = i
+					s.Groups = append(s.Groups, GroupStats{Name: name})
+				}
+				if gs := &s.Groups[i]; gs.Lag >= 0 {
+					gs.Lag += length
+				}
+			}
 		}
 	}
 	if found {
@@ -313,16 +356,18 @@ func (a *Admin) levelStats(ctx context.Context, shards []keys.Keys, s *Stats, by
 }
 
 // streamGroupStats adds the groups of k.Stream (holding length entries) to
-// s and returns their pending entries. dead is the length of the answering
+// s and returns their pending entries and their names. dead is the length of the answering
 // group's dead-letter stream (group answering); -1 counts no dead letters (a
 // priority level's stream: they are the shard's).
-func (a *Admin) streamGroupStats(ctx context.Context, k keys.Keys, length, dead int64, answering string, s *Stats, byName map[string]int) (int64, error) {
+func (a *Admin) streamGroupStats(ctx context.Context, k keys.Keys, length, dead int64, answering string, s *Stats, byName map[string]int) (int64, []string, error) {
 	var pending int64
 	groups, err := a.client.XInfoGroups(ctx, k.Stream).Result()
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
+	names := make([]string, 0, len(groups))
 	for _, g := range groups {
+		names = append(names, g.Name)
 		pending += g.Pending
 		i, ok := byName[g.Name]
 		if !ok {
@@ -336,7 +381,7 @@ func (a *Admin) streamGroupStats(ctx context.Context, k keys.Keys, length, dead 
 			groupDead := dead
 			if g.Name != answering {
 				if groupDead, err = a.client.XLen(ctx, k.GroupDeadLetter(g.Name)).Result(); err != nil {
-					return 0, err
+					return 0, nil, err
 				}
 			}
 			gs.DeadLetters += groupDead
@@ -346,11 +391,11 @@ func (a *Admin) streamGroupStats(ctx context.Context, k keys.Keys, length, dead 
 		case lag < 0 || lag > length-g.Pending:
 			// Redis cannot tell, or counts entries deleted unread.
 			if lag, err = a.countLag(ctx, k.Stream, g.LastDeliveredID, length); err != nil {
-				return 0, err
+				return 0, nil, err
 			}
 		case lag > 0 && lag < length-g.Pending:
 			if lag, err = a.checkLag(ctx, k.Stream, g.LastDeliveredID, lag); err != nil {
-				return 0, err
+				return 0, nil, err
 			}
 		}
 		switch {
@@ -366,14 +411,14 @@ func (a *Admin) streamGroupStats(ctx context.Context, k keys.Keys, length, dead 
 				Stream: k.Stream, Group: g.Name, Start: "-", End: "+", Count: 1000,
 			}).Result()
 			if err != nil {
-				return 0, err
+				return 0, nil, err
 			}
 			for _, p := range pend {
 				gs.OldestPendingAge = max(gs.OldestPendingAge, p.Idle)
 			}
 		}
 	}
-	return pending, nil
+	return pending, names, nil
 }
 
 // lagCountLimit bounds the entries countLag reads on each side of a group's
@@ -480,9 +525,11 @@ type HistoryPoint struct {
 // History returns processed and failed per minute over the last span (0 or
 // more than 24h: 24 hours), one point per minute, oldest first, the current
 // minute last, minutes without completions zero-filled, summed over every
-// shard and every consumer (every replica writes the same hashes). It reads
-// one hash per hour and shard in one pipelined round trip (after reading the
-// shard count). The minutes are those of the consumers' clocks; a span is
+// shard and every consumer of the Admin's group (AdminOptions.Group; default
+// the answering group: a job that fan-out groups process too counts once;
+// every replica writes the same hashes). It reads one hash per hour and
+// shard in one pipelined round trip (after reading the shard count and the
+// answering group). The minutes are those of the consumers' clocks; a span is
 // clamped to 24 hours, which the hashes keep (25 hours).
 func (a *Admin) History(ctx context.Context, span time.Duration) ([]HistoryPoint, error) {
 	mustContext(ctx, "Admin.History")
@@ -490,6 +537,10 @@ func (a *Admin) History(ctx context.Context, span time.Duration) ([]HistoryPoint
 		span = 24 * time.Hour
 	}
 	shards, err := a.shards(ctx)
+	if err != nil {
+		return nil, err
+	}
+	t, err := a.target(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -508,7 +559,11 @@ func (a *Admin) History(ctx context.Context, span time.Duration) ([]HistoryPoint
 	var reads []read
 	for _, k := range shards {
 		for h := firstHour; h <= lastHour; h++ {
-			reads = append(reads, read{h, pipe.HGetAll(ctx, k.History(h))})
+			key := k.History(h)
+			if t.fanout {
+				key = k.GroupHistory(t.group, h)
+			}
+			reads = append(reads, read{h, pipe.HGetAll(ctx, key)})
 		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {

@@ -226,7 +226,15 @@ func (a *Admin) Requeue(ctx context.Context, deadLetterID string) (string, error
 		}
 		return entryID, nil
 	}
-	d := parseDeadLetter(msgs[0])
+	return a.requeueEntry(ctx, k, t, deadLetterID, msgs[0])
+}
+
+// requeueEntry requeues dead letter m (read from the target's dead-letter
+// stream of shard k; deadLetterID names it in errors), as Requeue does.
+func (a *Admin) requeueEntry(ctx context.Context, k keys.Keys, t deadTarget, deadLetterID string, m redis.XMessage) (string, error) {
+	dead, id := t.deadLetterKey(k), m.ID
+	marker := k.RequeueMarker(dead, id)
+	d := parseDeadLetter(m)
 	recKey := dead
 	if d.ID != "" {
 		recKey = k.Record(d.ID)
@@ -274,7 +282,9 @@ func requeueInFlightError(deadLetterID, id, queue, rec string) error {
 }
 
 // PurgeDeadLetters deletes dead letters of the Admin's group: the given ids,
-// or all of them when none is given. It returns how many were deleted.
+// or all of them when none is given. It returns how many were deleted
+// (without ids, each shard's count and deletion are one atomic step, so dead
+// letters added meanwhile are either counted and deleted, or kept).
 func (a *Admin) PurgeDeadLetters(ctx context.Context, deadLetterIDs ...string) (int64, error) {
 	mustContext(ctx, "Admin.PurgeDeadLetters")
 	shards, err := a.shards(ctx)
@@ -288,10 +298,9 @@ func (a *Admin) PurgeDeadLetters(ctx context.Context, deadLetterIDs ...string) (
 	var total int64
 	if len(deadLetterIDs) == 0 {
 		for _, k := range shards {
-			n, err := a.client.XLen(ctx, t.deadLetterKey(k)).Result()
-			if err == nil {
-				err = a.client.Del(ctx, t.deadLetterKey(k)).Err()
-			}
+			// XLEN and DEL in one script: a dead letter added between them
+			// would be deleted without being counted.
+			n, err := scripts.Purge.Run(ctx, a.client, []string{t.deadLetterKey(k)}).Int64()
 			if err != nil {
 				return total, fmt.Errorf("streamq: purge dead letters of %s: %w", a.queue, err)
 			}
@@ -346,4 +355,188 @@ func (a *Admin) DeadLetter(ctx context.Context, deadLetterID string) (DeadLetter
 	d := parseDeadLetter(msgs[0])
 	d.DeadLetterID = deadLetterID
 	return d, nil
+}
+
+// DeadLetterFilter selects dead letters for Admin.RequeueAll and
+// Admin.PurgeMatching. The zero value selects every dead letter.
+type DeadLetterFilter struct {
+	// ID keeps only the dead letters of this request id (exact match).
+	// Default "" = every id.
+	ID string
+	// ErrorContains keeps only the dead letters whose error contains it.
+	// Default "" = every error.
+	ErrorContains string
+}
+
+func (f DeadLetterFilter) match(d DeadLetter) bool {
+	return (f.ID == "" || d.ID == f.ID) && strings.Contains(d.Error, f.ErrorContains)
+}
+
+// RequeueAllResult says what Admin.RequeueAll did.
+type RequeueAllResult struct {
+	// Requeued counts the dead letters requeued.
+	Requeued int64 `json:"requeued"`
+	// Skipped are the dead letters not requeued because their request ids
+	// are in flight again (see ErrRequeueInFlight); they stay dead letters.
+	// Their Payload is not filled in.
+	Skipped []DeadLetter `json:"skipped,omitempty"`
+	// Done reports whether every selected dead letter that was there when
+	// the call began was visited; false when ctx ended first (call again for
+	// the rest; the dead letter being requeued at that moment may have been
+	// requeued without being counted).
+	Done bool `json:"done"`
+}
+
+// deadLetterBatch is how many dead letters RequeueAll and PurgeMatching read
+// at once.
+const deadLetterBatch = 100
+
+// RequeueAll requeues, as Requeue does, the dead letters of the Admin's
+// group that f selects and that were dead letters when the call began: it
+// notes each shard's newest dead letter first and stops there, so a
+// requeued request that fails again and is dead-lettered again meanwhile is
+// not requeued a second time (a poison request runs once per call). Dead
+// letters refused with ErrRequeueInFlight are listed in Skipped and stay;
+// dead letters gone meanwhile are passed over. It works until done or ctx
+// ends (Done false, and no error for that once it began: a ctx that ended
+// before gives its error); any other error stops it, with what it did so
+// far.
+func (a *Admin) RequeueAll(ctx context.Context, f DeadLetterFilter) (RequeueAllResult, error) {
+	mustContext(ctx, "Admin.RequeueAll")
+	var res RequeueAllResult
+	shards, err := a.shards(ctx)
+	if err != nil {
+		return res, err
+	}
+	t, err := a.target(ctx)
+	if err != nil {
+		return res, err
+	}
+	done, err := a.eachDeadLetter(ctx, shards, t, f, func(shard int, m redis.XMessage, d DeadLetter) error {
+		_, err := a.requeueEntry(ctx, shards[shard], t, d.DeadLetterID, m)
+		switch {
+		case err == nil:
+			res.Requeued++
+		case errors.Is(err, ErrNotFound): // requeued or purged meanwhile
+		case errors.Is(err, ErrRequeueInFlight):
+			d.Payload = nil
+			res.Skipped = append(res.Skipped, d)
+		default:
+			return err
+		}
+		return nil
+	})
+	res.Done = done
+	return res, err
+}
+
+// PurgeMatching deletes the dead letters of the Admin's group that f
+// selects and that were dead letters when the call began (see RequeueAll),
+// and returns how many it deleted. The zero filter deletes every dead
+// letter of that moment; PurgeDeadLetters without ids deletes every one in
+// one step. It works until done or ctx ends (then it returns what it deleted
+// and ctx's error).
+func (a *Admin) PurgeMatching(ctx context.Context, f DeadLetterFilter) (int64, error) {
+	mustContext(ctx, "Admin.PurgeMatching")
+	shards, err := a.shards(ctx)
+	if err != nil {
+		return 0, err
+	}
+	t, err := a.target(ctx)
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	batch := map[int][]string{}
+	flush := func(shard int) error {
+		if len(batch[shard]) == 0 {
+			return nil
+		}
+		n, err := a.client.XDel(ctx, t.deadLetterKey(shards[shard]), batch[shard]...).Result()
+		if err != nil {
+			return fmt.Errorf("streamq: purge dead letters of %s: %w", a.queue, err)
+		}
+		total += n
+		batch[shard] = batch[shard][:0]
+		return nil
+	}
+	last := -1
+	done, err := a.eachDeadLetter(ctx, shards, t, f, func(shard int, m redis.XMessage, _ DeadLetter) error {
+		if shard != last && last >= 0 {
+			if err := flush(last); err != nil {
+				return err
+			}
+		}
+		last = shard
+		batch[shard] = append(batch[shard], m.ID)
+		if len(batch[shard]) >= deadLetterBatch {
+			return flush(shard)
+		}
+		return nil
+	})
+	if err == nil && last >= 0 {
+		err = flush(last)
+	}
+	if err == nil && !done {
+		err = ctx.Err()
+	}
+	return total, err
+}
+
+// eachDeadLetter calls fn, shard after shard and oldest first, for each dead
+// letter of the target that f selects, up to each shard's newest dead letter
+// when it began. It returns false when ctx ended first.
+func (a *Admin) eachDeadLetter(ctx context.Context, shards []keys.Keys, t deadTarget, f DeadLetterFilter,
+	fn func(shard int, m redis.XMessage, d DeadLetter) error) (bool, error) {
+	newest := make([]string, len(shards))
+	for i, k := range shards {
+		msgs, err := a.client.XRevRangeN(ctx, t.deadLetterKey(k), "+", "-", 1).Result()
+		if err != nil {
+			if ctx.Err() != nil {
+				return false, nil
+			}
+			return false, fmt.Errorf("streamq: read the dead letters of %s: %w", a.queue, err)
+		}
+		if len(msgs) > 0 {
+			newest[i] = msgs[0].ID
+		}
+	}
+	for shard, k := range shards {
+		if newest[shard] == "" {
+			continue
+		}
+		start := "-"
+		for {
+			if ctx.Err() != nil {
+				return false, nil
+			}
+			msgs, err := a.client.XRangeN(ctx, t.deadLetterKey(k), start, newest[shard], deadLetterBatch).Result()
+			if err != nil {
+				if ctx.Err() != nil {
+					return false, nil
+				}
+				return false, fmt.Errorf("streamq: read the dead letters of %s: %w", a.queue, err)
+			}
+			for _, m := range msgs {
+				d := parseDeadLetter(m)
+				if len(shards) > 1 {
+					d.DeadLetterID = fmt.Sprintf("%d/%s", shard, m.ID)
+				}
+				if !f.match(d) {
+					continue
+				}
+				if err := fn(shard, m, d); err != nil {
+					if ctx.Err() != nil {
+						return false, nil
+					}
+					return false, err
+				}
+			}
+			if len(msgs) < deadLetterBatch {
+				break
+			}
+			start = "(" + msgs[len(msgs)-1].ID
+		}
+	}
+	return true, nil
 }

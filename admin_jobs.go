@@ -303,7 +303,15 @@ func (a *Admin) existingShards(ctx context.Context) ([]keys.Keys, error) {
 // request again returns nil and counts nothing (so does a resend after a lost
 // reply). A request that is already in the stream, running or completed
 // cannot be cancelled: Cancel returns ErrNotScheduled; an id with no record
-// returns ErrNotFound. A nil ctx panics.
+// returns ErrNotFound.
+//
+// With AdminOptions.Group naming a fan-out group, Cancel drops that group's
+// retry of the id waiting in the retry set instead (counted in
+// Stats.Canceled): the group does not run the request again, and the
+// request's record, its callers and the answering group's retry are left
+// alone. A fan-out group keeps no record, so Cancel returns ErrNotScheduled
+// when the group has no retry of the id waiting, also when an earlier call
+// cancelled it. A nil ctx panics.
 func (a *Admin) Cancel(ctx context.Context, id string) error {
 	mustContext(ctx, "Admin.Cancel")
 	if err := validateID(id); err != nil {
@@ -314,6 +322,20 @@ func (a *Admin) Cancel(ctx context.Context, id string) error {
 		return err
 	}
 	k := shards[keys.ShardOf(id, len(shards))]
+	t, err := a.target(ctx)
+	if err != nil {
+		return err
+	}
+	if t.fanout {
+		n, err := scripts.CancelRetry.Run(ctx, a.client, []string{k.Retry, k.ScheduleData, k.Counts}, fanoutMember(t.group, id)).Int64()
+		if err != nil {
+			return fmt.Errorf("streamq: cancel group %s's retry of %q: %w", t.group, id, err)
+		}
+		if n == 0 {
+			return fmt.Errorf("%w: group %s of %s has no retry of request %q waiting (never failed there, already run, or cancelled)", ErrNotScheduled, t.group, a.queue, id)
+		}
+		return nil
+	}
 	answering, err := a.client.Get(ctx, keys.AnsweringGroup(a.queue)).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("streamq: cancel %q: read the answering group: %w", id, err)
@@ -438,8 +460,10 @@ const runNowMarkerTTL = 10 * time.Minute
 // request keeps its record (callers waiting on the id get its result), its
 // start count (MaxDeliveries counts on) and its stream fields. It addresses
 // the Admin's group's retry (AdminOptions.Group; a fan-out group's retry has
-// no record). RunNow is idempotent for 10 minutes: asking again for a job it
-// promoted succeeds and does nothing. It returns ErrNotScheduled when the
+// no record). A call sent again (after a lost reply) succeeds and does
+// nothing while the entry the first call appended is still in the stream
+// (queued or running; remembered for 10 minutes); a job that failed again
+// and waits for its retry once more is run again. It returns ErrNotScheduled when the
 // job is not waiting in the schedule (queued, running, completed or
 // cancelled) and ErrNotFound when the request has no record. A nil ctx
 // panics.

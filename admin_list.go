@@ -112,6 +112,13 @@ const (
 // the tests.
 var jobsScanWindow = 5000
 
+// jobsScanBytes bounds the bytes of stream entries (payloads included) one
+// Admin.Jobs page reads per stream for queued jobs and dead letters, so that
+// a page over large payloads holds Redis for a bounded time (jobs.lua reads
+// whole entries: Redis has no way to read some fields only); a page that
+// reached it continues from where it stopped, as after the scan window.
+const jobsScanBytes = 4 << 20
+
 // jobsCursor is what a JobsPage cursor holds: the sort key of the job to
 // continue after (Next) or before (Prev). A cursor without a key starts at
 // the first (Next) or the last (Prev) job.
@@ -206,9 +213,11 @@ type shardPart struct {
 // shift nor repeat the pages that follow.
 //
 // A filter (ErrorContains; ID of a dead letter, which has no index by id)
-// scans at most 5,000 jobs per shard and page: a page may then hold fewer
-// than Limit jobs, or none, with a Next cursor that continues the scan from
-// where it stopped (Next is "" only once the scan reached the end). ID of a
+// scans at most 5,000 jobs per shard and page, and a page of queued jobs or
+// dead letters reads at most 4 MiB of entries (payloads included) per
+// stream: a page may then hold fewer than Limit jobs, or none, with a Next
+// cursor that continues the scan from where it stopped (Next is "" only
+// once the scan reached the end). ID of a
 // scheduled job or retry is one lookup in the id's shard; of a queued or
 // running one, its record's (Admin.Job). The retry and dead-letter lists
 // cover the Admin's group (AdminOptions.Group) for an ID search; otherwise
@@ -258,7 +267,7 @@ func (a *Admin) Jobs(ctx context.Context, q JobsQuery) (JobsPage, error) {
 		return page, err
 	}
 	if q.ID != "" && (q.State == JobQueued || q.State == JobRunning) {
-		return a.jobByID(ctx, q, len(shards))
+		return a.jobByID(ctx, q, shards)
 	}
 	// The sources read: the shards, and for queued and running jobs each
 	// shard's stream of every priority level (pageItem.src).
@@ -473,7 +482,7 @@ func (a *Admin) readParts(ctx context.Context, q JobsQuery, t deadTarget, shards
 				stream = t.deadLetterKey(k)
 			}
 			c.keys = []string{stream, k.Starts(group)}
-			c.args = []any{mode, upArg, from, excl, "", want, window, q.ErrorContains, id, group}
+			c.args = []any{mode, upArg, from, excl, "", want, window, q.ErrorContains, id, group, jobsScanBytes}
 		}
 		calls[i] = c
 	}
@@ -678,7 +687,7 @@ func levelNamed(name string) PriorityLevel {
 
 // jobByID answers an ID search of queued or running jobs from the id's
 // record (Admin.Job): a page of that job, or an empty one.
-func (a *Admin) jobByID(ctx context.Context, q JobsQuery, nShards int) (JobsPage, error) {
+func (a *Admin) jobByID(ctx context.Context, q JobsQuery, shards []keys.Keys) (JobsPage, error) {
 	page := JobsPage{Jobs: []JobSummary{}, Total: -1}
 	info, err := a.Job(ctx, q.ID)
 	if errors.Is(err, ErrNotFound) {
@@ -690,9 +699,21 @@ func (a *Admin) jobByID(ctx context.Context, q JobsQuery, nShards int) (JobsPage
 	if info.State != q.State {
 		return page, nil
 	}
-	page.Jobs = append(page.Jobs, JobSummary{
-		ID: info.ID, State: info.State, Shard: keys.ShardOf(q.ID, nShards), EntryID: info.EntryID,
+	sum := JobSummary{
+		ID: info.ID, State: info.State, Shard: info.Shard, EntryID: info.EntryID, Priority: info.Priority,
 		ProducedAt: info.Enqueued, Deliveries: info.Deliveries, Consumer: info.Consumer, Idle: info.Idle,
-	})
+	}
+	// The payload, as the list gives it: its first jobsPayloadCap bytes.
+	k := shards[info.Shard].AtLevel(levelNames[levelOf[info.Priority]])
+	if payload, err := scripts.EntryPayload.Run(ctx, a.client, []string{k.Stream}, info.EntryID, jobsPayloadCap).Text(); err == nil {
+		sum.Payload = payloadBytes(payload)
+	} else if !errors.Is(err, redis.Nil) {
+		return page, fmt.Errorf("streamq: read the payload of %q in %s: %w", q.ID, a.queue, err)
+	}
+	page.Jobs = append(page.Jobs, sum)
 	return page, nil
 }
+
+// jobsPayloadCap is the most payload bytes a JobSummary holds (jobs.lua's
+// cap).
+const jobsPayloadCap = 4096

@@ -726,7 +726,7 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 		args[8] = string(flag)
 	}
 	keyList = append(keyList, flowKeys...)
-	keyList = append(keyList, k.History(now/msPerHour)) // the minute's history (complete.lua)
+	keyList = append(keyList, historyKey(k, o, now))     // the minute's history (complete.lua)
 	keyList = append(keyList, fixed.starts)             // complete.lua drops start counts there
 	keyList = append(keyList, progKeys...)
 	// The flow fields after the items, then the staged writes (their keys
@@ -776,4 +776,14 @@ func (r *run[Req, Resp]) forgetCompletions(batch []*completion) {
 		close(cp.done)
 	}
 	r.forget(slots...)
+}
+
+// historyKey returns the history hash of the hour of now (Unix ms) that the
+// completions of o.Group count in: the answering group's, or a fan-out
+// group's own, so that a job counts once per group.
+func historyKey(k keys.Keys, o *ConsumerOptions, now int64) string {
+	if o.Fanout {
+		return k.GroupHistory(o.Group, now/msPerHour)
+	}
+	return k.History(now / msPerHour)
 }

@@ -177,7 +177,7 @@ func (r *run[Req, Resp]) retryArgs(shard int, batch []*completion) ([]string, []
 		}
 		args = append(args, e.EntryID, e.ID, string(cp.value), e.Data, truncateUTF8(cp.errMsg, maxRetryError))
 	}
-	keyList = append(keyList, k.History(now/msPerHour))
+	keyList = append(keyList, historyKey(k, o, now))
 	return keyList, args
 }
 

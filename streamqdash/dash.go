@@ -23,7 +23,10 @@
 // Security: the dashboard has no login of its own. Anyone who reaches it can
 // read errors and, unless Options.ReadOnly, cancel, run, requeue and delete
 // jobs and pause queues: treat access to it as access to Redis and
-// put it behind the host's authentication middleware (see the example).
+// put it behind the host's authentication middleware (see the example), and
+// answer only the host names it is meant to be reached by (a page whose DNS
+// name was rebound to the server's address is otherwise same-origin with it;
+// cmd/streamq-web checks the Host header).
 // Changes are POST requests only; they are refused from other origins (Fetch
 // metadata and Origin headers, http.CrossOriginProtection) and when they do
 // not carry a token bound to a cookie (see DESIGN.md).
@@ -72,9 +75,10 @@ type Options struct {
 	ReadOnly bool
 	// Timeout bounds the Redis work of one page or API request. Default 5s.
 	Timeout time.Duration
-	// ActionTimeout bounds "requeue all" (it requeues until done or until
-	// this has passed, and says how many remain) and an action on a
-	// selection of several jobs. Default 30s.
+	// ActionTimeout bounds "requeue all" and "purge all" of a searched list
+	// (they work until done or until this has passed, and then say that
+	// some remain) and an action on a selection of several jobs. Default
+	// 30s.
 	ActionTimeout time.Duration
 	// PageSize is how many jobs one page of a tab shows. Default 50; at
 	// most 1000.

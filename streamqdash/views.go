@@ -237,11 +237,15 @@ func doneMessage(v url.Values) string {
 			msg = fmt.Sprintf("Requeued %d dead letters; %d not requeued: %s in flight again (look it up; requeue once it finished, or purge).", n, skipped, its)
 		}
 		if left > 0 {
-			msg += fmt.Sprintf(" %d remain (time limit reached): press again.", left)
+			msg += " The time limit was reached before every dead letter was visited: press again for the rest."
 		}
 		return msg
 	case "purge-all":
-		return fmt.Sprintf("Deleted %d dead letters.", n)
+		msg := fmt.Sprintf("Deleted %d dead letters.", n)
+		if left > 0 {
+			msg += " The time limit was reached before every matching dead letter was visited: press again for the rest."
+		}
+		return msg
 	case "pause":
 		return "Paused: consumers start no handler until resumed."
 	case "resume":
@@ -387,19 +391,40 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name, op := r.PostFormValue("q"), r.PostFormValue("op")
+	group := r.PostFormValue("group")
 	var ids []string
 	for _, id := range r.PostForm["id"] {
 		if id != "" && !slices.Contains(ids, id) {
 			ids = append(ids, id)
 		}
 	}
+	// Jobs of the Scheduled and Retrying tabs name their group each (a
+	// fan-out group's retry, or "" for the answering group's request):
+	// "job" fields, whose values are jobRef's. An "id" is of the form's group.
+	var jobs []jobTarget
+	for _, id := range ids {
+		jobs = append(jobs, jobTarget{group, id})
+	}
+	for _, ref := range r.PostForm["job"] {
+		j, err := parseJobRef(ref)
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		if !slices.Contains(jobs, j) {
+			jobs = append(jobs, j)
+		}
+	}
+	if op != "cancel" && op != "run" && len(r.PostForm["job"]) > 0 {
+		h.fail(w, r, fmt.Errorf("%w: %s takes dead letter ids (id=), not jobs", errBadRequest, op))
+		return
+	}
 	timeout := h.opts.Timeout
-	if op == "requeue-all" || len(ids) > 1 {
+	if op == "requeue-all" || op == "purge-all" || len(ids) > 1 || len(jobs) > 1 {
 		timeout = h.opts.ActionTimeout
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), timeout)
 	defer cancel()
-	group := r.PostFormValue("group")
 	a, err := h.admin(ctx, name, group)
 	if err != nil {
 		h.fail(w, r, err)
@@ -407,24 +432,31 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 	}
 	perJob := op == "requeue" || op == "purge" || op == "cancel" || op == "run"
 	switch {
-	case perJob && len(ids) == 0:
+	case perJob && len(jobs) == 0:
 		h.fail(w, r, fmt.Errorf("%w: %s needs the ids of the jobs (id=); none was selected", errBadRequest, op))
 		return
-	case !perJob && len(ids) > 0:
+	case !perJob && len(jobs) > 0:
 		h.fail(w, r, fmt.Errorf("%w: %s takes no id", errBadRequest, op))
 		return
-	case len(ids) > maxSelection:
-		h.fail(w, r, fmt.Errorf("%w: at most %d jobs per action, not %d", errBadRequest, maxSelection, len(ids)))
+	case len(jobs) > maxSelection:
+		h.fail(w, r, fmt.Errorf("%w: at most %d jobs per action, not %d", errBadRequest, maxSelection, len(jobs)))
 		return
 	}
 	// The way back: the list the form was on, parsed and encoded again (no
-	// text of the form goes into the URL unchecked).
+	// text of the form goes into the URL unchecked). Its filter is what
+	// "requeue all" and "purge all" act on.
 	back := url.Values{"q": {name}}
+	var filter streamq.DeadLetterFilter
 	if bq, err := url.ParseQuery(r.PostFormValue("back")); err == nil {
 		bq.Set("q", name)
-		bq.Set("group", group) // the group acted on, "" (dropped) for the answering one
+		if len(r.PostForm["job"]) == 0 {
+			bq.Set("group", group) // the group acted on, "" (dropped) for the answering one
+		}
 		if lq, err := parseListQuery(bq); err == nil {
 			back = lq.values(true)
+			if lq.Tab.State == streamq.JobDeadLettered {
+				filter = streamq.DeadLetterFilter{ID: lq.ID, ErrorContains: lq.Error}
+			}
 		}
 	} else if group != "" {
 		back.Set("group", group)
@@ -480,11 +512,19 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 		back.Set("n", strconv.FormatInt(n, 10))
 	case "cancel", "run":
 		var n, gone, skipped int
-		for _, id := range ids {
+		admins := map[string]*streamq.Admin{group: a}
+		for _, j := range jobs {
+			ja, ok := admins[j.Group]
+			if !ok {
+				if ja, err = h.admin(ctx, name, j.Group); err != nil {
+					break
+				}
+				admins[j.Group] = ja
+			}
 			if op == "cancel" {
-				err = a.Cancel(ctx, id)
+				err = ja.Cancel(ctx, j.ID)
 			} else {
-				err = a.RunNow(ctx, id)
+				err = ja.RunNow(ctx, j.ID)
 			}
 			switch {
 			case err == nil:
@@ -502,15 +542,27 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 		}
 		count(n, gone, skipped)
 	case "requeue-all":
-		var n, skipped, left int64
-		n, skipped, left, err = requeueAll(ctx, a)
-		back.Set("n", strconv.FormatInt(n, 10))
-		back.Set("skipped", strconv.FormatInt(skipped, 10))
-		back.Set("left", strconv.FormatInt(left, 10))
+		// The dead letters of this moment that the list's filter selects:
+		// one that fails again meanwhile is not requeued a second time.
+		var res streamq.RequeueAllResult
+		res, err = a.RequeueAll(ctx, filter)
+		back.Set("n", strconv.FormatInt(res.Requeued, 10))
+		back.Set("skipped", strconv.Itoa(len(res.Skipped)))
+		if !res.Done && err == nil {
+			back.Set("left", "1")
+		}
 		back.Del("cursor")
 	case "purge-all":
 		var n int64
-		n, err = a.PurgeDeadLetters(ctx)
+		if filter == (streamq.DeadLetterFilter{}) {
+			n, err = a.PurgeDeadLetters(ctx)
+		} else {
+			n, err = a.PurgeMatching(ctx, filter)
+			if errors.Is(err, context.DeadlineExceeded) {
+				back.Set("left", "1")
+				err = nil
+			}
+		}
 		back.Set("n", strconv.FormatInt(n, 10))
 		back.Del("cursor")
 	case "pause":
@@ -529,41 +581,29 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusSeeOther)
 }
 
-// requeueAll requeues dead letters until none is left or ctx is about to
-// end; it returns how many it requeued, how many it skipped because their
-// request ids are in flight again (those stay dead letters), and how many
-// remain beyond those.
-func requeueAll(ctx context.Context, a *streamq.Admin) (n, skipped, left int64, err error) {
-	deadline, _ := ctx.Deadline()
-	// Requeue removes each dead letter it requeues; the ones it refuses
-	// stay, so page on past them.
-	after := ""
-	for time.Until(deadline) > time.Second {
-		dls, err := a.DeadLetters(ctx, after, 100)
-		if err != nil {
-			return n, skipped, 0, err
-		}
-		if len(dls) == 0 {
-			return n, skipped, 0, nil
-		}
-		for _, d := range dls {
-			switch _, err := a.Requeue(ctx, d.DeadLetterID); {
-			case err == nil:
-				n++
-			case errors.Is(err, streamq.ErrNotFound): // gone meanwhile
-			case errors.Is(err, streamq.ErrRequeueInFlight):
-				skipped++
-			default:
-				return n, skipped, 0, err
-			}
-		}
-		after = dls[len(dls)-1].DeadLetterID
+// jobTarget is a scheduled job or retry an action acts on: its group ("" for
+// the answering group) and request id.
+type jobTarget struct {
+	Group, ID string
+}
+
+// jobRef encodes a job of the Scheduled or Retrying tab for the "job" field
+// of a form: its group and id (any bytes) as URL parameters.
+func jobRef(j streamq.JobSummary) string {
+	v := url.Values{"id": {j.ID}}
+	if j.Group != "" {
+		v.Set("group", j.Group)
 	}
-	s, err := a.Stats(ctx)
-	if err != nil {
-		return n, skipped, 0, err
+	return v.Encode()
+}
+
+// parseJobRef decodes a jobRef.
+func parseJobRef(ref string) (jobTarget, error) {
+	v, err := url.ParseQuery(ref)
+	if err != nil || v.Get("id") == "" {
+		return jobTarget{}, fmt.Errorf("%w: job %q is not one the page gave", errBadRequest, ref)
 	}
-	return n, skipped, max(s.DeadLetters-skipped, 0), nil
+	return jobTarget{Group: v.Get("group"), ID: v.Get("id")}, nil
 }
 
 var funcs = template.FuncMap{
@@ -613,6 +653,7 @@ var funcs = template.FuncMap{
 		return t.UTC().Format("2006-01-02 15:04:05 UTC")
 	},
 	"hasAction": func(actions []string, a string) bool { return slices.Contains(actions, a) },
+	"jobRef":    jobRef,
 }
 
 func fmtDur(d time.Duration) string {

@@ -331,10 +331,14 @@ func redactURL(u string) string {
 	if !ok {
 		return u
 	}
-	userinfo, host, ok := strings.Cut(rest, "@")
-	if !ok {
+	// The userinfo ends at the last "@" before the query: a password may
+	// hold "@" itself.
+	authority, _, _ := strings.Cut(rest, "?")
+	at := strings.LastIndex(authority, "@")
+	if at < 0 {
 		return u
 	}
+	userinfo, host := rest[:at], rest[at+1:]
 	if user, _, ok := strings.Cut(userinfo, ":"); ok {
 		return scheme + "://" + user + ":xxxxx@" + host
 	}

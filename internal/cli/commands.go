@@ -91,7 +91,8 @@ record of the id (never produced, expired, or forgotten).`,
   scheduled  delayed jobs waiting for their due time, soonest first
   retrying   failed attempts waiting for their back-off, soonest first,
              with the starts so far and the last error
-  queued     in the stream, not yet read, next to run first
+  queued     in the stream, not yet read, oldest entry first across the
+             priority levels (consumers take higher levels more often)
   running    held by a consumer (in its handler or read ahead), with the
              time since it read or renewed the entry
   dead       dead letters, newest first (--group for a fan-out group's)
@@ -508,31 +509,15 @@ func dlqRequeue(ctx context.Context, r *runner) error {
 		if _, err := a.Stats(ctx); err != nil {
 			return err
 		}
-		n := 0
-		var skipped []streamq.DeadLetter
-		// Requeue removes each dead letter it requeues; the ones it refuses
-		// stay, so page on past them.
-		for after := ""; ; {
-			dls, err := a.DeadLetters(ctx, after, 100)
-			if err != nil {
-				return err
-			}
-			if len(dls) == 0 {
-				break
-			}
-			for _, d := range dls {
-				_, err := a.Requeue(ctx, d.DeadLetterID)
-				switch {
-				case err == nil:
-					n++
-				case errors.Is(err, streamq.ErrNotFound): // gone meanwhile
-				case errors.Is(err, streamq.ErrRequeueInFlight):
-					skipped = append(skipped, d)
-				default:
-					return fmt.Errorf("after requeueing %d: %w", n, err)
-				}
-			}
-			after = dls[len(dls)-1].DeadLetterID
+		// The dead letters of this moment: one that fails again while
+		// this runs is not requeued a second time.
+		res, err := a.RequeueAll(ctx, streamq.DeadLetterFilter{})
+		if err != nil {
+			return fmt.Errorf("after requeueing %d: %w", res.Requeued, err)
+		}
+		n, skipped := res.Requeued, res.Skipped
+		if !res.Done {
+			return fmt.Errorf("requeued %d dead letters, then the time limit (--timeout) ended it: run it again for the rest", n)
 		}
 		fmt.Fprintf(r.stdout, "requeued %d dead letters\n", n)
 		if len(skipped) == 0 {

@@ -109,6 +109,12 @@ func (k Keys) AtLevel(name string) Keys {
 // about 25 hours after its last minute's first completion.
 func (k Keys) History(hour int64) string { return k.base + "hist:" + strconv.FormatInt(hour, 10) }
 
+// GroupHistory returns the key of the history hash of a fan-out consumer
+// group for the hour: the History name followed by ":" and the group's
+// name. The answering group's completions count in History itself, so a job
+// that several groups process counts once in each group's history.
+func (k Keys) GroupHistory(group string, hour int64) string { return k.History(hour) + ":" + group }
+
 // RunNowMarker returns the key that remembers, for a while, the entry a
 // schedule member was promoted to by Admin.RunNow, so a resend succeeds.
 func (k Keys) RunNowMarker(member string) string { return k.base + "runnow:" + member }

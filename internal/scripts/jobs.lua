@@ -36,6 +36,12 @@
 --   ARGV[9] only entries whose field "id" is this; "" for all
 --   ARGV[10] the consumer group whose unread entries to list; "" for every
 --           entry (a dead-letter stream)
+--   ARGV[11] the most bytes of entries (field names and values) to read;
+--           "" or "0" for no bound. Each XRANGE brings whole entries into
+--           Lua (payloads included: Redis cannot read some fields only),
+--           so the scan reads in chunks sized from the entries read so far
+--           and stops, like the window, once it read this many bytes; it
+--           reads at least one entry.
 --   Returns {total, behind, more, frontier id, "", then per match {entry id,
 --   its fields as a flat list of names and values, field "p" (payload) cut
 --   to its first 4096 bytes}}. total: the group's lag (-1 when Redis does
@@ -308,9 +314,20 @@ if mode == "s" then
   if filtered then
     chunk = 200
   end
+  local budget = tonumber(ARGV[11]) or 0
+  local bytes = 0
   local lo, hi = lowScan, highScan
-  while found < want and scanned < window do
+  while found < want and scanned < window and (budget <= 0 or bytes < budget) do
     local n = math.min(chunk, window - scanned)
+    if budget > 0 then
+      -- As many entries as the bytes left hold, at the mean size so far
+      -- (a few to start with).
+      local fit = 4
+      if scanned > 0 then
+        fit = math.floor((budget - bytes) / math.max(bytes / scanned, 1))
+      end
+      n = math.max(math.min(n, fit), 1)
+    end
     local page
     if up then
       page = redis.call("XRANGE", stream, lo, hi, "COUNT", n)
@@ -324,6 +341,7 @@ if mode == "s" then
       local f = e[2] or {}
       local id, err = "", ""
       for j = 1, #f, 2 do
+        bytes = bytes + #f[j] + #(f[j + 1] or "")
         if f[j] == "id" then
           id = f[j + 1]
         elseif f[j] == "error" then

@@ -39,10 +39,12 @@
 -- Returns {jobs moved (appended, or dropped for an outcome), next due time
 -- in Unix ms over both sets or -1 when nothing is scheduled, the server's
 -- time in Unix ms}. With ARGV[3] (RunNow) it
--- returns {1, entry id} when it appended the member, or when the marker
--- says an earlier call did (a resend after a lost reply; the marker, set with
--- the append and kept ARGV[4] ms, holds the entry id); {0, record or false}
--- when the member is in neither set; {2, record} when it was dropped because
+-- returns {1, entry id} when it appended the member, or when the member is
+-- in neither set and the marker says an earlier call appended it as an
+-- entry that is still in a stream (a resend after a lost reply; the marker,
+-- set with the append and kept ARGV[4] ms, holds the entry id; the sets are
+-- read first, so a job that failed again and waits for its retry is
+-- promoted again); {0, record or false} when the member is in neither set; {2, record} when it was dropped because
 -- the request already has an outcome.
 --
 -- The data of a job is length-prefixed strings ("<len>:<s>"...): its record
@@ -118,10 +120,6 @@ end
 if ARGV[3] then
   -- RunNow: one member, due or not.
   local member = ARGV[3]
-  local done = redis.call("GET", KEYS[5])
-  if done then
-    return {1, done}
-  end
   local set = false
   if redis.call("ZSCORE", KEYS[4], member) then
     set = KEYS[4]
@@ -136,6 +134,18 @@ if ARGV[3] then
     end
   end
   if not set then
+    -- A resend after a lost reply: the marker holds the entry the first
+    -- call appended, and answers only while that entry is still in one of
+    -- the streams (queued or running). A member back in a set (the job
+    -- failed again and waits for its retry) was promoted above instead.
+    local done = redis.call("GET", KEYS[5])
+    if done then
+      for _, s in ipairs({KEYS[1], KEYS[7], KEYS[8]}) do
+        if s and #redis.call("XRANGE", s, done, done, "COUNT", 1) > 0 then
+          return {1, done}
+        end
+      end
+    end
     return {0, rec}
   end
   local eid = promote(member, set)

@@ -56,6 +56,12 @@ var (
 	flowSrc string
 	//go:embed progress.lua
 	progressSrc string
+	//go:embed payload.lua
+	payloadSrc string
+	//go:embed cancelretry.lua
+	cancelRetrySrc string
+	//go:embed purge.lua
+	purgeSrc string
 )
 
 // The scripts. Run uses EVALSHA and falls back to EVAL when the server lacks the script.
@@ -86,4 +92,10 @@ var (
 	Flow = redis.NewScript(flowReleaseSrc + flowSrc)
 	// Progress stores and announces a handler's progress value.
 	Progress = redis.NewScript(progressSrc)
+	// EntryPayload reads the start of one entry's payload.
+	EntryPayload = redis.NewScript(payloadSrc)
+	// CancelRetry cancels a fan-out group's waiting retry.
+	CancelRetry = redis.NewScript(cancelRetrySrc)
+	// Purge deletes a dead-letter stream and counts it, in one step.
+	Purge = redis.NewScript(purgeSrc)
 )

@@ -19,7 +19,7 @@
 
   // ---- Selection of the list's rows -------------------------------------
   function boxes() {
-    return document.querySelectorAll('#list tbody input[type="checkbox"][name="id"]');
+    return document.querySelectorAll('#list tbody input[type="checkbox"][name="id"], #list tbody input[type="checkbox"][name="job"]');
   }
 
   function selectionChanged() {
