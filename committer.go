@@ -726,8 +726,8 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 		args[8] = string(flag)
 	}
 	keyList = append(keyList, flowKeys...)
-	keyList = append(keyList, historyKey(k, o, now))     // the minute's history (complete.lua)
-	keyList = append(keyList, fixed.starts)             // complete.lua drops start counts there
+	keyList = append(keyList, historyKey(k, o, now)) // the minute's history (complete.lua)
+	keyList = append(keyList, fixed.starts)          // complete.lua drops start counts there
 	keyList = append(keyList, progKeys...)
 	// The flow fields after the items, then the staged writes (their keys
 	// last, declared for a cluster).
