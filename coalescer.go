@@ -164,6 +164,11 @@ func (c *coalescer[T]) sender() {
 			t.Stop()
 			c.mu.Lock()
 			c.busy--
+			if len(c.pending) == 0 {
+				// Closing (or a full batch) let another sender take it
+				// meanwhile.
+				continue
+			}
 		}
 		batch := c.take()
 		c.busy++

@@ -105,3 +105,24 @@ func TestRetryDelay(t *testing.T) {
 		require.GreaterOrEqual(t, got, want/2)
 	}
 }
+
+// TestCoalescerCloseWhileLingering: close lets every sender take what waits,
+// so a sender that was lingering may find nothing left when it wakes.
+func TestCoalescerCloseWhileLingering(t *testing.T) {
+	var mu sync.Mutex
+	var sent []int
+	c := newCoalescer(2, 100, 1<<20, time.Second, func(int) int { return 1 }, func(b []int) {
+		mu.Lock()
+		sent = append(sent, b...)
+		mu.Unlock()
+	})
+	require.True(t, c.add(1)) // a sender lingers with it for a second
+	require.Eventually(t, func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.busy == 1 // the lingering sender counts as busy
+	}, 5*time.Second, time.Millisecond)
+	c.close() // the other sender takes the item; the lingering one wakes to nothing
+	require.Equal(t, []int{1}, sent)
+	require.False(t, c.add(2), "closed")
+}
