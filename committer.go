@@ -269,6 +269,10 @@ func (c *committer[Req, Resp]) work(lane int) {
 				after()
 				c.settle()
 			}
+			// Yield before taking again, as after a poke: the workers this
+			// tick released (write-ahead) or confirmed queue their starts
+			// and outcomes first, and the next tick carries them together.
+			runtime.Gosched()
 			continue
 		}
 		if closing && c.finished() {

@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"net"
 	"sync/atomic"
+	"syscall"
 )
 
 // roundTrips counts the round trips of every client the benchmark hands to a
@@ -29,6 +31,18 @@ func countingDialer(dial func(ctx context.Context, network, addr string) (net.Co
 		}
 		return &countingConn{Conn: c, read: true}, nil
 	}
+}
+
+// SyscallConn passes the socket through, as the connection it wraps does:
+// go-redis's pool checks a pooled connection's health through it, and the
+// committer's lanes write ahead only on a connection whose socket they can
+// reach (lanes.go). Without it the benchmark would measure streamq without
+// write-ahead.
+func (c *countingConn) SyscallConn() (syscall.RawConn, error) {
+	if sc, ok := c.Conn.(syscall.Conn); ok {
+		return sc.SyscallConn()
+	}
+	return nil, errors.ErrUnsupported
 }
 
 // countingConn is a connection that counts its write bursts. go-redis uses
