@@ -66,7 +66,7 @@ test-valkey: valkey
 	echo "==> Valkey pass took $$(( $$(date +%s) - start )) s"
 
 ## valkey: build Valkey VALKEY_VERSION from VALKEY_TARBALL into VALKEY_HOME
-## (under $$XDG_CACHE_HOME or ~/.cache) unless it is there already; about two
+## (under $$XDG_CACHE_HOME or ~/.cache) unless it is there already; one to two
 ## minutes on two cores. A missing tarball is an error under CI and a notice
 ## otherwise.
 valkey: cc
