@@ -16,11 +16,29 @@ APT_GET := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninterac
 FUZZ_TARGETS := $(shell grep -ho '^func Fuzz[A-Za-z0-9_]*' *_test.go | cut -c6-)
 FUZZ_TIME ?= 4s
 
-.PHONY: test fuzz modcheck pin redis-server cc chromium bench quickstart doccheck
+# Valkey, the second server the real-server tests run on (`make test-valkey`,
+# part of `make test`). It is built once from the source tarball kept next to
+# the repository (../shared/servers) into a cache outside it, and the tests
+# take it through STREAMQ_REDIS_SERVER (internal/redistest).
+VALKEY_VERSION := 8.0.1
+VALKEY_SHA256 := bccb382a0f583fb419526348ed07c3d19e0b6fe8f5492aa3b3037793016ea478
+VALKEY_TARBALL ?= ../shared/servers/valkey-$(VALKEY_VERSION).tar.gz
+STREAMQ_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/streamq
+VALKEY_HOME := $(STREAMQ_CACHE)/valkey-$(VALKEY_VERSION)
+VALKEY_SERVER := $(VALKEY_HOME)/bin/valkey-server
+VALKEY_JOBS ?= 2
+# The Valkey pass: the root package (every real-server test of the library,
+# standalone and cluster) and the test helpers themselves, without -race (the
+# Redis pass runs them with it) to keep `make test` short.
+VALKEY_PACKAGES := . ./internal/redistest
+VALKEY_TEST_FLAGS := -count=1 -timeout 12m
+
+.PHONY: test test-valkey valkey fuzz modcheck pin redis-server cc chromium bench quickstart doccheck
 
 ## test: vet and test the root module, then every nested module (a directory
 ## below the root with its own go.mod), check that the nested modules can be
-## fetched on their own (modcheck), then run the fuzz targets for a while.
+## fetched on their own (modcheck), run the real-server tests a second time on
+## Valkey (test-valkey), then run the fuzz targets for a while.
 test: redis-server cc chromium
 	$(GO) mod tidy -diff
 	$(GO) vet ./...
@@ -30,8 +48,53 @@ test: redis-server cc chromium
 		echo "==> $$dir"; \
 		(cd $$dir && $(GO) mod tidy -diff && $(GO) vet ./... && CI=$${CI:-} $(GO) test $(TEST_FLAGS) ./...) || exit 1; \
 	done
+	@$(MAKE) --no-print-directory test-valkey
 	@$(MAKE) --no-print-directory modcheck
 	@$(MAKE) --no-print-directory fuzz
+
+## test-valkey: run VALKEY_PACKAGES on Valkey VALKEY_VERSION (built by
+## `make valkey`), without -race. Skipped with a message when Valkey can be
+## neither found nor built, except under CI, where that is an error.
+test-valkey: valkey
+	@if [ ! -x "$(VALKEY_SERVER)" ]; then \
+		echo "==> Valkey pass skipped: no Valkey server at $(VALKEY_SERVER) (see above)"; \
+		exit 0; \
+	fi; \
+	echo "==> Valkey $(VALKEY_VERSION) pass ($(VALKEY_SERVER)): $(VALKEY_PACKAGES)"; \
+	start=$$(date +%s); \
+	STREAMQ_REDIS_SERVER="$(VALKEY_SERVER)" CI=$${CI:-} $(GO) test $(VALKEY_TEST_FLAGS) $(VALKEY_PACKAGES) || exit 1; \
+	echo "==> Valkey pass took $$(( $$(date +%s) - start )) s"
+
+## valkey: build Valkey VALKEY_VERSION from VALKEY_TARBALL into VALKEY_HOME
+## (under $$XDG_CACHE_HOME or ~/.cache) unless it is there already; one to two
+## minutes on two cores. A missing tarball is an error under CI and a notice
+## otherwise.
+valkey: cc
+	@set -e; \
+	if [ -x "$(VALKEY_SERVER)" ]; then "$(VALKEY_SERVER)" --version; exit 0; fi; \
+	if [ ! -f "$(VALKEY_TARBALL)" ]; then \
+		if [ -n "$${CI:-}" ]; then \
+			echo "valkey: $(VALKEY_TARBALL) not found (CI is set, so this is an error): the Valkey pass of make test needs the Valkey $(VALKEY_VERSION) source tarball there, or a build in $(VALKEY_HOME)" >&2; \
+			exit 1; \
+		fi; \
+		echo "valkey: $(VALKEY_TARBALL) not found; the Valkey pass will be skipped (put the Valkey $(VALKEY_VERSION) source tarball there, or set VALKEY_TARBALL)"; \
+		exit 0; \
+	fi; \
+	if ! echo "$(VALKEY_SHA256)  $(VALKEY_TARBALL)" | sha256sum -c --status; then \
+		echo "valkey: $(VALKEY_TARBALL) does not have the SHA-256 of the Valkey $(VALKEY_VERSION) release ($(VALKEY_SHA256)); replace it with the release tarball" >&2; \
+		exit 1; \
+	fi; \
+	echo "valkey: building Valkey $(VALKEY_VERSION) into $(VALKEY_HOME) (about two minutes)"; \
+	mkdir -p "$(STREAMQ_CACHE)"; \
+	tmp=$$(mktemp -d "$(STREAMQ_CACHE)/valkey-build.XXXXXX"); \
+	trap 'rm -rf "$$tmp"' EXIT; \
+	tar -xzf "$(VALKEY_TARBALL)" -C "$$tmp"; \
+	$(MAKE) --no-print-directory -s -C "$$tmp/valkey-$(VALKEY_VERSION)" -j$(VALKEY_JOBS) BUILD_TLS=no MALLOC=libc >"$$tmp/build.log" 2>&1 || { tail -n 50 "$$tmp/build.log" >&2; exit 1; }; \
+	mkdir -p "$$tmp/install/bin"; \
+	cp "$$tmp/valkey-$(VALKEY_VERSION)/src/valkey-server" "$$tmp/valkey-$(VALKEY_VERSION)/src/valkey-cli" "$$tmp/install/bin/"; \
+	rm -rf "$(VALKEY_HOME)"; \
+	mv -T "$$tmp/install" "$(VALKEY_HOME)"; \
+	"$(VALKEY_SERVER)" --version
 
 ## modcheck: prove that `go get` of every nested module works from a separate
 ## module, offline, against a file:// module proxy built from this repository

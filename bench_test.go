@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -13,6 +12,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+
+	"github.com/streamq/streamq/internal/redistest"
 )
 
 // Benchmarks of the hot paths. The ones that need Redis run against the
@@ -26,7 +27,7 @@ import (
 // benchRedis returns a client of the shared real redis-server, or skips.
 func benchRedis(b *testing.B) *redis.Client {
 	b.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
+	if _, err := redistest.ServerBinary(); err != nil {
 		b.Skipf("redis-server not on PATH (apt-get install redis-server): %v", err)
 	}
 	return realRedis(b)

@@ -584,17 +584,30 @@ func pausedQueueHoldsNoWorker(t *testing.T, client *redis.Client, strict bool) {
 
 // pausedMidRunStrict: with Strict, the highest queue is paused while its
 // backlog runs (its slots wait in the ring, its stream backlogged): the
-// lower queue, which read nothing so far, reads and completes meanwhile.
+// lower queue, which read nothing so far, reads and completes meanwhile,
+// and the high queue starts nothing from the moment its consumer has seen
+// the pause until Resume. The pause is seen only at the consumer's next
+// check (PauseCheckInterval), by which time a fast server could have run the
+// whole backlog, so the high queue's handler holds the only worker until
+// the pause has been seen.
 func pausedMidRunStrict(t *testing.T, client *redis.Client) {
 	ctx := context.Background()
 	qa, qb := queueName(t), queueName(t)
-	seedBatches(t, newStringProducer(t, client, qa), "a", 3000, false, strPayload)
+	const nA, holdAt = 3000, 100
+	seedBatches(t, newStringProducer(t, client, qa), "a", nA, false, strPayload)
 	_, prsB := seedBatches(t, newStringProducer(t, client, qb), "b", 100, true, strPayload)
 	admin, err := NewAdmin(client, qa, nil)
 	require.NoError(t, err)
 	var startsA, startsB atomic.Int64
+	held, hold := make(chan struct{}), make(chan struct{})
 	ca, err := NewConsumer(client, qa, func(ctx context.Context, m *Message[string]) (string, error) {
-		startsA.Add(1)
+		if startsA.Add(1) == holdAt {
+			close(held)
+			select {
+			case <-hold:
+			case <-ctx.Done():
+			}
+		}
 		return "", nil
 	}, fastOpts(t, "midrun", 10*time.Second))
 	require.NoError(t, err)
@@ -607,18 +620,45 @@ func pausedMidRunStrict(t *testing.T, client *redis.Client) {
 		MultiQueue{Consumer: ca, Weight: 2}, MultiQueue{Consumer: cb, Weight: 1})
 	require.NoError(t, err)
 	runMulti(t, m)
-	eventually(t, 20*time.Second, func() bool { return startsA.Load() >= 100 }, "the high queue never started")
+	var once sync.Once
+	release := func() { once.Do(func() { close(hold) }) }
+	t.Cleanup(release) // before runMulti's stop, which waits for the handler
+
+	select {
+	case <-held:
+	case <-waitCtx(t, 20*time.Second).Done():
+		t.Fatalf("the high queue started %d of %d requests: %s", startsA.Load(), holdAt, ringState(m))
+	}
 	require.Zero(t, startsB.Load(), "strict: the low queue started while the high one had a backlog")
 	require.NoError(t, admin.Pause(ctx))
+	eventually(t, 20*time.Second, func() bool { return pauseSeen(m, 0) }, "the high queue's consumer never saw the pause")
+	release()
 	for i, pr := range prsB {
 		got, err := pr.Wait(waitCtx(t, 20*time.Second))
 		require.NoError(t, err, "b %d: the paused high queue kept the low one from reading: %s", i, lazyString(func() string { return ringState(m) }))
 		require.Equal(t, fmt.Sprint("b:x", i), got)
 	}
-	a := startsA.Load()
-	require.Less(t, a, int64(3000), "the high queue ran out of work before the low one ran")
+	require.Equal(t, int64(holdAt), startsA.Load(), "the high queue started requests after its consumer had seen the pause")
 	require.NoError(t, admin.Resume(ctx))
-	eventually(t, 20*time.Second, func() bool { return startsA.Load() > a }, "the high queue never resumed")
+	eventually(t, 20*time.Second, func() bool { return startsA.Load() > holdAt }, "the high queue never resumed")
+}
+
+// pauseSeen reports whether queue qi of m's latest run has seen its pause:
+// the ring gives none of its slots to a worker, and its gate holds a worker
+// that took one before.
+func pauseSeen(m *MultiConsumer, qi int) bool {
+	p := m.lastPool.Load()
+	if p == nil {
+		return false
+	}
+	r := p.ring
+	r.mu.Lock()
+	r.qmu.Lock()
+	paused := r.qs[qi].paused
+	r.qmu.Unlock()
+	r.mu.Unlock()
+	run, ok := p.queues[qi].(*run[string, string])
+	return paused && ok && !run.pause.isOpen()
 }
 
 // failReads is a client hook that fails every XREADGROUP and script call

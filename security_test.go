@@ -20,7 +20,8 @@ import (
 // aclCommands is every command streamq sends, for the least-privilege rule in
 // docs/operating.md's Security section. Keep the two the same: TestSecurityLeastPrivilege
 // runs the whole workload as a user allowed only these commands and fails on
-// any refusal. On a cluster, sharded pub/sub adds ssubscribe and spublish.
+// any refusal. On a cluster, sharded pub/sub adds ssubscribe and spublish;
+// servers from Redis 7.2 on, and Valkey, add aclIdentityCommands.
 var aclCommands = []string{
 	"del", "eval", "evalsha", "exists", "get", "mget", "publish", "set", "subscribe", "type",
 	"xack", "xadd", "xautoclaim", "xclaim", "xdel", "xgroup|create", "xgroup|delconsumer",
@@ -32,6 +33,35 @@ var aclCommands = []string{
 	"zadd", "zcard", "zrange", "zrangebyscore", "zrem", // the schedule (delayed jobs, retries)
 	"zscore", "zcount", "xrevrange", // Admin.Jobs and Admin.RunNow
 	"ping", // go-redis's pub/sub health checks
+}
+
+// aclIdentityCommands are what servers that have CLIENT SETINFO (Redis 7.2
+// and newer, Valkey) add to aclCommands: go-redis names its library and
+// version on every new connection, unless its DisableIdentity option is set.
+// Redis 7.0 has no such command (its ACL SETUSER refuses the rule, and it
+// answers go-redis "unknown subcommand", which its ACL LOG does not record).
+var aclIdentityCommands = []string{"client|setinfo"}
+
+// aclServerCommands returns aclCommands plus the aclIdentityCommands that the
+// server behind c knows.
+func aclServerCommands(t *testing.T, c *redis.Client) []string {
+	t.Helper()
+	cmds := slices.Clone(aclCommands)
+	for _, name := range aclIdentityCommands {
+		if serverHasCommand(t, c, name) {
+			cmds = append(cmds, name)
+		}
+	}
+	return cmds
+}
+
+// serverHasCommand reports whether the server behind c knows the command or
+// subcommand name ("client|setinfo").
+func serverHasCommand(t *testing.T, c *redis.Client, name string) bool {
+	t.Helper()
+	info, err := c.Do(context.Background(), "COMMAND", "INFO", name).Slice()
+	require.NoError(t, err)
+	return len(info) == 1 && info[0] != nil
 }
 
 // aclOptional are commands streamq tries and does without when refused:
@@ -63,25 +93,47 @@ func aclUser(t *testing.T, admin *redis.Client, name string, rules ...string) *r
 }
 
 // TestSecurityLeastPrivilege runs every feature as a user restricted to the
-// commands of aclCommands and to its queues' keys and channels: a single-shard
-// queue and a 2-shard one. Redis's ACL LOG must stay empty.
+// commands of aclCommands (plus aclIdentityCommands on a server that has
+// them) and to its queues' keys and channels: a single-shard queue and a
+// 2-shard one. On a server that has CLIENT SETINFO it also runs the
+// single-shard workload as a user without it, through a client with
+// go-redis's DisableIdentity, the documented alternative. Redis's ACL LOG
+// must stay empty.
 func TestSecurityLeastPrivilege(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	root := srv.Client(t)
 	ctx := context.Background()
-	single, sharded := queueName(t), queueName(t)
+	single, sharded, anonymous := queueName(t), queueName(t), queueName(t)
+	commands := aclServerCommands(t, root)
 	rules := []string{"-@all"}
-	for _, c := range aclCommands {
+	for _, c := range commands {
 		rules = append(rules, "+"+c)
 	}
 	rules = append(rules, aclQueueRules(single, 1)...)
 	rules = append(rules, aclQueueRules(sharded, 2)...)
 	user := aclUser(t, root, "streamq-app", rules...)
+	identity := len(commands) > len(aclCommands)
+	var anon *redis.Client
+	if identity {
+		rules := []string{"-@all"}
+		for _, c := range aclCommands {
+			rules = append(rules, "+"+c)
+		}
+		anon = aclUser(t, root, "streamq-anon", append(rules, aclQueueRules(anonymous, 1)...)...)
+		opts := anon.Options()
+		opts.DisableIdentity = true
+		anon = redis.NewClient(opts)
+		t.Cleanup(func() { _ = anon.Close() })
+	}
+	t.Logf("server commands beyond aclCommands: %v", commands[len(aclCommands):])
 	require.NoError(t, root.Do(ctx, "ACL", "LOG", "RESET").Err())
 
 	t.Run("single", func(t *testing.T) { aclWorkload(t, user, single, 1) })
 	t.Run("sharded", func(t *testing.T) { aclWorkload(t, user, sharded, 2) })
+	if identity {
+		t.Run("disableIdentity", func(t *testing.T) { aclWorkload(t, anon, anonymous, 1) })
+	}
 
 	entries, err := root.Do(ctx, "ACL", "LOG").Slice()
 	require.NoError(t, err)
@@ -96,15 +148,18 @@ func TestSecurityLeastPrivilege(t *testing.T) {
 }
 
 // TestSecurityLeastPrivilegeCluster runs the workload on a Redis Cluster as a
-// user with aclCommands plus what a cluster needs: sharded pub/sub and the
-// slot map.
+// user with aclCommands (plus aclIdentityCommands on a server that has them)
+// plus what a cluster needs: sharded pub/sub and the slot map.
 func TestSecurityLeastPrivilegeCluster(t *testing.T) {
 	t.Parallel()
 	cluster := redistest.StartCluster(t, 3, 0)
 	ctx := context.Background()
 	single, sharded := queueName(t), queueName(t)
+	first := redis.NewClient(&redis.Options{Addr: cluster.Addrs()[0]})
+	commands := aclServerCommands(t, first)
+	require.NoError(t, first.Close())
 	args := []any{"ACL", "SETUSER", "streamq-app", "reset", "on", ">secret", "-@all"}
-	for _, c := range append(slices.Clone(aclCommands), aclClusterCommands...) {
+	for _, c := range append(commands, aclClusterCommands...) {
 		args = append(args, "+"+c)
 	}
 	for _, r := range append(aclQueueRules(single, 1), aclQueueRules(sharded, 3)...) {

@@ -73,8 +73,9 @@ const BackendEnv = "STREAMQTEST_BACKEND"
 
 // NewClient returns a client of a Redis started for this test: a real
 // redis-server on a free loopback port (its files in a temporary directory,
-// persisting nothing) when redis-server is on PATH, an in-process miniredis
-// otherwise. BackendEnv overrides the choice. The server and the client are
+// persisting nothing) when redis-server is on PATH (or when
+// STREAMQ_REDIS_SERVER names another server binary, see [NewRedisServer]),
+// an in-process miniredis otherwise. BackendEnv overrides the choice. The server and the client are
 // closed when the test ends. Use [ClientBackend] to learn which one it is.
 func NewClient(t TB) *redis.Client {
 	t.Helper()
@@ -85,7 +86,9 @@ func NewClient(t TB) *redis.Client {
 		c, _ := NewMiniredis(t)
 		return c
 	case "":
-		if _, err := exec.LookPath("redis-server"); err == nil {
+		// A STREAMQ_REDIS_SERVER that names nothing fails in NewRedisServer:
+		// the developer asked for that server.
+		if _, err := redistest.ServerBinary(); !errors.Is(err, exec.ErrNotFound) {
 			return NewRedisServer(t)
 		}
 		c, _ := NewMiniredis(t)
@@ -118,7 +121,9 @@ func ClientBackend(c *redis.Client) Backend {
 
 // NewRedisServer returns a client of a real redis-server started for this
 // test on a free loopback port; both are stopped when the test ends. It fails
-// the test when redis-server is not installed.
+// the test when redis-server is not installed. The environment variable
+// STREAMQ_REDIS_SERVER, when set, names another server binary to start
+// instead (a path, or a name on PATH), such as Valkey's valkey-server.
 func NewRedisServer(t TB) *redis.Client {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

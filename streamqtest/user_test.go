@@ -146,7 +146,8 @@ func TestUserScenarioSameOnBothBackends(t *testing.T) {
 		requireLines(t, want, got)
 	})
 	t.Run("redis-server", func(t *testing.T) {
-		if _, err := exec.LookPath("redis-server"); err != nil && os.Getenv("CI") == "" {
+		_, err := exec.LookPath("redis-server")
+		if err != nil && os.Getenv("STREAMQ_REDIS_SERVER") == "" && os.Getenv("CI") == "" {
 			t.Skip("redis-server not installed")
 		}
 		client := streamqtest.NewRedisServer(t)

@@ -61,16 +61,18 @@ type Cluster struct {
 // is served by a master and every replica is in sync with its master. The
 // nodes are stopped when tb finishes.
 //
-// If redis-server, or redis-cli when it is needed, is not on PATH,
-// StartCluster fails the test when the environment variable CI is non-empty
-// and skips it otherwise. It must be called from the goroutine running the
+// The nodes run redis-server on PATH, or the binary [ServerEnv] names;
+// redis-cli is always taken from PATH (Debian's redis-cli creates Valkey
+// clusters too). If redis-server, or redis-cli when it is needed, is not on
+// PATH, StartCluster fails the test when the environment variable CI is
+// non-empty and skips it otherwise. It must be called from the goroutine running the
 // test.
 func StartCluster(tb testing.TB, masters, replicasPerMaster int) *Cluster {
 	tb.Helper()
 	if masters < 1 || replicasPerMaster < 0 {
 		tb.Fatalf("redistest: StartCluster(%d, %d): need at least one master and no negative replica count", masters, replicasPerMaster)
 	}
-	bin := lookPath(tb, binaryName, installHint)
+	bin := serverPath(tb)
 	var cli string
 	if masters >= 3 {
 		cli = lookPath(tb, cliName, cliHint)

@@ -119,7 +119,7 @@ func requireClusterOK(t *testing.T, addrs []string) {
 // with an install hint, without CI it must skip.
 func TestClusterMissingCLI(t *testing.T) {
 	t.Parallel()
-	server, err := exec.LookPath(binaryName)
+	server, err := ServerBinary()
 	if err != nil {
 		t.Skipf("needs %s: %v", binaryName, err)
 	}

@@ -31,8 +31,15 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// ServerEnv is the environment variable that chooses the server binary every
+// helper starts: a path (such as ~/.cache/streamq/valkey-8.0.1/bin/valkey-server,
+// which `make valkey` builds) or a name looked up on PATH. Unset or empty:
+// redis-server on PATH. The binary must accept redis-server's command line
+// (Valkey's valkey-server does).
+const ServerEnv = "STREAMQ_REDIS_SERVER"
+
 const (
-	// binaryName is the executable looked up on PATH.
+	// binaryName is the executable looked up on PATH when ServerEnv is unset.
 	binaryName = "redis-server"
 	// installHint tells a developer how to get the binary.
 	installHint = "install it with `apt-get install redis-server`, or run `make test`, which installs it"
@@ -89,18 +96,14 @@ type Server struct {
 // The server saves nothing and keeps its files in a directory from
 // tb.TempDir unless options say otherwise.
 //
-// If redis-server is not on PATH, Start fails the test when the environment
-// variable CI is non-empty and skips it otherwise. Start must be called from
-// the goroutine running the test.
+// The server is redis-server on PATH, or the binary [ServerEnv] names. If
+// redis-server is not on PATH, Start fails the test when the environment
+// variable CI is non-empty and skips it otherwise; a [ServerEnv] that names
+// no executable always fails it. Start must be called from the goroutine
+// running the test.
 func Start(tb testing.TB, opts ...Option) *Server {
 	tb.Helper()
-	bin, err := exec.LookPath(binaryName)
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			tb.Fatalf("redistest: %s not found on PATH (CI is set, so this is an error): %s", binaryName, installHint)
-		}
-		tb.Skipf("redistest: %s not found on PATH, skipping: %s", binaryName, installHint)
-	}
+	bin := serverPath(tb)
 
 	// TempDir registers its removal before our cleanup is registered, so the
 	// server is stopped before its directory is removed.
@@ -120,7 +123,7 @@ func Start(tb testing.TB, opts ...Option) *Server {
 			tb.Error(err)
 		}
 	})
-	tb.Logf("redistest: redis-server pid %d listening on %s", p.PID(), p.Addr())
+	tb.Logf("redistest: %s pid %d listening on %s", filepath.Base(bin), p.PID(), p.Addr())
 	return &Server{tb: tb, p: p}
 }
 
@@ -201,11 +204,13 @@ type Process struct {
 // start; the server runs until [Process.Stop] is called. Stop also removes
 // the directory.
 //
-// If redis-server is not on PATH the error wraps [exec.ErrNotFound].
+// The server is redis-server on PATH, or the binary [ServerEnv] names. If
+// redis-server is not on PATH the error wraps [exec.ErrNotFound]; a
+// [ServerEnv] that names no executable gives an error that does not.
 func StartProcess(ctx context.Context, opts ...Option) (*Process, error) {
-	bin, err := exec.LookPath(binaryName)
+	bin, err := ServerBinary()
 	if err != nil {
-		return nil, fmt.Errorf("redistest: %w; %s", err, installHint)
+		return nil, err
 	}
 	dir, err := os.MkdirTemp("", "redistest-")
 	if err != nil {
@@ -217,6 +222,46 @@ func StartProcess(ctx context.Context, opts ...Option) (*Process, error) {
 		return nil, fmt.Errorf("redistest: %w", err)
 	}
 	return p, nil
+}
+
+// ServerBinary returns the path of the server binary the helpers start: the
+// one [ServerEnv] names when it is set, redis-server on PATH otherwise. When
+// ServerEnv is unset and redis-server is not on PATH, the error wraps
+// [exec.ErrNotFound] and says how to install it; when ServerEnv is set but
+// names no executable, the error does not wrap exec.ErrNotFound, so that
+// callers which skip without a server still fail: the developer asked for
+// that server.
+func ServerBinary() (string, error) {
+	if name := os.Getenv(ServerEnv); name != "" {
+		path, err := exec.LookPath(name)
+		if err != nil {
+			return "", fmt.Errorf("redistest: %s=%q names no executable (%v): set it to the path of a redis-server or valkey-server binary, or unset it to use redis-server on PATH", ServerEnv, name, errors.Unwrap(err))
+		}
+		return path, nil
+	}
+	path, err := exec.LookPath(binaryName)
+	if err != nil {
+		return "", fmt.Errorf("redistest: %w; %s", err, installHint)
+	}
+	return path, nil
+}
+
+// serverPath returns [ServerBinary], or fails (under CI, or when ServerEnv
+// names no executable) or skips tb.
+func serverPath(tb testing.TB) string {
+	tb.Helper()
+	bin, err := ServerBinary()
+	switch {
+	case err == nil:
+		return bin
+	case !errors.Is(err, exec.ErrNotFound):
+		tb.Fatal(err)
+	case os.Getenv("CI") != "":
+		tb.Fatalf("redistest: %s not found on PATH (CI is set, so this is an error): %s", binaryName, installHint)
+	default:
+		tb.Skipf("redistest: %s not found on PATH, skipping: %s", binaryName, installHint)
+	}
+	return ""
 }
 
 func newProcess(bin, dir string, ownDir bool, opts []Option) *Process {

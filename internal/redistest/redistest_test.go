@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -288,6 +289,7 @@ func TestStartProcessBadArgs(t *testing.T) {
 
 func TestStartProcessMissingBinary(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
+	t.Setenv(ServerEnv, "")
 	_, err := StartProcess(context.Background())
 	require.ErrorIs(t, err, exec.ErrNotFound)
 	require.Contains(t, err.Error(), "apt-get install redis-server")
@@ -310,7 +312,7 @@ func TestMissingBinary(t *testing.T) {
 			t.Parallel()
 			cmd := exec.Command(os.Args[0], "-test.run=^TestMissingBinaryHelper$", "-test.v", "-test.count=1")
 			// GORACE: skip the race detector's one-second sleep at exit.
-			cmd.Env = append(os.Environ(), helperEnv+"=1", "PATH="+t.TempDir(), "CI="+tc.ci, "GORACE=atexit_sleep_ms=0")
+			cmd.Env = append(os.Environ(), helperEnv+"=1", "PATH="+t.TempDir(), ServerEnv+"=", "CI="+tc.ci, "GORACE=atexit_sleep_ms=0")
 			out, err := cmd.CombinedOutput()
 			if tc.wantFail {
 				var exitErr *exec.ExitError
@@ -339,9 +341,58 @@ func TestMissingBinaryHelper(t *testing.T) {
 // at its top level when redis-server is missing and CI is not set.
 func skipWithoutRedis(t *testing.T) {
 	t.Helper()
-	if _, err := exec.LookPath(binaryName); err != nil && os.Getenv("CI") == "" {
+	if _, err := ServerBinary(); errors.Is(err, exec.ErrNotFound) && os.Getenv("CI") == "" {
 		t.Skipf("redistest: %s not found on PATH, skipping: %s", binaryName, installHint)
 	}
+}
+
+// TestServerEnv: ServerEnv names the binary, as a name looked up on PATH or
+// as a path, and Start, StartProcess and StartCluster run it; a ServerEnv
+// that names nothing fails even without CI (the developer asked for that
+// server), with an error that names the variable.
+func TestServerEnv(t *testing.T) {
+	bin, err := ServerBinary()
+	if err != nil {
+		skipWithoutRedis(t)
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	custom := filepath.Join(dir, "custom-server")
+	require.NoError(t, os.Symlink(bin, custom))
+
+	t.Run("name on PATH", func(t *testing.T) {
+		t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+		t.Setenv(ServerEnv, "custom-server")
+		srv := Start(t)
+		require.Equal(t, custom, srv.p.bin)
+		require.NoError(t, srv.Client(t).Ping(context.Background()).Err())
+	})
+	t.Run("path", func(t *testing.T) {
+		t.Setenv(ServerEnv, custom)
+		p, err := StartProcess(context.Background())
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = p.Stop() })
+		require.Equal(t, custom, p.bin)
+		c := redis.NewClient(&redis.Options{Addr: p.Addr()})
+		t.Cleanup(func() { _ = c.Close() })
+		require.NoError(t, c.Ping(context.Background()).Err())
+	})
+	t.Run("cluster", func(t *testing.T) {
+		t.Setenv(ServerEnv, custom)
+		c := StartCluster(t, 1, 0)
+		for _, n := range c.nodes {
+			require.Equal(t, custom, n.bin)
+		}
+	})
+	t.Run("missing", func(t *testing.T) {
+		t.Setenv(ServerEnv, filepath.Join(dir, "no-such-server"))
+		t.Setenv("CI", "")
+		_, err := StartProcess(context.Background())
+		require.Error(t, err)
+		require.NotErrorIs(t, err, exec.ErrNotFound, "callers skip on ErrNotFound without CI")
+		require.Contains(t, err.Error(), ServerEnv)
+		require.Contains(t, err.Error(), "no-such-server")
+	})
 }
 
 // requireGone asserts that process pid has exited and been reaped (no
