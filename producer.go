@@ -163,6 +163,18 @@ func (p *Producer[Req, Resp]) produce(ctx context.Context, id string, req Req, o
 	if err := p.ensureSubscribed(ctx); err != nil {
 		return nil, err
 	}
+	if it.mode != modeNone {
+		// A flow-control mode may start a new run of an id whose earlier run
+		// still has callers here: this caller registers after the reply
+		// (runProduce has answered the earlier run's callers by then), so it
+		// waits for the run its reply names. A notice that beats the
+		// registration is caught by the record check (BackstopInterval).
+		out, err := p.submit(ctx, it)
+		if err != nil {
+			return nil, err
+		}
+		return p.settle(id, p.waiters.acquire(id), out)
+	}
 	c := p.waiters.acquire(id)
 	out, err := p.submit(ctx, it)
 	if err != nil {
@@ -393,6 +405,11 @@ func (p *Producer[Req, Resp]) settle(id string, c *call, out produceOutcome) (*P
 	case outcomeDone:
 		pr.dedup = DedupStored
 		p.waiters.resolve(id, c, out.data, nil)
+		return pr, nil
+	case outcomeExpired:
+		pr.dedup = DedupStored
+		p.waiters.resolve(id, c, "", fmt.Errorf("%w: request %q ran in its Throttle window and its outcome has expired "+
+			"(keep the consumers' ResultTTL at least the window)", ErrRecordLost, id))
 		return pr, nil
 	default:
 		p.waiters.drop(id, c)
