@@ -230,6 +230,10 @@ type produceItem struct {
 	// and modeA, modeB its numbers in milliseconds (see modeArgs).
 	mode         byte
 	modeA, modeB int64
+	// call is the waiters' call the Produce caller holds (nil for Enqueue,
+	// Send, batches, flows); runProduce moves it to a new run's call when a
+	// mode's new run replaced the id's stored outcome.
+	call *call
 	// headerBytes is the size of the encoded headers, counted against
 	// MaxPayloadBytes with the payload.
 	headerBytes int
@@ -381,14 +385,14 @@ func (p *Producer[Req, Resp]) runProduce(ctx context.Context, shard int, items [
 		data, _ := res[2*i+1].(string)
 		if code == outcomeReplaced {
 			// A new run replaced the id's stored outcome: the callers still
-			// waiting for that outcome here get it before anyone of the new
-			// run registers (in item order, so later items of the id wait
-			// for the new run).
+			// waiting here for that outcome get it, and the callers of this
+			// item and of the id's later items in this call (which attached
+			// to the new run) move to a new call, in item order.
 			eid, record, ok := cutLengthPrefixed(data)
 			if !ok {
 				return nil, fmt.Errorf("streamq: append to %s: malformed reply %q", k.Stream, data)
 			}
-			p.waiters.resolveID(items[i].id, record)
+			p.waiters.handOver(items, i, record)
 			code, data = outcomeAppended, eid
 		}
 		outs[i] = produceOutcome{code: code, data: data}

@@ -89,6 +89,14 @@ func Throttle(d time.Duration) ProduceOption {
 // produce: its payload is not used. Once the run's outcome is stored, a
 // produce starts a new wait.
 //
+// Which outcome each caller gets: the outcome of the run its call joined.
+// One limit: notices name the id, not the run, so within one Producer the
+// waiting callers of an id share one promise state; a caller that joins a
+// new wait of the id (opened by another producer) while a caller in the same
+// Producer still waits for the previous run's notice is answered with that
+// previous run's outcome. Callers that need the run of their own payload
+// should produce an id from one Producer at a time, or release old promises.
+//
 // Debounce cannot be combined with At or After, with ProduceBatch (an
 // atomic batch) or with a flow (ProduceFlow): those calls fail with
 // ErrInvalidOptions. d must be at least a millisecond and maxWait at least

@@ -163,23 +163,15 @@ func (p *Producer[Req, Resp]) produce(ctx context.Context, id string, req Req, o
 	if err := p.ensureSubscribed(ctx); err != nil {
 		return nil, err
 	}
-	if it.mode != modeNone {
-		// A flow-control mode may start a new run of an id whose earlier run
-		// still has callers here: this caller registers after the reply
-		// (runProduce has answered the earlier run's callers by then), so it
-		// waits for the run its reply names. A notice that beats the
-		// registration is caught by the record check (BackstopInterval).
-		out, err := p.submit(ctx, it)
-		if err != nil {
-			return nil, err
-		}
-		return p.settle(id, p.waiters.acquire(id), out)
-	}
 	c := p.waiters.acquire(id)
+	it.call = c
 	out, err := p.submit(ctx, it)
 	if err != nil {
 		p.waiters.drop(id, c)
 		return nil, err
+	}
+	if it.mode != modeNone {
+		c = it.call // moved to a new run's call by runProduce (after the reply: no race)
 	}
 	return p.settle(id, c, out)
 }
