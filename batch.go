@@ -77,6 +77,10 @@ func (p *Producer[Req, Resp]) produceBatch(ctx context.Context, jobs []Job[Req],
 		if err != nil {
 			return nil, fmt.Errorf("job %d: %w", i, err)
 		}
+		if it.mode != modeNone {
+			return nil, fmt.Errorf("%w: job %d: Throttle and Debounce cannot be used in ProduceBatch (an atomic batch); produce such jobs with Produce, Enqueue or Send",
+				ErrInvalidOptions, i)
+		}
 		items[i] = it
 		total += it.size()
 	}
@@ -222,6 +226,14 @@ type produceItem struct {
 	// level is the request's priority level (levelNormal unless Priority
 	// set another).
 	level int
+	// mode is the flow-control mode (modeNone, modeThrottle, modeDebounce)
+	// and modeA, modeB its numbers in milliseconds (see modeArgs).
+	mode         byte
+	modeA, modeB int64
+	// call is the waiters' call the Produce caller holds (nil for Enqueue,
+	// Send, batches, flows); runProduce moves it to a new run's call when a
+	// mode's new run replaced the id's stored outcome.
+	call *call
 	// headerBytes is the size of the encoded headers, counted against
 	// MaxPayloadBytes with the payload.
 	headerBytes int
@@ -262,6 +274,9 @@ func (it *produceItem) apply(s produceSettings) error {
 	if s.retryFailed {
 		it.flags += flagRetryFailed
 	}
+	if it.mode, it.modeA, it.modeB, err = s.modeArgs(); err != nil {
+		return err
+	}
 	if s.prioritySet {
 		l, ok := levelOf[s.priority]
 		if !ok {
@@ -297,6 +312,13 @@ const (
 	outcomeInflight = 1
 	outcomeDone     = 2
 	outcomeRejected = -1
+	// outcomeExpired (Throttle): the id ran in the open window and its
+	// outcome has expired.
+	outcomeExpired = 4
+	// outcomeReplaced is produce.lua's reply for a new run of a mode that
+	// replaced a stored outcome; runProduce answers that outcome's waiters
+	// and passes it on as outcomeAppended.
+	outcomeReplaced = 3
 )
 
 // runProduce appends items of one shard with one script call and returns one
@@ -311,12 +333,16 @@ func (p *Producer[Req, Resp]) runProduce(ctx context.Context, shard int, items [
 	if atomic {
 		args[1] = "1"
 	}
-	leveled := false
+	leveled, moded := false, false
 	for _, it := range items {
 		leveled = leveled || it.level != levelNormal
+		moded = moded || it.mode != modeNone
 	}
 	if leveled {
 		args[1] = args[1].(string) + "L" // the level streams follow the schedule's keys
+	}
+	if moded {
+		args[1] = args[1].(string) + "M" // each item carries its mode; the mode keys come last
 	}
 	for _, it := range items {
 		keys = append(keys, k.Record(it.id))
@@ -324,10 +350,22 @@ func (p *Producer[Req, Resp]) runProduce(ctx context.Context, shard int, items [
 		for _, f := range it.fields {
 			args = append(args, f)
 		}
+		if moded {
+			mode := ""
+			if it.mode != modeNone {
+				mode = string(it.mode)
+			}
+			args = append(args, mode, it.modeA, it.modeB)
+		}
 	}
 	keys = append(keys, k.Schedule, k.ScheduleData)
 	if leveled {
 		keys = append(keys, k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow]))
+	}
+	if moded {
+		for _, it := range items {
+			keys = append(keys, k.Mode(it.id))
+		}
 	}
 	args = append(args, k.Wake, publishCommand(p.sharded))
 	res, err := scripts.Produce.Run(ctx, p.client, keys, args...).Slice()
@@ -345,7 +383,32 @@ func (p *Producer[Req, Resp]) runProduce(ctx context.Context, shard int, items [
 	for i := range items {
 		code, _ := res[2*i].(int64)
 		data, _ := res[2*i+1].(string)
+		if code == outcomeReplaced {
+			// A new run replaced the id's stored outcome: the callers still
+			// waiting here for that outcome get it, and the callers of this
+			// item and of the id's later items in this call (which attached
+			// to the new run) move to a new call, in item order.
+			eid, record, ok := cutLengthPrefixed(data)
+			if !ok {
+				return nil, fmt.Errorf("streamq: append to %s: malformed reply %q", k.Stream, data)
+			}
+			p.waiters.handOver(items, i, record)
+			code, data = outcomeAppended, eid
+		}
 		outs[i] = produceOutcome{code: code, data: data}
 	}
 	return outs, nil
+}
+
+// cutLengthPrefixed splits "<len>:<s>rest" into s and rest.
+func cutLengthPrefixed(data string) (s, rest string, ok bool) {
+	lenStr, tail, found := strings.Cut(data, ":")
+	if !found {
+		return "", "", false
+	}
+	n, err := strconv.Atoi(lenStr)
+	if err != nil || n < 0 || n > len(tail) {
+		return "", "", false
+	}
+	return tail[:n], tail[n:], true
 }

@@ -30,6 +30,10 @@ type produceSettings struct {
 	// priority is set by Priority; used when prioritySet.
 	priority    PriorityLevel
 	prioritySet bool
+	// mode is the flow-control mode set by Throttle or Debounce (modeNone:
+	// none), with its durations.
+	mode         byte
+	modeA, modeB time.Duration
 }
 
 // RetryFailed lets the request run again when its id's stored outcome is a
@@ -43,6 +47,94 @@ type produceSettings struct {
 // Default: off.
 func RetryFailed() ProduceOption {
 	return func(s *produceSettings) { s.retryFailed = true }
+}
+
+// Throttle runs the request's id at most once per window d: the first
+// produce of the id opens a window of d (on the Redis server's clock) and
+// appends the request as usual; every produce of the id while the window is
+// open attaches to that run (DedupInflight while it is in flight) or gets its
+// stored outcome (DedupStored), and its payload is not used. The first
+// produce after the window closed starts a new run and a new window, even
+// when the id's outcome is still stored; while the previous run is still in
+// flight, it attaches to that run instead, so runs of one id never overlap.
+// The window is decided in Redis, in the same step as the append, so it holds
+// across producers and survives their restarts.
+//
+// A produce inside the window whose run's outcome has already expired
+// (ConsumerOptions.ResultTTL shorter than d) does not run the id again: its
+// promise fails with ErrRecordLost. Keep ResultTTL at least d.
+//
+// Throttle cannot be combined with At or After, with ProduceBatch (an atomic
+// batch) or with a flow (ProduceFlow): those calls fail with
+// ErrInvalidOptions. d must be at least a millisecond. Throttle and Debounce
+// override each other; the last one given applies.
+func Throttle(d time.Duration) ProduceOption {
+	return func(s *produceSettings) { s.mode, s.modeA, s.modeB = modeThrottle, d, 0 }
+}
+
+// Debounce runs the request's id once things calm down: d after its last
+// produce, with the last produce's payload (and headers, deadline and
+// priority), but never later than maxWait after the produce that started the
+// wait. Each produce while the id waits replaces the waiting payload and
+// pushes its start back to min(now + d, first produce + maxWait); every
+// caller of that wait gets the one outcome (the first one's promise says
+// DedupNone, the others' DedupInflight: their payloads replaced it in turn,
+// the last one runs). The waiting request is a scheduled request
+// (Admin.Job shows it scheduled, with its due time and Mode "debounce";
+// Admin.Cancel and Admin.RunNow act on it); the wait is kept in Redis, so it
+// survives producer and consumer restarts.
+//
+// Once the wait is over and the request was appended to the stream (queued
+// or running), a produce of the id attaches to that run like a plain
+// produce: its payload is not used. Once the run's outcome is stored, a
+// produce starts a new wait.
+//
+// Which outcome each caller gets: the outcome of the run its call joined.
+// One limit: notices name the id, not the run, so within one Producer the
+// waiting callers of an id share one promise state; a caller that joins a
+// new wait of the id (opened by another producer) while a caller in the same
+// Producer still waits for the previous run's notice is answered with that
+// previous run's outcome. Callers that need the run of their own payload
+// should produce an id from one Producer at a time, or release old promises.
+//
+// Debounce cannot be combined with At or After, with ProduceBatch (an
+// atomic batch) or with a flow (ProduceFlow): those calls fail with
+// ErrInvalidOptions. d must be at least a millisecond and maxWait at least
+// d. Throttle and Debounce override each other; the last one given applies.
+func Debounce(d, maxWait time.Duration) ProduceOption {
+	return func(s *produceSettings) { s.mode, s.modeA, s.modeB = modeDebounce, d, maxWait }
+}
+
+// The flow-control modes of an item (produce.lua's mode argument).
+const (
+	modeNone     = 0
+	modeThrottle = 't'
+	modeDebounce = 'd'
+)
+
+// modeArgs validates the mode and returns produce.lua's mode and its two
+// numbers (milliseconds).
+func (s produceSettings) modeArgs() (byte, int64, int64, error) {
+	if s.mode == modeNone {
+		return modeNone, 0, 0, nil
+	}
+	if s.afterSet || !s.at.IsZero() {
+		return 0, 0, 0, fmt.Errorf("%w: Throttle and Debounce cannot be combined with At or After", ErrInvalidOptions)
+	}
+	ms := func(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
+	switch s.mode {
+	case modeThrottle:
+		if s.modeA < time.Millisecond || s.modeA > maxDelay {
+			return 0, 0, 0, fmt.Errorf("%w: Throttle(%v): the window must be from 1ms to %v", ErrInvalidOptions, s.modeA, maxDelay)
+		}
+		return modeThrottle, ms(s.modeA), 0, nil
+	default:
+		if s.modeA < time.Millisecond || s.modeB < s.modeA || s.modeB > maxDelay {
+			return 0, 0, 0, fmt.Errorf("%w: Debounce(%v, %v): the quiet period must be at least 1ms and maxWait from it to %v",
+				ErrInvalidOptions, s.modeA, s.modeB, maxDelay)
+		}
+		return modeDebounce, ms(s.modeA), ms(s.modeB), nil
+	}
 }
 
 // flagRetryFailed marks an item produced with RetryFailed (produce.lua).

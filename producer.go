@@ -164,10 +164,14 @@ func (p *Producer[Req, Resp]) produce(ctx context.Context, id string, req Req, o
 		return nil, err
 	}
 	c := p.waiters.acquire(id)
+	it.call = c
 	out, err := p.submit(ctx, it)
 	if err != nil {
 		p.waiters.drop(id, c)
 		return nil, err
+	}
+	if it.mode != modeNone {
+		c = it.call // moved to a new run's call by runProduce (after the reply: no race)
 	}
 	return p.settle(id, c, out)
 }
@@ -393,6 +397,11 @@ func (p *Producer[Req, Resp]) settle(id string, c *call, out produceOutcome) (*P
 	case outcomeDone:
 		pr.dedup = DedupStored
 		p.waiters.resolve(id, c, out.data, nil)
+		return pr, nil
+	case outcomeExpired:
+		pr.dedup = DedupStored
+		p.waiters.resolve(id, c, "", fmt.Errorf("%w: request %q ran in its Throttle window and its outcome has expired "+
+			"(keep the consumers' ResultTTL at least the window)", ErrRecordLost, id))
 		return pr, nil
 	default:
 		p.waiters.drop(id, c)

@@ -220,6 +220,45 @@ func (w *waiters) markAppended(c *call) {
 	w.mu.Unlock()
 }
 
+// handOver answers the callers of items[i].id's call with record, the
+// stored outcome a new run replaced (produce.lua's code 3), after moving the
+// references of items[i] and of the id's later items to a new call, which
+// the new run's notice resolves.
+func (w *waiters) handOver(items []*produceItem, i int, record string) {
+	id := items[i].id
+	w.mu.Lock()
+	old := w.m[id]
+	if w.closed != nil {
+		w.mu.Unlock()
+		return // every call is resolved with the close error
+	}
+	nc := &call{done: make(chan struct{}), appended: true, appendedAt: time.Now()}
+	for _, it := range items[i:] {
+		if it.id != id || it.call == nil {
+			continue
+		}
+		if c := it.call; c != old {
+			c.refs--
+			if c.refs <= 0 && w.m[id] == c {
+				delete(w.m, id)
+			}
+		} else {
+			old.refs--
+		}
+		it.call = nc
+		nc.refs++
+	}
+	if nc.refs > 0 {
+		w.m[id] = nc
+	} else if old != nil {
+		delete(w.m, id)
+	}
+	w.mu.Unlock()
+	if old != nil {
+		w.resolve(id, old, record, nil)
+	}
+}
+
 // len returns the number of registered calls.
 func (w *waiters) len() int {
 	w.mu.Lock()

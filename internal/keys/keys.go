@@ -122,6 +122,11 @@ func (k Keys) RunNowMarker(member string) string { return k.base + "runnow:" + m
 // Record returns the key of the record (dedup marker, then result) of a request id.
 func (k Keys) Record(id string) string { return k.recordPrefix + id }
 
+// Mode returns the key of a request id's flow-control state: for Throttle,
+// the open window (value: its end in Unix ms of the server's clock; it
+// expires with the window).
+func (k Keys) Mode(id string) string { return k.base + "mode:" + id }
+
 // Flow returns the key of the hash of the flow whose parent is request id:
 // its pending child count, its policy, the parent's stream fields, and each
 // child's outcome (see internal/scripts/flow.lua).

@@ -15,11 +15,14 @@
 -- KEYS[n+2]        the schedule (sorted set)
 -- KEYS[n+3]        the schedule's data (hash)
 -- KEYS[n+4], [n+5] the streams of priority levels "high" and "low", only
---                  when ARGV[2] ends in "L"
+--                  when ARGV[2] holds "L"
+-- KEYS[last n]     only when ARGV[2] holds "M": the mode key of item i
+--                  (flow-control state, see below), after every other key
 -- ARGV[1]          TTL of a new in-flight record, in milliseconds
 -- ARGV[2]          "1": all or nothing (a batch); "0": items are independent;
 --                  followed by "L" when level streams follow the schedule's
---                  keys (an item of another priority level than the default)
+--                  keys (an item of another priority level than the default),
+--                  then "M" when the items carry a flow-control mode
 -- ARGV[3...]       the items, one after another, each as:
 --                    request id, payload, due time (Unix ms of the server's
 --                    clock; "0": now), flags (single letters: "r", the due
@@ -29,7 +32,11 @@
 --                    item goes to the high or low level's stream instead of
 --                    KEYS[1], its extra fields naming the level so that a
 --                    retry or a delayed item is appended there too), f (a count),
---                    then f strings: extra stream fields, name then value
+--                    then f strings: extra stream fields, name then value;
+--                    with "M", then three more: the mode ("": none; "t",
+--                    Throttle; "d", Debounce) and its two numbers in ms
+--                    (Throttle: the window, 0; Debounce: the quiet period,
+--                    the longest wait)
 -- ARGV[after the items]    the wake channel, then "PUBLISH" or "SPUBLISH"
 --
 -- Returns a flat array of n (code, data) pairs:
@@ -38,6 +45,27 @@
 --                 is scheduled)
 --   2, record     already completed: the record holds the outcome
 --  -1, reason     rejected (only when ARGV[2] is "0")
+--   3, eid+record  (modes only) a new run that replaced a stored outcome:
+--                 "<len>:<entry id>" ("" when scheduled), then the outcome
+--                 replaced, so the producer answers that run's callers first
+--   4, ""         (Throttle only) the id ran in the open window and its
+--                 outcome has expired
+--
+-- Flow-control modes (only in calls with "M"; never in atomic batches, which
+-- the producer refuses). Each reads the record as it stands at the item (not
+-- the call's first read), so items of one id in one call see each other:
+--   Throttle(W): a record in flight ("P...") is attached to; else, while the
+--     mode key lives (the window is open), a stored outcome is answered and a
+--     missing one gives code 4; else a new run is appended (replacing a
+--     stored outcome) and the mode key is set for W ms.
+--   Debounce(d, m): a record "P@<due>" whose schedule member carries mode
+--     "d" in its data (a debounce waiting for its quiet period) gets this
+--     item's payload and fields, and its due time moves to min(now + d,
+--     first produce + m), the record to "P@<new due>" (code 1). A record in
+--     flight otherwise (promoted, running, a plain delayed job) is attached
+--     to. No record, or a stored outcome: a new cycle is scheduled at now +
+--     min(d, m), its data holding the production time (the cycle's first
+--     produce, kept by later produces) and mode "d" as the seventh string.
 -- With ARGV[2] = "1", an invalid item (a record key of another type) fails
 -- the whole call, and the call's own writes before it are undone in the same
 -- step, so nothing of the batch remains. (Undoing the rare failure is cheaper
@@ -91,10 +119,14 @@ end
 
 local ttl = tonumber(ARGV[1])
 local atomic = string.sub(ARGV[2], 1, 1) == "1"
-local leveled = string.sub(ARGV[2], 2, 2) == "L"
+local leveled = string.find(ARGV[2], "L", 2, true) ~= nil
+local moded = string.find(ARGV[2], "M", 2, true) ~= nil
 local n = #KEYS - 3
 if leveled then
   n = n - 2
+end
+if moded then
+  n = n / 2 -- one mode key per item follows the other keys
 end
 local stream, schedule, scheduleData = KEYS[1], KEYS[n + 2], KEYS[n + 3]
 -- streamOf returns the stream an item with these flags is appended to.
@@ -117,6 +149,19 @@ local function serverNow()
     now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
   return now
+end
+
+-- dec splits length-prefixed strings (the schedule's data).
+local function dec(str)
+  local out = {}
+  local pos = 1
+  while pos <= #str do
+    local colon = string.find(str, ":", pos, true)
+    local len = tonumber(string.sub(str, pos, colon - 1))
+    out[#out + 1] = string.sub(str, colon + 1, colon + len)
+    pos = colon + 1 + len
+  end
+  return out
 end
 
 -- enc length-prefixes strings ("<len>:<s>"...) for the schedule's data.
@@ -212,6 +257,97 @@ for s = 1, n == 1 and 0 or n, 1000 do
   end
 end
 
+-- scheduleItem puts a flow-control item into the schedule, due at due, and
+-- returns its data, for the caller to complete and write: record key "",
+-- no start count, its stream fields, no error, produced (the production
+-- time) and its mode. (Modes are never in atomic calls: nothing to undo.)
+local function scheduleItem(id, payload, fa, fz, due, produced, mode)
+  if not headRead then
+    local h = redis.call("ZRANGE", schedule, 0, 0, "WITHSCORES")
+    if h[2] then
+      head = tonumber(h[2])
+    end
+    headRead = true
+  end
+  local fields = {"id", id, "p", payload}
+  for j = fa, fz do
+    fields[#fields + 1] = ARGV[j]
+  end
+  redis.call("ZADD", schedule, due, "r" .. id)
+  return {"", "", "0", enc(fields), "", produced, mode}
+end
+
+-- flowControl answers one item of a flow-control mode (see the header):
+-- its code and data.
+local function flowControl(i, key, id, payload, flags, fa, fz, mode, ma, mb)
+  local cur = redis.pcall("GET", key)
+  if type(cur) ~= "string" then
+    cur = false -- none, or a key of another type (SET NX GET then fails)
+  end
+  local c = cur and string.sub(cur, 1, 1)
+  if mode == "t" then
+    if c == "P" then
+      c = string.sub(cur, 2, 2)
+      return 1, (c == "@" or c == "&") and "" or string.sub(cur, 2)
+    end
+    local mkey = KEYS[#KEYS - n + i]
+    if redis.call("EXISTS", mkey) == 1 then
+      if cur then
+        return 2, cur
+      end
+      return 4, ""
+    end
+    local to = streamOf(flags)
+    local eid = redis.call("XADD", to, "*", "id", id, "p", payload, unpack(ARGV, fa, fz))
+    local err = claimRecord(key, cur, "P" .. eid, ttl)
+    if err then
+      redis.call("XDEL", to, eid)
+      notWrongType(err)
+      return -1, "key " .. key .. " holds a value that is not a streamq record"
+    end
+    redis.call("SET", mkey, tostring(serverNow() + ma), "PX", ma)
+    if cur then
+      return 3, #eid .. ":" .. eid .. cur
+    end
+    return 0, eid
+  end
+  -- Debounce: ma the quiet period, mb the longest wait.
+  local member = "r" .. id
+  if c == "P" then
+    if string.sub(cur, 2, 2) == "@" then
+      local raw = redis.call("HGET", scheduleData, member)
+      local d = raw and dec(raw)
+      if d and d[7] == "d" and redis.call("ZSCORE", schedule, member) then
+        local first = tonumber(d[6]) or serverNow()
+        local due = math.min(serverNow() + ma, first + mb)
+        local data = scheduleItem(id, payload, fa, fz, due, d[6], "d")
+        data[1] = d[1]
+        redis.call("HSET", scheduleData, member, enc(data))
+        redis.call("SET", key, "P@" .. due, "PX", ttl + due - serverNow())
+        return 1, ""
+      end
+    end
+    c = string.sub(cur, 2, 2)
+    return 1, (c == "@" or c == "&") and "" or string.sub(cur, 2)
+  end
+  local due = serverNow() + math.min(ma, mb)
+  local err = claimRecord(key, cur, "P@" .. due, ttl + due - serverNow())
+  if err then
+    notWrongType(err)
+    return -1, "key " .. key .. " holds a value that is not a streamq record"
+  end
+  local data = scheduleItem(id, payload, fa, fz, due, tostring(serverNow()), "d")
+  data[1] = key
+  redis.call("HSET", scheduleData, member, enc(data))
+  if (not head or due < head) and (not wakeAt or due < wakeAt) then
+    wakeAt = due
+  end
+  if cur then
+    return 3, "0:" .. cur
+  end
+  return 0, ""
+end
+
 local out = {}
 local o = 0
 local written = {}
@@ -221,8 +357,23 @@ for i = 1, n do
   local id, payload, due, flags = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2]) or 0, ARGV[a + 3]
   local fa, fz = a + 5, a + 4 + tonumber(ARGV[a + 4]) -- its extra stream fields
   a = fz + 1
+  local mode, ma, mb
+  if moded then
+    mode, ma, mb = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+    a = a + 3
+  end
   local prev = prevs[i]
-  if written[key] then
+  if mode == "t" or mode == "d" then
+    out[o + 1], out[o + 2] = flowControl(i, key, id, payload, flags, fa, fz, mode, ma, mb)
+    if out[o + 1] == 0 or out[o + 1] == 3 then
+      local d = out[o + 2]
+      if out[o + 1] == 3 then
+        local colon = string.find(d, ":", 1, true)
+        d = string.sub(d, colon + 1, colon + tonumber(string.sub(d, 1, colon - 1)))
+      end
+      written[key] = d
+    end
+  elseif written[key] then
     -- The same id appeared earlier in this call.
     out[o + 1], out[o + 2] = 1, written[key]
   elseif prev and not (string.find(flags, "f", 1, true) and (string.sub(prev, 1, 1) == "E" or string.sub(prev, 1, 1) == "L")) then

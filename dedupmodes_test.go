@@ -1,0 +1,566 @@
+package streamq
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamq/streamq/internal/crashtest"
+	"github.com/streamq/streamq/internal/redistest"
+)
+
+// entryMillis is the server time (Unix ms) in a stream entry id.
+func entryMillis(t *testing.T, eid string) int64 {
+	t.Helper()
+	ms, _, ok := strings.Cut(eid, "-")
+	require.True(t, ok, "entry id %q", eid)
+	n, err := strconv.ParseInt(ms, 10, 64)
+	require.NoError(t, err)
+	return n
+}
+
+// modeCall is one Produce of a flow-control test and what it got.
+type modeCall struct {
+	id, payload string
+	start, end  time.Time // around Produce
+	dedup       Dedup
+	entryID     string
+	result      string
+	answered    time.Time
+	err         error
+}
+
+// TestDedupModesThrottleSteadyStream: 4 producers call 10 ids every 5 ms
+// for 2 s with Throttle(200ms). Counted exactly: each id runs once per
+// window-opening call (DedupNone), with that call's payload; windows of one
+// id open at least 200 ms apart on the server's clock (the entry ids); every
+// caller is answered with the result of a run of its id that was appended
+// before its call returned. No consumer crashes here, so each run starts
+// exactly once.
+func TestDedupModesThrottleSteadyStream(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	q := queueName(t)
+	const (
+		window    = 200 * time.Millisecond
+		producers = 4
+		ids       = 10
+		duration  = 2 * time.Second
+	)
+	var mu sync.Mutex
+	runs := map[string][]string{} // id -> payloads run, in order
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		mu.Lock()
+		runs[m.ID] = append(runs[m.ID], m.Payload)
+		mu.Unlock()
+		return "ran:" + m.Payload, nil
+	}, fastOpts(t, "throttle", time.Second))
+	require.NoError(t, err)
+	runConsumer(t, c)
+
+	var calls []*modeCall
+	var wg sync.WaitGroup
+	stop := time.Now().Add(duration)
+	for pi := range producers {
+		p := newStringProducer(t, client, q)
+		for ii := range ids {
+			wg.Go(func() {
+				id := fmt.Sprintf("doc-%d", ii)
+				for seq := 0; time.Now().Before(stop); seq++ {
+					mc := &modeCall{id: id, payload: fmt.Sprintf("p%d-s%d", pi, seq), start: time.Now()}
+					pr, err := p.Produce(context.Background(), id, mc.payload, Throttle(window))
+					require.NoError(t, err)
+					mc.end, mc.dedup, mc.entryID = time.Now(), pr.Deduplicated(), pr.EntryID()
+					wg.Go(func() {
+						mc.result, mc.err = pr.Wait(waitCtx(t, 30*time.Second))
+						mc.answered = time.Now()
+					})
+					mu.Lock()
+					calls = append(calls, mc)
+					mu.Unlock()
+					time.Sleep(5 * time.Millisecond)
+				}
+			})
+		}
+	}
+	wg.Wait()
+
+	openers := map[string][]*modeCall{}
+	for _, mc := range calls {
+		require.NoError(t, mc.err, "every caller is answered (%s %s)", mc.id, mc.payload)
+		if mc.dedup == DedupNone {
+			openers[mc.id] = append(openers[mc.id], mc)
+		}
+	}
+	eventually(t, 10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for _, r := range runs {
+			n += len(r)
+		}
+		o := 0
+		for _, op := range openers {
+			o += len(op)
+		}
+		return n >= o
+	}, "every window's run")
+	mu.Lock()
+	defer mu.Unlock()
+	total := 0
+	for ii := range ids {
+		id := fmt.Sprintf("doc-%d", ii)
+		ops := openers[id]
+		ran := runs[id]
+		require.Len(t, ran, len(ops), "%s: one run per opened window", id)
+		byPayload := map[string]*modeCall{}
+		var ms []int64
+		for _, op := range ops {
+			byPayload[op.payload] = op
+			ms = append(ms, entryMillis(t, op.entryID))
+		}
+		for _, pl := range ran {
+			require.Contains(t, byPayload, pl, "%s: a run carries its opener's payload", id)
+		}
+		sortInt64(ms)
+		for j := 1; j < len(ms); j++ {
+			require.GreaterOrEqual(t, ms[j]-ms[j-1], window.Milliseconds(), "%s: windows open at least %v apart", id, window)
+		}
+		total += len(ops)
+	}
+	for _, mc := range calls {
+		op, ok := map[string]*modeCall{}, false
+		for _, o := range openers[mc.id] {
+			op[o.payload] = o
+		}
+		var src *modeCall
+		src, ok = op[strings.TrimPrefix(mc.result, "ran:")]
+		require.True(t, ok, "%s %s: answered with a run of its id: %q", mc.id, mc.payload, mc.result)
+		require.False(t, src.start.After(mc.end), "%s %s: answered by a run produced before its call returned", mc.id, mc.payload)
+	}
+	// The figure: with a call every ~5 ms per producer, each id opens about
+	// one window per 200 ms plus a round trip.
+	t.Logf("Throttle(%v): %d calls, %d runs over %d ids in %v (%.1f runs per id; at most %d possible)",
+		window, len(calls), total, ids, duration, float64(total)/ids, int(duration/window)+1)
+	require.LessOrEqual(t, total, ids*(int(duration/window)+1))
+}
+
+func sortInt64(s []int64) {
+	for i := 1; i < len(s); i++ {
+		for j := i; j > 0 && s[j] < s[j-1]; j-- {
+			s[j], s[j-1] = s[j-1], s[j]
+		}
+	}
+}
+
+// TestDedupModesDebounceBursts: 8 producers call 100 ids with
+// Debounce(50ms, 1s) in 3 bursts of 500 ms separated by quiet periods of
+// 450 ms. Asserted: each id runs exactly once per debounce cycle (the calls
+// answered DedupNone), and exactly once per burst wherever the calls of the
+// burst left the id no server-side gap of 50 ms; the run carries the last
+// payload of its cycle (no caller of the cycle whose call started after the
+// run's payload was recorded); every caller is answered, with the result of
+// a run of its own burst; no cycle's run started later than maxWait (+ the
+// promoter's and consumer's latency, bounded at 500 ms) after it opened.
+func TestDedupModesDebounceBursts(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	q := queueName(t)
+	const (
+		quiet     = 50 * time.Millisecond
+		maxWait   = time.Second
+		producers = 8
+		ids       = 100
+		bursts    = 3
+		burstLen  = 500 * time.Millisecond
+		gapLen    = 450 * time.Millisecond
+	)
+	type run struct {
+		payload string
+		at      time.Time
+	}
+	var mu sync.Mutex
+	runs := map[string][]run{}
+	opts := fastOpts(t, "debounce", time.Second)
+	opts.Workers = 16
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		mu.Lock()
+		runs[m.ID] = append(runs[m.ID], run{m.Payload, time.Now()})
+		mu.Unlock()
+		return "ran:" + m.Payload, nil
+	}, opts)
+	require.NoError(t, err)
+	runConsumer(t, c)
+
+	prods := make([]*Producer[string, string], producers)
+	for i := range prods {
+		prods[i] = newStringProducer(t, client, q)
+	}
+	var calls []*modeCall
+	var waits sync.WaitGroup
+	burstOf := func(payload string) int { b, _ := strconv.Atoi(payload[1:strings.Index(payload, "-")]); return b }
+	for b := range bursts {
+		end := time.Now().Add(burstLen)
+		var wg sync.WaitGroup
+		for pi, p := range prods {
+			for ii := range ids {
+				wg.Go(func() {
+					id := fmt.Sprintf("doc-%03d", ii)
+					for seq := 0; time.Now().Before(end); seq++ {
+						mc := &modeCall{id: id, payload: fmt.Sprintf("b%d-p%d-s%d", b, pi, seq), start: time.Now()}
+						pr, err := p.Produce(context.Background(), id, mc.payload, Debounce(quiet, maxWait))
+						require.NoError(t, err)
+						mc.end, mc.dedup, mc.entryID = time.Now(), pr.Deduplicated(), pr.EntryID()
+						waits.Go(func() {
+							mc.result, mc.err = pr.Wait(waitCtx(t, 30*time.Second))
+							mc.answered = time.Now()
+						})
+						mu.Lock()
+						calls = append(calls, mc)
+						mu.Unlock()
+						time.Sleep(20 * time.Millisecond)
+					}
+				})
+			}
+		}
+		wg.Wait()
+		time.Sleep(gapLen)
+	}
+	waits.Wait()
+
+	mu.Lock()
+	defer mu.Unlock()
+	byID := map[string][]*modeCall{}
+	for _, mc := range calls {
+		require.NoError(t, mc.err, "every caller is answered (%s %s)", mc.id, mc.payload)
+		byID[mc.id] = append(byID[mc.id], mc)
+	}
+	exactBursts, gappy, cycles := 0, 0, 0
+	var maxOpenToRun time.Duration
+	for id, cs := range byID {
+		byPayload := map[string]*modeCall{}
+		opened := 0
+		for _, mc := range cs {
+			byPayload[mc.payload] = mc
+			if mc.dedup == DedupNone {
+				opened++
+			}
+		}
+		ran := runs[id]
+		require.Len(t, ran, opened, "%s: one run per debounce cycle", id)
+		cycles += opened
+		perBurst := make([]int, bursts)
+		for _, r := range ran {
+			perBurst[burstOf(r.payload)]++
+		}
+		for b := range bursts {
+			// The calls of burst b, by start: the server saw no 50 ms gap when
+			// each next call returned within 50 ms of the previous one's start.
+			var bc []*modeCall
+			for _, mc := range cs {
+				if burstOf(mc.payload) == b {
+					bc = append(bc, mc)
+				}
+			}
+			sortCalls(bc)
+			// The load condition: the calls of the burst started less than
+			// d/2 apart throughout (8 producers calling every 20 ms).
+			tight := true
+			for j := 1; j < len(bc); j++ {
+				if bc[j].start.Sub(bc[j-1].start) >= quiet/2 {
+					tight = false
+				}
+			}
+			if tight {
+				require.Equal(t, 1, perBurst[b], "%s: exactly one run in burst %d's quiet period", id, b)
+				exactBursts++
+			} else {
+				require.GreaterOrEqual(t, perBurst[b], 1, "%s burst %d", id, b)
+				gappy++
+			}
+		}
+		// Each caller is answered by a run of its own burst; a caller that
+		// joined a waiting cycle (no entry id) got the run of the last
+		// payload: no caller answered with the same run started after that
+		// payload's call returned while joining the wait.
+		for _, mc := range cs {
+			pl := strings.TrimPrefix(mc.result, "ran:")
+			src, ok := byPayload[pl]
+			require.True(t, ok, "%s %s: answered with %q", id, mc.payload, mc.result)
+			require.Equal(t, burstOf(mc.payload), burstOf(pl), "%s %s: answered by its burst's run", id, mc.payload)
+			// Only where the burst had one cycle: see the limit in the doc of
+			// Debounce (a producer whose caller still waits for a run's notice
+			// answers its next callers of the id with that run).
+			if perBurstCycles(cs, burstOf)[burstOf(mc.payload)] == 1 && mc.entryID == "" && mc.start.After(src.end) {
+				t.Fatalf("%s: %s joined the wait after %s was recorded, but the run carried %s", id, mc.payload, pl, pl)
+			}
+		}
+		// maxWait: from each cycle's opening call to its run.
+		for _, r := range ran {
+			var opener *modeCall
+			for _, mc := range cs {
+				if mc.dedup == DedupNone && strings.TrimPrefix(mc.result, "ran:") == r.payload {
+					opener = mc
+				}
+			}
+			if opener == nil {
+				continue // answered by an earlier run (the limit above)
+			}
+			d := r.at.Sub(opener.start)
+			maxOpenToRun = max(maxOpenToRun, d)
+			require.Less(t, d, maxWait+500*time.Millisecond, "%s: run %s started %v after its cycle opened", id, r.payload, d)
+		}
+	}
+	require.Len(t, byID, ids)
+	t.Logf("Debounce(%v, %v): %d calls from %d producers over %d ids in %d bursts: %d runs (one per cycle), "+
+		"%d id-bursts asserted to exactly one run, %d id-bursts with a gap >= %v between call starts (at least one run); longest open-to-run %v",
+		quiet, maxWait, len(calls), producers, ids, bursts, cycles, exactBursts, gappy, quiet/2, maxOpenToRun)
+}
+
+func sortCalls(s []*modeCall) {
+	for i := 1; i < len(s); i++ {
+		for j := i; j > 0 && s[j].start.Before(s[j-1].start); j-- {
+			s[j], s[j-1] = s[j-1], s[j]
+		}
+	}
+}
+
+// TestDedupModesDebounceMaxWait: one id produced every 10 ms for 1.2 s with
+// Debounce(50ms, 300ms) never gets 50 ms of quiet, so maxWait alone makes it
+// run: each cycle runs no later than 300 ms (+ promotion latency) after it
+// opened, and once more after the calls stop, with the last payload.
+func TestDedupModesDebounceMaxWait(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	q := queueName(t)
+	var mu sync.Mutex
+	var ran []string
+	var at []time.Time
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		mu.Lock()
+		ran, at = append(ran, m.Payload), append(at, time.Now())
+		mu.Unlock()
+		return m.Payload, nil
+	}, fastOpts(t, "maxwait", time.Second))
+	require.NoError(t, err)
+	runConsumer(t, c)
+	p := newStringProducer(t, client, q)
+	var opens []time.Time
+	var last *Promise[string]
+	end := time.Now().Add(1200 * time.Millisecond)
+	seq := 0
+	for ; time.Now().Before(end); seq++ {
+		start := time.Now()
+		pr := mustProduce(t, p, "doc", fmt.Sprintf("s%d", seq), Debounce(50*time.Millisecond, 300*time.Millisecond))
+		if pr.Deduplicated() == DedupNone {
+			opens = append(opens, start)
+		}
+		last = pr
+		time.Sleep(10 * time.Millisecond)
+	}
+	got, err := last.Wait(waitCtx(t, 10*time.Second))
+	require.NoError(t, err)
+	if last.EntryID() == "" {
+		require.Equal(t, fmt.Sprintf("s%d", seq-1), got, "the last call joined a wait: its payload ran")
+	} // else it came while a maxWait run was queued or running: attached (Debounce's doc)
+	eventually(t, 5*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(ran) >= len(opens) }, "runs")
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, ran, len(opens), "one run per cycle")
+	require.GreaterOrEqual(t, len(opens), 3, "1.2 s of calls with maxWait 300 ms: at least 3 cycles")
+	for i := range opens {
+		require.Less(t, at[i].Sub(opens[i]), 300*time.Millisecond+400*time.Millisecond, "cycle %d ran %v after it opened", i, at[i].Sub(opens[i]))
+	}
+	t.Logf("Debounce(50ms, 300ms), a call every 10 ms for 1.2 s: %d calls, %d runs", seq, len(ran))
+}
+
+// TestDedupModesRefused: the combinations that cannot work are refused
+// before anything is written.
+func TestDedupModesRefused(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	q := queueName(t)
+	ctx := context.Background()
+	p := newStringProducer(t, client, q)
+	for name, opts := range map[string][]ProduceOption{
+		"throttle+after":    {Throttle(time.Second), After(time.Second)},
+		"debounce+at":       {At(time.Now().Add(time.Hour)), Debounce(time.Second, time.Minute)},
+		"zero window":       {Throttle(0)},
+		"maxWait below d":   {Debounce(time.Second, time.Millisecond)},
+		"zero quiet period": {Debounce(0, time.Second)},
+	} {
+		_, err := p.Produce(ctx, "x", "y", opts...)
+		require.ErrorIs(t, err, ErrInvalidOptions, name)
+	}
+	_, err := p.ProduceBatch(ctx, []Job[string]{{ID: "a", Request: "1"}, {ID: "b", Request: "2", Options: []ProduceOption{Throttle(time.Second)}}})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	require.ErrorContains(t, err, "ProduceBatch")
+	q2 := NewQueue[string, string](q)
+	_, err = p.ProduceFlow(ctx, "parent", "x", []Child{ChildOf(q2, "c1", "y", Debounce(time.Second, time.Second))}, nil)
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	_, err = p.ProduceFlow(ctx, "parent", "x", []Child{ChildOf(q2, "c1", "y")}, &FlowOptions{Parent: []ProduceOption{Throttle(time.Second)}})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	n, err := client.Exists(ctx, "streamq:{"+q+"}:stream", "streamq:{"+q+"}:schedule").Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "nothing written")
+}
+
+// TestDedupModesPlainProduceCommandsUnchanged counts, on a redis-server of
+// its own, the commands a plain Produce makes Redis run (INFO commandstats
+// counts those a script calls): a new id EVALSHA + GET + XADD + SET, a
+// duplicate EVALSHA + GET. The same figures as before the modes existed.
+func TestDedupModesPlainProduceCommandsUnchanged(t *testing.T) {
+	t.Parallel()
+	realRedis(t) // skips without redis-server
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	proc, err := redistest.StartProcess(ctx)
+	require.NoError(t, err)
+	defer func() { _ = proc.Stop() }()
+	client := redis.NewClient(&redis.Options{Addr: proc.Addr()})
+	defer client.Close()
+	p := newStringProducer(t, client, "plain")
+	mustProduce(t, p, "warm", "x").Release() // subscription, shard check, script load
+	stats := func() map[string]int64 {
+		info, err := client.Info(ctx, "commandstats").Result()
+		require.NoError(t, err)
+		out := map[string]int64{}
+		for _, line := range strings.Split(info, "\n") {
+			name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+			if !ok {
+				continue
+			}
+			n, _, _ := strings.Cut(rest, ",")
+			out[strings.TrimPrefix(name, "cmdstat_")], _ = strconv.ParseInt(n, 10, 64)
+		}
+		return out
+	}
+	delta := func(fn func()) map[string]int64 {
+		before := stats()
+		fn()
+		after := stats()
+		d := map[string]int64{}
+		for k, v := range after {
+			if v != before[k] && k != "info" {
+				d[k] = v - before[k]
+			}
+		}
+		return d
+	}
+	require.Equal(t, map[string]int64{"evalsha": 1, "get": 1, "xadd": 1, "set": 1},
+		delta(func() { mustProduce(t, p, "new", "x").Release() }), "a new id")
+	require.Equal(t, map[string]int64{"evalsha": 1, "get": 1},
+		delta(func() { mustProduce(t, p, "new", "x").Release() }), "a duplicate")
+}
+
+// modeProducerConfig configures TestDedupModesProducerHelperProcess.
+type modeProducerConfig struct {
+	Addr, Queue string
+	IDs         []string
+}
+
+// TestDedupModesProducerHelperProcess is the producer process of
+// TestDedupModesSurviveSIGKILL: it produces "v1" then "v2" for each id with
+// Debounce(400ms, 10s), marks that it did, and waits to be killed.
+func TestDedupModesProducerHelperProcess(t *testing.T) {
+	var cfg modeProducerConfig
+	if !crashtest.Config(&cfg) {
+		return
+	}
+	client := redis.NewClient(&redis.Options{Addr: cfg.Addr})
+	p, err := NewProducer[string, string](client, cfg.Queue, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, v := range []string{"v1", "v2"} {
+		for _, id := range cfg.IDs {
+			if _, err := p.Produce(ctx, id, v, Debounce(400*time.Millisecond, 10*time.Second)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	client.Set(ctx, "crashtest:{"+cfg.Queue+"}:produced", "1", 0)
+	_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP) // held until the parent's SIGKILL
+	time.Sleep(time.Hour)
+}
+
+// TestDedupModesSurviveSIGKILL: a producer SIGKILLed inside the debounce
+// window (its ids still wait in the schedule, nothing has run) loses
+// nothing: a consumer process promotes them and starts each once with the
+// last payload ("v2"); that consumer is SIGKILLed while every handler runs;
+// produces of the running ids now attach (payload "v3" not used); a new
+// consumer claims the entries and runs each id once more with "v2" (the
+// at-least-once rerun after a consumer crash: at most one start per
+// consumer), and every caller gets that outcome. No id runs with "v1" or
+// "v3", and none runs a third time.
+func TestDedupModesSurviveSIGKILL(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	ids := seqIDs("deb", 20)
+	prod := crashtest.Start(t, "TestDedupModesProducerHelperProcess", modeProducerConfig{Addr: sharedAddr(t), Queue: q, IDs: ids})
+	eventually(t, 20*time.Second, func() bool { return client.Exists(ctx, "crashtest:{"+q+"}:produced").Val() == 1 }, "the producer's calls")
+	prod.Kill()
+	require.True(t, prod.KilledBy(syscall.SIGKILL))
+	sched := "streamq:{" + q + "}:schedule"
+	require.EqualValues(t, len(ids), client.ZCard(ctx, sched).Val(), "every id waits in the schedule when the producer dies")
+
+	cons := crashtest.Start(t, "TestCrashHelperProcess", crashConfig{
+		Addr: sharedAddr(t), Queue: q, Mode: "block", Name: "doomed", Workers: len(ids), Prefetch: len(ids), MinIdle: 500 * time.Millisecond,
+	})
+	eventually(t, 20*time.Second, func() bool { return client.SCard(ctx, startedKey(q)).Val() == int64(len(ids)) }, "every id started")
+	cons.Kill()
+	require.True(t, cons.KilledBy(syscall.SIGKILL))
+
+	p := newStringProducer(t, client, q)
+	var prs []*Promise[string]
+	for _, id := range ids {
+		pr := mustProduce(t, p, id, "v3", Debounce(400*time.Millisecond, 10*time.Second))
+		require.Equal(t, DedupInflight, pr.Deduplicated(), "%s runs: attached", id)
+		require.NotEmpty(t, pr.EntryID())
+		prs = append(prs, pr)
+	}
+	var mu sync.Mutex
+	runs := map[string][]string{}
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		mu.Lock()
+		runs[m.ID] = append(runs[m.ID], m.Payload)
+		mu.Unlock()
+		return "ran:" + m.Payload, nil
+	}, fastOpts(t, "rescuer", 500*time.Millisecond))
+	require.NoError(t, err)
+	runConsumer(t, c)
+	for i, pr := range prs {
+		got, err := pr.Wait(waitCtx(t, 30*time.Second))
+		require.NoError(t, err)
+		require.Equal(t, "ran:v2", got, ids[i])
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range ids {
+		require.Equal(t, []string{"v2"}, runs[id], "%s: one rerun after the consumer crash, with the last payload", id)
+	}
+	require.Zero(t, client.ZCard(ctx, sched).Val())
+}
+
+// perBurstCycles counts the cycles (DedupNone answers) of each burst.
+func perBurstCycles(cs []*modeCall, burstOf func(string) int) map[int]int {
+	n := map[int]int{}
+	for _, mc := range cs {
+		if mc.dedup == DedupNone {
+			n[burstOf(mc.payload)]++
+		}
+	}
+	return n
+}
