@@ -128,7 +128,7 @@ func TestMultiPausedQueueGivesBackItsWorker(t *testing.T) {
 // when the handlers return, its starts must keep the documented bound: in
 // any window W at most W*N/Per + Burst. Start times are taken in the
 // handler, so each window is widened by the scheduling delay between a
-// token and its handler's start (startJitter, well under the interval);
+// token and its handler's start (startJitter, 80% of the interval);
 // before, the late tokens started two or three handlers within a
 // millisecond.
 func TestMultiRateLimitLateTokensDoNotBurst(t *testing.T) {
@@ -137,9 +137,16 @@ func TestMultiRateLimitLateTokensDoNotBurst(t *testing.T) {
 	qa, qb := queueName(t), queueName(t)
 	pa, pb := newStringProducer(t, client, qa), newStringProducer(t, client, qb)
 	const (
-		rate        = 10 // per second: one start every 100ms
-		burst       = 1
-		startJitter = 40 * time.Millisecond
+		// Per second: one start every 100ms. The interval must be shorter
+		// than the limiter's look-ahead (100ms of tokens per call) for
+		// tokens to be granted ahead at all.
+		rate  = 10
+		burst = 1
+		// The delay allowed between a token and its handler's start: 80% of
+		// the interval, so a loaded machine (a full -race suite on two
+		// cores) does not fail the test, while two starts within 20ms, the
+		// bug's signature (they came within a few milliseconds), still do.
+		startJitter = 80 * time.Millisecond
 	)
 	interval := time.Second / rate
 	release := make(chan struct{}) // phase one's handlers wait for it
