@@ -89,6 +89,10 @@ type Consumer[Req, Resp any] struct {
 	// level), so a slot's shard is an index into shards, one feeder and one
 	// committer each; realShard maps it to its shard.
 	shards  []keys.Keys
+	// levelsAtStart tells, per index of shards, whether a priority level's
+	// stream existed at Run's start (findLevels; written before the run
+	// begins).
+	levelsAtStart []bool
 	nShards int
 	sharded bool  // notices use sharded pub/sub (Redis Cluster)
 	tx      []*Tx // per index of shards, the template Tx of its messages
@@ -310,6 +314,9 @@ func (c *Consumer[Req, Resp]) ensureGroupRetry(ctx context.Context) error {
 			}
 		}
 		if err == nil {
+			err = c.findLevels(ctx)
+		}
+		if err == nil {
 			return nil
 		}
 		err = classifyRedisError(err)
@@ -327,6 +334,29 @@ func (c *Consumer[Req, Resp]) ensureGroupRetry(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// findLevels records which priority levels' streams exist at Run's start
+// (levelsAtStart) and creates their groups: their feeders read from the
+// start, and the queue's first take waits for their first reads (see
+// run.startLevels), so a backlog on several levels starts in level order. It
+// costs one EXISTS per level stream, once per Run.
+func (c *Consumer[Req, Resp]) findLevels(ctx context.Context) error {
+	live := make([]bool, len(c.shards))
+	for v := c.nShards; v < len(c.shards); v++ {
+		n, err := c.client.Exists(ctx, c.shards[v].Stream).Result()
+		if err != nil {
+			return fmt.Errorf("streamq: look for the priority level stream %s: %w", c.shards[v].Stream, err)
+		}
+		if n == 1 {
+			if err := c.ensureGroup(ctx, v); err != nil {
+				return err
+			}
+			live[v] = true
+		}
+	}
+	c.levelsAtStart = live
+	return nil
 }
 
 // realShard returns the shard of stream index v (see Consumer.shards): the

@@ -1,0 +1,99 @@
+package streamq
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestPriorityFirstHighStartsAtOnce: a queue whose consumer runs through a
+// low backlog has never used the high level (no stream yet); the first high
+// request starts within firstLevelBound of its produce, far below
+// ClaimInterval (set to 10 s here): the producer that creates the level's
+// stream tells the consumers on the shard's wake channel, instead of their
+// noticing it at their next check.
+func TestPriorityFirstHighStartsAtOnce(t *testing.T) {
+	t.Parallel()
+	const firstLevelBound = time.Second
+	client := realRedis(t)
+	q := queueName(t)
+	p := newStringProducer(t, client, q)
+	produceLevel(t, p, "low", 2000, PriorityLow)
+	var lowStarts atomic.Int64
+	started := make(chan time.Time, 1)
+	opts := fastOpts(t, "first", 30*time.Second)
+	opts.Workers, opts.ClaimInterval = 1, 10*time.Second
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		if m.ID == "urgent" {
+			started <- time.Now()
+		} else {
+			lowStarts.Add(1)
+		}
+		return "", nil
+	}, opts)
+	require.NoError(t, err)
+	runConsumer(t, c)
+	eventually(t, 20*time.Second, func() bool { return lowStarts.Load() >= 100 }, "the backlog never started")
+	n, err := client.Exists(context.Background(), levelStreams(q)[levelHigh]).Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "the high level's stream exists before the first high request")
+	at := time.Now()
+	pr := mustProduce(t, p, "urgent", "x", Priority(PriorityHigh))
+	defer pr.Release()
+	var took time.Duration
+	select {
+	case s := <-started:
+		took = s.Sub(at)
+	case <-time.After(opts.ClaimInterval + 5*time.Second):
+		t.Fatal("the high request never started")
+	}
+	t.Logf("first high request started %v after its produce, behind %d low ones (ClaimInterval %v, bound %v)",
+		took.Round(time.Microsecond), 2000-lowStarts.Load(), opts.ClaimInterval, firstLevelBound)
+	require.Less(t, took, firstLevelBound, "the new level was noticed by polling, not told")
+	require.Less(t, lowStarts.Load(), int64(2000), "the high request waited for the backlog")
+}
+
+// TestPriorityBacklogAtStartInLevelOrder: with requests waiting on the high
+// and normal levels (and low) before Run, the first start is a high one: the
+// levels whose streams exist at Run's start are read from the start and the
+// queue's first take waits for each level's first read, so the weights
+// order the takes from the first one. With StrictPriority every high
+// request starts before any normal one, and every normal before any low.
+func TestPriorityBacklogAtStartInLevelOrder(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	for _, strict := range []bool{false, true} {
+		t.Run(fmt.Sprintf("strict=%v", strict), func(t *testing.T) {
+			q := queueName(t)
+			p := newStringProducer(t, client, q)
+			const per = 30
+			produceLevel(t, p, "n", per, PriorityNormal)
+			produceLevel(t, p, "h", per, PriorityHigh)
+			produceLevel(t, p, "l", per, PriorityLow)
+			var log levelLog
+			opts := fastOpts(t, "start", 10*time.Second)
+			opts.Workers, opts.StrictPriority = 1, strict
+			c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+				log.add(m)
+				return "", nil
+			}, opts)
+			require.NoError(t, err)
+			runConsumer(t, c)
+			eventually(t, 20*time.Second, func() bool { return len(log.snapshot()) == 3*per }, "not every request ran")
+			order := log.snapshot()
+			t.Logf("first starts: %v", order[:12])
+			require.Truef(t, strings.HasPrefix(order[0], "h-"), "the first start is %s: %v", order[0], order)
+			if strict {
+				for i, id := range order {
+					want := []string{"h-", "n-", "l-"}[i/per]
+					require.Truef(t, strings.HasPrefix(id, want), "start %d is %s: %v", i, id, order)
+				}
+			}
+		})
+	}
+}
