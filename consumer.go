@@ -88,20 +88,20 @@ type Consumer[Req, Resp any] struct {
 	// stream. The first nShards are the shards' own streams (the default
 	// level), so a slot's shard is an index into shards, one feeder and one
 	// committer each; realShard maps it to its shard.
-	shards  []keys.Keys
+	shards []keys.Keys
 	// levelsAtStart tells, per index of shards, whether a priority level's
 	// stream existed at Run's start (findLevels; written before the run
 	// begins).
 	levelsAtStart []bool
-	nShards int
-	sharded bool  // notices use sharded pub/sub (Redis Cluster)
-	tx      []*Tx // per index of shards, the template Tx of its messages
-	slots   *slotRefresher
-	metaOK  atomic.Bool
-	opts    ConsumerOptions
-	handler Handler[Req, Resp]
-	log     *slog.Logger
-	running atomic.Bool
+	nShards       int
+	sharded       bool  // notices use sharded pub/sub (Redis Cluster)
+	tx            []*Tx // per index of shards, the template Tx of its messages
+	slots         *slotRefresher
+	metaOK        atomic.Bool
+	opts          ConsumerOptions
+	handler       Handler[Req, Resp]
+	log           *slog.Logger
+	running       atomic.Bool
 	// lastRun is the state of the latest Run, for tests to look into.
 	lastRun atomic.Pointer[run[Req, Resp]]
 	// onGrant, set by tests before Run, sees every rate-limit grant.
