@@ -13,49 +13,60 @@ import (
 
 // TestPriorityFirstHighStartsAtOnce: a queue whose consumer runs through a
 // low backlog has never used the high level (no stream yet); the first high
-// request starts within firstLevelBound of its produce, far below
-// ClaimInterval (set to 10 s here): the producer that creates the level's
-// stream tells the consumers on the shard's wake channel, instead of their
+// request starts within firstLevelBound of its produce (or, delayed, of its
+// due time), far below ClaimInterval (set to 10 s here): the call that
+// creates the level's stream (produce.lua, or promote.lua for a delayed
+// request) tells the consumers on the shard's wake channel, instead of their
 // noticing it at their next check.
 func TestPriorityFirstHighStartsAtOnce(t *testing.T) {
 	t.Parallel()
 	const firstLevelBound = time.Second
+	const delay = 200 * time.Millisecond
 	client := realRedis(t)
-	q := queueName(t)
-	p := newStringProducer(t, client, q)
-	produceLevel(t, p, "low", 2000, PriorityLow)
-	var lowStarts atomic.Int64
-	started := make(chan time.Time, 1)
-	opts := fastOpts(t, "first", 30*time.Second)
-	opts.Workers, opts.ClaimInterval = 1, 10*time.Second
-	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
-		if m.ID == "urgent" {
-			started <- time.Now()
-		} else {
-			lowStarts.Add(1)
-		}
-		return "", nil
-	}, opts)
-	require.NoError(t, err)
-	runConsumer(t, c)
-	eventually(t, 20*time.Second, func() bool { return lowStarts.Load() >= 100 }, "the backlog never started")
-	n, err := client.Exists(context.Background(), levelStreams(q)[levelHigh]).Result()
-	require.NoError(t, err)
-	require.Zero(t, n, "the high level's stream exists before the first high request")
-	at := time.Now()
-	pr := mustProduce(t, p, "urgent", "x", Priority(PriorityHigh))
-	defer pr.Release()
-	var took time.Duration
-	select {
-	case s := <-started:
-		took = s.Sub(at)
-	case <-time.After(opts.ClaimInterval + 5*time.Second):
-		t.Fatal("the high request never started")
+	for _, delayed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("delayed=%v", delayed), func(t *testing.T) {
+			q := queueName(t)
+			p := newStringProducer(t, client, q)
+			produceLevel(t, p, "low", 3000, PriorityLow)
+			var lowStarts atomic.Int64
+			started := make(chan time.Time, 1)
+			opts := fastOpts(t, "first", 30*time.Second)
+			opts.Workers, opts.ClaimInterval = 1, 10*time.Second
+			c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+				if m.ID == "urgent" {
+					started <- time.Now()
+				} else {
+					lowStarts.Add(1)
+				}
+				return "", nil
+			}, opts)
+			require.NoError(t, err)
+			runConsumer(t, c)
+			eventually(t, 20*time.Second, func() bool { return lowStarts.Load() >= 100 }, "the backlog never started")
+			n, err := client.Exists(context.Background(), levelStreams(q)[levelHigh]).Result()
+			require.NoError(t, err)
+			require.Zero(t, n, "the high level's stream exists before the first high request")
+			at := time.Now()
+			popts := []ProduceOption{Priority(PriorityHigh)}
+			if delayed {
+				popts = append(popts, After(delay))
+				at = at.Add(delay)
+			}
+			pr := mustProduce(t, p, "urgent", "x", popts...)
+			defer pr.Release()
+			var took time.Duration
+			select {
+			case s := <-started:
+				took = s.Sub(at)
+			case <-time.After(opts.ClaimInterval + 5*time.Second):
+				t.Fatal("the high request never started")
+			}
+			t.Logf("first high request started %v after it was due, behind %d low ones (ClaimInterval %v, bound %v)",
+				took.Round(time.Microsecond), 3000-lowStarts.Load(), opts.ClaimInterval, firstLevelBound)
+			require.Less(t, took, firstLevelBound, "the new level was noticed by polling, not told")
+			require.Less(t, lowStarts.Load(), int64(3000), "the high request waited for the backlog")
+		})
 	}
-	t.Logf("first high request started %v after its produce, behind %d low ones (ClaimInterval %v, bound %v)",
-		took.Round(time.Microsecond), 2000-lowStarts.Load(), opts.ClaimInterval, firstLevelBound)
-	require.Less(t, took, firstLevelBound, "the new level was noticed by polling, not told")
-	require.Less(t, lowStarts.Load(), int64(2000), "the high request waited for the backlog")
 }
 
 // TestPriorityBacklogAtStartInLevelOrder: with requests waiting on the high

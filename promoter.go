@@ -135,7 +135,7 @@ func (r *run[Req, Resp]) promoteLoop(shard int) {
 		}
 		res, err := scripts.Promote.Run(ctx, r.c.client, []string{k.Stream, k.Schedule, k.ScheduleData, k.Retry,
 			k.Stream, k.Stream, k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow])},
-			promoteBatch, startsTTL.Milliseconds()).Int64Slice()
+			promoteBatch, startsTTL.Milliseconds(), "", 0, k.Wake, publishCommand(r.c.sharded)).Int64Slice()
 		if err == nil && len(res) != 3 {
 			err = fmt.Errorf("streamq: promote: unexpected reply of %d elements", len(res))
 		}
