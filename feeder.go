@@ -66,7 +66,13 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 	nextAdopt := time.Now().Add(o.ClaimInterval)
 	var b backoff
 	for ctx.Err() == nil {
-		n, err := r.reservePlaces(ctx, shard, share)
+		var onWait func()
+		if holding {
+			// Its first read waits for places that only the workers can
+			// free: the queue's start hold ends now.
+			onWait = func() { r.ring.endStart(r.queue, -1) }
+		}
+		n, err := r.reservePlaces(ctx, shard, share, onWait)
 		if err != nil {
 			return
 		}

@@ -108,3 +108,34 @@ func TestPriorityBacklogAtStartInLevelOrder(t *testing.T) {
 		})
 	}
 }
+
+// TestPriorityBacklogAtStartFewPlaces: with fewer places than feeders (3
+// shards × 3 levels, Prefetch 2), a backlog on every level at Run's start
+// still runs: the start hold, which waits for feeders that may get no place
+// before the workers free one, ends within maxStartHold.
+func TestPriorityBacklogAtStartFewPlaces(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	q := queueName(t)
+	p, err := NewProducer[string, string](client, q, &ProducerOptions{Shards: 3, Logger: testLogger(t)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	const per = 20
+	for _, lvl := range []PriorityLevel{PriorityNormal, PriorityHigh, PriorityLow} {
+		produceLevel(t, p, levelPrefix[lvl], per, lvl)
+	}
+	var log levelLog
+	opts := fastOpts(t, "few", 10*time.Second)
+	opts.Workers, opts.Prefetch, opts.Shards = 1, 2, 3
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		log.add(m)
+		return "", nil
+	}, opts)
+	require.NoError(t, err)
+	start := time.Now()
+	runConsumer(t, c)
+	eventually(t, 30*time.Second, func() bool { return len(log.snapshot()) >= 1 }, "nothing started")
+	first := time.Since(start)
+	eventually(t, 30*time.Second, func() bool { return len(log.snapshot()) == 3*per }, "not every request ran")
+	t.Logf("first start %v after Run, all %d in %v", first.Round(time.Millisecond), 3*per, time.Since(start).Round(time.Millisecond))
+}

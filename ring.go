@@ -169,11 +169,13 @@ func classOf(queue, level int) int { return queue*numLevels + level }
 // counts as the target binding (see binding): the target grows when workers
 // wait for it.
 func (r *ring) reserve(ctx context.Context, limit int) (int, error) {
-	return r.reserveClass(ctx, levelNormal, limit)
+	return r.reserveClass(ctx, levelNormal, limit, nil)
 }
 
-// reserveClass is reserve for the feeder of a class (see classRoom).
-func (r *ring) reserveClass(ctx context.Context, class, limit int) (int, error) {
+// reserveClass is reserve for the feeder of a class (see classRoom). When
+// onWait is set, it runs (without the ring's locks) before the reservation
+// first waits for places while its queue is not paused.
+func (r *ring) reserveClass(ctx context.Context, class, limit int, onWait func()) (int, error) {
 	waiting := false // counted in turns
 	for {
 		r.mu.Lock()
@@ -224,7 +226,12 @@ func (r *ring) reserveClass(ctx context.Context, class, limit int) (int, error) 
 			return n, nil
 		}
 		wake := r.sleep()
+		paused := r.qs[class/numLevels].paused
 		r.mu.Unlock()
+		if onWait != nil && !paused {
+			onWait()
+			onWait = nil
+		}
 		select {
 		case <-wake:
 		case <-ctx.Done():
@@ -661,9 +668,9 @@ func (r *ring) addWaiting(qi, delta int) {
 // coming (holdStart). qmu (or, for paused alone, mu) is held.
 func (q *ringQueue) isHeld() bool { return q.paused || q.waiting > 0 || q.starting > 0 }
 
-// maxStartHold bounds holdStart's hold: with fewer places than feeders a
-// feeder may not read before the workers free places, so the hold ends
-// then, and the levels share the takes from there.
+// maxStartHold bounds holdStart's hold, should a feeder neither read nor
+// wait for places (the hold also ends when one of its feeders must wait for
+// places, which only the workers can free: with fewer places than feeders).
 const maxStartHold = 500 * time.Millisecond
 
 // holdStart counts backlogged the classes whose feeders Run's start

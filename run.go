@@ -286,13 +286,14 @@ func (r *run[Req, Resp]) forget(slots ...*slot) {
 
 // reservePlaces blocks until the shard may hold at least one more entry and
 // takes up to limit places, from the shard's share and from the ring. The
-// feeder pushes at most that many slots and gives back the rest.
-func (r *run[Req, Resp]) reservePlaces(ctx context.Context, shard, limit int) (int, error) {
-	n, err := r.places.reserve(ctx, r.c.realShard(shard), limit)
+// feeder pushes at most that many slots and gives back the rest. onWait,
+// when set, runs before the reservation first waits for places (see feed).
+func (r *run[Req, Resp]) reservePlaces(ctx context.Context, shard, limit int, onWait func()) (int, error) {
+	n, err := r.places.reserve(ctx, r.c.realShard(shard), limit, onWait)
 	if err != nil {
 		return 0, err
 	}
-	got, err := r.ring.reserveClass(ctx, r.class(shard), n)
+	got, err := r.ring.reserveClass(ctx, r.class(shard), n, onWait)
 	r.places.give(r.c.realShard(shard), n-got)
 	return got, err
 }
