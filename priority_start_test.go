@@ -139,3 +139,40 @@ func TestPriorityBacklogAtStartFewPlaces(t *testing.T) {
 	eventually(t, 30*time.Second, func() bool { return len(log.snapshot()) == 3*per }, "not every request ran")
 	t.Logf("first start %v after Run, all %d in %v", first.Round(time.Millisecond), 3*per, time.Since(start).Round(time.Millisecond))
 }
+
+// TestPriorityBacklogAtStartInLevelOrderMulti: the same in a MultiConsumer
+// (two queues, each with requests waiting on the high and normal levels
+// before Run, one worker): each queue's first start is a high one.
+func TestPriorityBacklogAtStartInLevelOrderMulti(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	const per = 10
+	var log levelLog
+	var queues []MultiQueue
+	for i := range 2 {
+		q := fmt.Sprintf("%s-%d", queueName(t), i)
+		p := newStringProducer(t, client, q)
+		produceLevel(t, p, fmt.Sprintf("n%d", i), per, PriorityNormal)
+		produceLevel(t, p, fmt.Sprintf("h%d", i), per, PriorityHigh)
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+			log.add(m)
+			return "", nil
+		}, fastOpts(t, "multi", 10*time.Second))
+		require.NoError(t, err)
+		queues = append(queues, MultiQueue{Consumer: c, Weight: 1})
+	}
+	m, err := NewMultiConsumer(&MultiOptions{Workers: 1}, queues...)
+	require.NoError(t, err)
+	runMulti(t, m)
+	eventually(t, 20*time.Second, func() bool { return len(log.snapshot()) == 4*per }, "not every request ran")
+	order := log.snapshot()
+	t.Logf("first starts: %v", order[:8])
+	for i := range 2 {
+		for _, id := range order {
+			if strings.HasPrefix(id, fmt.Sprintf("h%d-", i)) {
+				break
+			}
+			require.Falsef(t, strings.HasPrefix(id, fmt.Sprintf("n%d-", i)), "queue %d started %s before its high requests: %v", i, id, order)
+		}
+	}
+}
