@@ -67,8 +67,9 @@ func (p *Producer[Req, Resp]) ProduceBatch(ctx context.Context, jobs []Job[Req])
 	return promises, err
 }
 
-// produceBatch is ProduceBatch inside the interceptors.
-func (p *Producer[Req, Resp]) produceBatch(ctx context.Context, jobs []Job[Req], outs []*Outgoing) ([]*Promise[Resp], error) {
+// batchItems encodes and checks a batch's jobs (their headers from outs,
+// the interceptors').
+func (p *Producer[Req, Resp]) batchItems(ctx context.Context, jobs []Job[Req], outs []*Outgoing) ([]*produceItem, error) {
 	items := make([]*produceItem, len(jobs))
 	total := 0
 	for i, j := range jobs {
@@ -86,6 +87,15 @@ func (p *Producer[Req, Resp]) produceBatch(ctx context.Context, jobs []Job[Req],
 	}
 	if total > p.opts.MaxBatchBytes {
 		return nil, fmt.Errorf("%w: %d bytes, the limit is MaxBatchBytes=%d; split the batch", ErrBatchTooLarge, total, p.opts.MaxBatchBytes)
+	}
+	return items, nil
+}
+
+// produceBatch is ProduceBatch inside the interceptors.
+func (p *Producer[Req, Resp]) produceBatch(ctx context.Context, jobs []Job[Req], outs []*Outgoing) ([]*Promise[Resp], error) {
+	items, err := p.batchItems(ctx, jobs, outs)
+	if err != nil {
+		return nil, err
 	}
 	if err := p.ensureSubscribed(ctx); err != nil {
 		return nil, err
@@ -157,6 +167,104 @@ func (p *Producer[Req, Resp]) produceBatch(ctx context.Context, jobs []Job[Req],
 		return nil, failed
 	}
 	return promises, nil
+}
+
+// EnqueueBatch appends jobs as ProduceBatch does, without promises:
+// fire-and-forget, as Enqueue is for Produce. It is one atomic step (with
+// Shards > 1, one per shard), with ProduceBatch's validation, limits,
+// deduplication (a job whose id is in flight or done is recorded as it is,
+// with nil error), interceptors and handling of ctx, and sends the same
+// script calls; it needs no subscription and keeps nothing in memory once
+// it returns, so a batch of thousands of jobs has no promise to release.
+// A nil error means every job is recorded. Retrying a batch whose outcome
+// is unknown (an error from the connection or ctx) is safe: ids already
+// appended are not appended again. A nil ctx panics.
+func (p *Producer[Req, Resp]) EnqueueBatch(ctx context.Context, jobs []Job[Req]) error {
+	mustContext(ctx, "Producer.EnqueueBatch")
+	if len(jobs) == 0 {
+		return nil
+	}
+	if len(jobs) > p.opts.MaxBatchItems {
+		return fmt.Errorf("%w: %d jobs, the limit is MaxBatchItems=%d; split the batch", ErrBatchTooLarge, len(jobs), p.opts.MaxBatchItems)
+	}
+	if len(p.opts.Interceptors) == 0 {
+		_, err := p.enqueueBatch(ctx, jobs, nil)
+		return err
+	}
+	ids := make([]string, len(jobs))
+	opts := make([][]ProduceOption, len(jobs))
+	for i, j := range jobs {
+		ids[i], opts[i] = j.ID, j.Options
+	}
+	return p.intercept(ctx, ids, opts, func(ctx context.Context, outs []*Outgoing) error {
+		entryIDs, err := p.enqueueBatch(ctx, jobs, outs)
+		for i, id := range entryIDs {
+			if i < len(outs) {
+				outs[i].EntryID = id
+			}
+		}
+		return err
+	})
+}
+
+// enqueueBatch is EnqueueBatch inside the interceptors; it returns the
+// jobs' entry ids ("" for a job scheduled, done, or not recorded).
+func (p *Producer[Req, Resp]) enqueueBatch(ctx context.Context, jobs []Job[Req], outs []*Outgoing) ([]string, error) {
+	items, err := p.batchItems(ctx, jobs, outs)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.ensureMeta(ctx); err != nil {
+		return nil, err
+	}
+	// The round trip runs in its own goroutine, which Close waits for, as
+	// ProduceBatch's does.
+	if err := p.startBatch(); err != nil {
+		return nil, err
+	}
+	type result struct {
+		outs []produceOutcome
+		errs []error
+	}
+	done := make(chan result, 1)
+	go func() {
+		defer p.batches.Done()
+		outs, errs := p.runShards(ctx, items, true)
+		done <- result{outs, errs}
+	}()
+	var r result
+	select {
+	case r = <-done:
+	case <-ctx.Done():
+		select {
+		case r = <-done:
+		default:
+			return nil, ctx.Err()
+		}
+	case <-p.lifetime.Done():
+		select {
+		case r = <-done:
+		default:
+			return nil, errClosedUnknown
+		}
+	}
+	var failed error
+	entryIDs := make([]string, len(items))
+	for i, it := range items {
+		switch {
+		case r.errs[i] != nil:
+			failed = cmp.Or(failed, r.errs[i])
+		case r.outs[i].code == outcomeRejected:
+			failed = cmp.Or(failed, fmt.Errorf("%w: request %q: %s", ErrWrongType, it.id, r.outs[i].data))
+		case r.outs[i].code == outcomeAppended || r.outs[i].code == outcomeInflight:
+			entryIDs[i] = r.outs[i].data
+		}
+	}
+	if failed != nil && len(p.shards) > 1 {
+		return entryIDs, fmt.Errorf("%w (with %d shards a batch is atomic per shard: jobs of other shards may be recorded; retrying the batch is safe)",
+			failed, len(p.shards))
+	}
+	return entryIDs, failed
 }
 
 // startBatch registers a ProduceBatch round trip, unless the producer is closed.

@@ -364,3 +364,29 @@ func (pr *Promise[Resp]) Progress() <-chan []byte {
 	})
 	return pr.progCh
 }
+
+// ProgressOf decodes a progress value received from Promise.Progress (or
+// stored, as Admin.Job shows it) with q's codec (JSONCodec when q has none):
+// the codec the queue's consumers encode progress with, unless their
+// options set another Codec, in which case decode with that one. P is the
+// type the handler passed to Message.Progress (or one its encoding decodes
+// into); []byte returns the value as is:
+//
+//	for v := range promise.Progress() {
+//		pct, err := streamq.ProgressOf[Percent](exports, v)
+//		...
+//	}
+//
+// An error names the codec's complaint: check that P matches what the
+// handler reports.
+func ProgressOf[P, Req, Resp any](q Queue[Req, Resp], value []byte) (P, error) {
+	codec := q.codec
+	if codec == nil {
+		codec = JSONCodec{}
+	}
+	v, err := decode[P](codec, value)
+	if err != nil {
+		return v, fmt.Errorf("streamq: a progress value of queue %s (check that the handler passes a %T to Message.Progress, or one that decodes into it): %w", q.name, v, err)
+	}
+	return v, nil
+}
