@@ -12,7 +12,7 @@ require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/redis/go-redis/v9 v9.23.0
-	github.com/streamq/streamq v0.0.0-20261202130913-4a47f9e63437
+	github.com/streamq/streamq v0.0.0-20261202130915-22b919fe4501
 	github.com/streamq/streamq/streamqotel v0.0.0-20261202122150-91b4881576bb
 	github.com/streamq/streamq/streamqprom v0.0.0-20261202122150-91b4881576bb
 	github.com/stretchr/testify v1.12.1
