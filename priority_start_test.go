@@ -37,6 +37,13 @@ func TestPriorityFirstHighStartsAtOnce(t *testing.T) {
 					started <- time.Now()
 				} else {
 					lowStarts.Add(1)
+					// Each low job takes a millisecond of work, so the
+					// backlog lasts 3 s, longer than delay + firstLevelBound
+					// on any server: a request that started within the
+					// bound cannot have waited for the backlog to drain
+					// (with no-op handlers a fast server drained it during
+					// the delay).
+					time.Sleep(time.Millisecond)
 				}
 				return "", nil
 			}, opts)
