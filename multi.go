@@ -270,25 +270,18 @@ func (c *Consumer[Req, Resp]) unclaim()        { c.running.Store(false) }
 // stalled on the connection would hold Run for the client's timeouts, so
 // start stops waiting for it.
 func (c *Consumer[Req, Resp]) start(ctx context.Context) error {
-	type started struct {
-		live []bool
-		err  error
-	}
-	ready := make(chan started, 1)
+	ready := make(chan error, 1)
 	c.background.Add(1)
 	go func() {
 		defer c.background.Done()
-		live, err := c.ensureGroupRetry(ctx)
-		ready <- started{live, err}
+		ready <- c.ensureGroupRetry(ctx)
 	}()
 	var err error
 	select {
-	case s := <-ready:
-		c.levelsAtStart, err = s.live, s.err
+	case err = <-ready:
 	case <-ctx.Done():
 		select {
-		case s := <-ready:
-			c.levelsAtStart, err = s.live, s.err
+		case err = <-ready:
 		default:
 			err = ctx.Err()
 		}

@@ -79,10 +79,7 @@ func newShardPlaces(prefetch, shards int) *shardPlaces {
 
 func (p *shardPlaces) share(shard int) int { return p.max[shard] }
 
-// reserve takes up to limit of the shard's places, at most its share among
-// the shard's feeders, waiting until one is free; onWait, when set, runs
-// (without the lock) before it first waits.
-func (p *shardPlaces) reserve(ctx context.Context, shard, limit int, onWait func()) (int, error) {
+func (p *shardPlaces) reserve(ctx context.Context, shard, limit int) (int, error) {
 	waiting := false
 	for {
 		p.mu.Lock()
@@ -108,10 +105,6 @@ func (p *shardPlaces) reserve(ctx context.Context, shard, limit int, onWait func
 		}
 		wake := p.wake[shard]
 		p.mu.Unlock()
-		if onWait != nil {
-			onWait()
-			onWait = nil
-		}
 		select {
 		case <-wake:
 		case <-ctx.Done():
