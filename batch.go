@@ -91,6 +91,45 @@ func (p *Producer[Req, Resp]) batchItems(ctx context.Context, jobs []Job[Req], o
 	return items, nil
 }
 
+// batchResult is what runShards answered for a batch's items.
+type batchResult struct {
+	outs []produceOutcome
+	errs []error
+}
+
+// awaitBatch runs a batch's round trip (one atomic produce.lua call per
+// shard) in a goroutine of its own, counted in batches (startBatch has added
+// it), which Close waits for within CloseTimeout; the caller waits for it
+// with ctx. It returns ctx's error, or errClosedUnknown once Close gave up,
+// when that came first: the outcome is then unknown, and producing the
+// batch again is safe.
+func (p *Producer[Req, Resp]) awaitBatch(ctx context.Context, items []*produceItem) (batchResult, error) {
+	done := make(chan batchResult, 1)
+	go func() {
+		defer p.batches.Done()
+		outs, errs := p.runShards(ctx, items, true)
+		done <- batchResult{outs, errs}
+	}()
+	select {
+	case r := <-done:
+		return r, nil
+	case <-ctx.Done():
+		select {
+		case r := <-done:
+			return r, nil
+		default:
+			return batchResult{}, ctx.Err()
+		}
+	case <-p.lifetime.Done():
+		select {
+		case r := <-done:
+			return r, nil
+		default:
+			return batchResult{}, errClosedUnknown
+		}
+	}
+}
+
 // produceBatch is ProduceBatch inside the interceptors.
 func (p *Producer[Req, Resp]) produceBatch(ctx context.Context, jobs []Job[Req], outs []*Outgoing) ([]*Promise[Resp], error) {
 	items, err := p.batchItems(ctx, jobs, outs)
@@ -110,37 +149,12 @@ func (p *Producer[Req, Resp]) produceBatch(ctx context.Context, jobs []Job[Req],
 	for i, it := range items {
 		calls[i] = p.waiters.acquire(it.id)
 	}
-	type result struct {
-		outs []produceOutcome
-		errs []error
-	}
-	done := make(chan result, 1)
-	go func() {
-		defer p.batches.Done()
-		outs, errs := p.runShards(ctx, items, true)
-		done <- result{outs, errs}
-	}()
-	var r result
-	abandon := func(err error) ([]*Promise[Resp], error) {
+	r, err := p.awaitBatch(ctx, items)
+	if err != nil {
 		for i, it := range items {
 			p.waiters.drop(it.id, calls[i])
 		}
 		return nil, err
-	}
-	select {
-	case r = <-done:
-	case <-ctx.Done():
-		select {
-		case r = <-done:
-		default:
-			return abandon(ctx.Err())
-		}
-	case <-p.lifetime.Done():
-		select {
-		case r = <-done:
-		default:
-			return abandon(errClosedUnknown)
-		}
 	}
 	var failed error
 	promises := make([]*Promise[Resp], len(items))
@@ -222,31 +236,9 @@ func (p *Producer[Req, Resp]) enqueueBatch(ctx context.Context, jobs []Job[Req],
 	if err := p.startBatch(); err != nil {
 		return nil, err
 	}
-	type result struct {
-		outs []produceOutcome
-		errs []error
-	}
-	done := make(chan result, 1)
-	go func() {
-		defer p.batches.Done()
-		outs, errs := p.runShards(ctx, items, true)
-		done <- result{outs, errs}
-	}()
-	var r result
-	select {
-	case r = <-done:
-	case <-ctx.Done():
-		select {
-		case r = <-done:
-		default:
-			return nil, ctx.Err()
-		}
-	case <-p.lifetime.Done():
-		select {
-		case r = <-done:
-		default:
-			return nil, errClosedUnknown
-		}
+	r, err := p.awaitBatch(ctx, items)
+	if err != nil {
+		return nil, err
 	}
 	var failed error
 	entryIDs := make([]string, len(items))
