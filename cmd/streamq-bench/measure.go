@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -390,17 +391,30 @@ func (p *printer) line(v any) {
 
 // compare measures streamq, then the baseline, in the same run, and prints
 // both results and the ratio of their jobs/s.
+//
+// Each system runs under the pprof label system=streamq or system=baseline
+// (goroutines it starts inherit it), so a -cpuprofile of a scenario can be
+// read for one side: go tool pprof -tagfocus system=streamq ...
 func compare(e *env, scenario string, streamqRun, baselineRun func() (Result, error)) error {
-	s, err := streamqRun()
+	s, err := labeled("streamq", streamqRun)
 	if err != nil {
 		return fmt.Errorf("streamq: %w", err)
 	}
 	e.out.result(s)
-	b, err := baselineRun()
+	b, err := labeled("baseline", baselineRun)
 	if err != nil {
 		return fmt.Errorf("baseline: %w", err)
 	}
 	e.out.result(b)
 	e.out.ratio(Ratio{Scenario: scenario, Ratio: s.JobsPerSec / b.JobsPerSec})
 	return nil
+}
+
+// labeled runs f with the pprof label system=name on its goroutine and on
+// every goroutine it starts.
+func labeled(name string, f func() (Result, error)) (res Result, err error) {
+	pprof.Do(context.Background(), pprof.Labels("system", name), func(context.Context) {
+		res, err = f()
+	})
+	return res, err
 }
