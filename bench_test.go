@@ -13,7 +13,9 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/streamq/streamq/internal/keys"
 	"github.com/streamq/streamq/internal/redistest"
+	"github.com/streamq/streamq/internal/scripts"
 )
 
 // Benchmarks of the hot paths. The ones that need Redis run against the
@@ -224,4 +226,77 @@ func BenchmarkParseNotice(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkCompleteScript measures what complete.lua costs Redis per call,
+// for 1, 4 and 16 outcomes (successful results, no flows, no staged
+// writes: the one-job path's calls), as Redis's own INFO commandstats
+// count it (server-us/call and server-us/item; the client's time per op is
+// not the point). Each op first appends, reads and charges its entries in
+// a separate pipeline, as a consumer would, and the script's figures are
+// read around its call only.
+func BenchmarkCompleteScript(b *testing.B) {
+	client := benchRedis(b)
+	ctx := context.Background()
+	for _, n := range []int{1, 4, 16} {
+		b.Run(fmt.Sprintf("items=%d", n), func(b *testing.B) {
+			q := queueName(b)
+			k, err := keys.New(q)
+			require.NoError(b, err)
+			require.NoError(b, client.XGroupCreateMkStream(ctx, k.Stream, "g", "0").Err())
+			pad := strings.Repeat("x", 80)
+			var server time.Duration
+			for i := 0; i < b.N; i++ {
+				pipe := client.Pipeline()
+				adds := make([]*redis.StringCmd, n)
+				for j := range adds {
+					adds[j] = pipe.XAdd(ctx, &redis.XAddArgs{Stream: k.Stream, Values: []any{"id", fmt.Sprintf("%d-%d", i, j), "p", pad}})
+				}
+				pipe.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c", Streams: []string{k.Stream, ">"}, Count: int64(n)})
+				_, err = pipe.Exec(ctx)
+				require.NoError(b, err)
+				keyList := []string{k.Stream, k.DeadLetter, k.Fanout}
+				args := []any{"g", k.Channel, 60_000, "1", 1000, "c", time.Now().UnixMilli(), "PUBLISH", "0"}
+				pipe = client.Pipeline()
+				starts := make([]any, 0, 2*n)
+				for j, add := range adds {
+					id, eid := fmt.Sprintf("%d-%d", i, j), add.Val()
+					pipe.Set(ctx, k.Record(id), "P"+eid, time.Minute)
+					starts = append(starts, eid, 1)
+					keyList = append(keyList, k.Record(id))
+					args = append(args, eid, id, "R", `{"ok":true}`, "", 1)
+				}
+				pipe.HSet(ctx, k.Starts("g"), starts...)
+				_, err = pipe.Exec(ctx)
+				require.NoError(b, err)
+				keyList = append(keyList, k.History(time.Now().UnixMilli()/3_600_000), k.Starts("g"))
+				before := evalshaUsec(b, client)
+				require.NoError(b, scripts.Complete.Run(ctx, client, keyList, args...).Err())
+				server += evalshaUsec(b, client) - before
+			}
+			b.ReportMetric(float64(server.Microseconds())/float64(b.N), "server-us/call")
+			b.ReportMetric(float64(server.Microseconds())/float64(b.N*n), "server-us/item")
+		})
+	}
+}
+
+// evalshaUsec returns the server time all EVALSHA calls took so far, from
+// INFO commandstats.
+func evalshaUsec(b *testing.B, client *redis.Client) time.Duration {
+	info, err := client.Info(context.Background(), "commandstats").Result()
+	require.NoError(b, err)
+	for _, line := range strings.Split(info, "\r\n") {
+		rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:")
+		if !ok {
+			continue
+		}
+		for _, f := range strings.Split(rest, ",") {
+			if v, ok := strings.CutPrefix(f, "usec="); ok {
+				us, err := strconv.ParseInt(v, 10, 64)
+				require.NoError(b, err)
+				return time.Duration(us) * time.Microsecond
+			}
+		}
+	}
+	return 0
 }
