@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/streamq/streamq/internal/keys"
 	"github.com/streamq/streamq/internal/scripts"
 )
@@ -273,6 +275,12 @@ func (p *Producer[Req, Resp]) startBatch() error {
 // runShards appends items, grouped by shard, with one script call per shard
 // (concurrently when there are several), and returns each item's outcome or error.
 func (p *Producer[Req, Resp]) runShards(ctx context.Context, items []*produceItem, atomic bool) ([]produceOutcome, []error) {
+	return p.runShardsOn(ctx, p.client, items, atomic)
+}
+
+// runShardsOn is runShards on client: the producer's client, or the
+// connection of a call sent from its caller's goroutine (see direct).
+func (p *Producer[Req, Resp]) runShardsOn(ctx context.Context, client redis.Scripter, items []*produceItem, atomic bool) ([]produceOutcome, []error) {
 	outs := make([]produceOutcome, len(items))
 	errs := make([]error, len(items))
 	run := func(shard int, idx []int) {
@@ -280,7 +288,7 @@ func (p *Producer[Req, Resp]) runShards(ctx context.Context, items []*produceIte
 		for j, i := range idx {
 			group[j] = items[i]
 		}
-		res, err := p.runProduce(ctx, shard, group, atomic)
+		res, err := p.runProduce(ctx, client, shard, group, atomic)
 		for j, i := range idx {
 			if err != nil {
 				errs[i] = err
@@ -423,7 +431,7 @@ const (
 
 // runProduce appends items of one shard with one script call and returns one
 // outcome per item.
-func (p *Producer[Req, Resp]) runProduce(ctx context.Context, shard int, items []*produceItem, atomic bool) ([]produceOutcome, error) {
+func (p *Producer[Req, Resp]) runProduce(ctx context.Context, client redis.Scripter, shard int, items []*produceItem, atomic bool) ([]produceOutcome, error) {
 	k := p.shards[shard]
 	keys := make([]string, 1, len(items)+1)
 	keys[0] = k.Stream
@@ -468,7 +476,7 @@ func (p *Producer[Req, Resp]) runProduce(ctx context.Context, shard int, items [
 		}
 	}
 	args = append(args, k.Wake, publishCommand(p.sharded))
-	res, err := scripts.Produce.Run(ctx, p.client, keys, args...).Slice()
+	res, err := scripts.Produce.Run(ctx, client, keys, args...).Slice()
 	if err != nil {
 		p.slots.onError(err)
 		if strings.HasPrefix(err.Error(), "WRONGTYPE") {

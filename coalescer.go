@@ -126,6 +126,30 @@ func (c *coalescer[T]) goes() bool {
 	return c.busy == 0 || c.closed || (c.full() && c.busy < c.maxInflight)
 }
 
+// direct reports whether a caller may send its item itself (see
+// sendDirect): nothing waits, nothing is in flight, and no linger is asked
+// for. The caller's send then counts as one in flight, so items gather
+// behind it, until directDone.
+func (c *coalescer[T]) direct() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.linger > 0 || c.busy > 0 || len(c.pending) > 0 {
+		return false
+	}
+	c.busy++
+	return true
+}
+
+// directDone ends a caller's own send: a sender takes what gathered.
+func (c *coalescer[T]) directDone() {
+	c.mu.Lock()
+	c.busy--
+	if c.goes() {
+		c.ready.Signal()
+	}
+	c.mu.Unlock()
+}
+
 // close stops accepting items and returns once every accepted item was sent.
 func (c *coalescer[T]) close() {
 	c.mu.Lock()

@@ -46,18 +46,27 @@ func newLanes(client redis.UniversalClient, n int) []*lane {
 	lanes := make([]*lane, n)
 	for i := range lanes {
 		l := &lane{}
-		o := *c.Options()
-		o.Dialer, o.OnConnect = l.dialer(o.Dialer), l.onConnect(o.OnConnect)
-		o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = 1, 0, 1, 1
-		o.PipelinePoolSize = -1 // pipelines on the one connection
-		// go-redis writes the shared config's Mode while it sets up the
-		// user's connections: a copy of our own, off (lanes need no
-		// maintenance notifications).
-		o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
-		l.client = redis.NewClient(&o)
+		l.client = oneConnection(c, func(o *redis.Options) {
+			o.Dialer, o.OnConnect = l.dialer(o.Dialer), l.onConnect(o.OnConnect)
+		})
 		lanes[i] = l
 	}
 	return lanes
+}
+
+// oneConnection returns a client with c's options and a pool of one
+// connection (pipelines included), after edit changed what else it needs
+// (its dialer, say).
+func oneConnection(c *redis.Client, edit func(o *redis.Options)) *redis.Client {
+	o := *c.Options()
+	o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = 1, 0, 1, 1
+	o.PipelinePoolSize = -1 // pipelines on the one connection
+	// go-redis writes the shared config's Mode while it sets up the user's
+	// connections: a copy of our own, off (a connection of our own needs no
+	// maintenance notifications).
+	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	edit(&o)
+	return redis.NewClient(&o)
 }
 
 // closeLanes closes the clients of lanes and returns nil.

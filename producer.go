@@ -43,6 +43,7 @@ type Producer[Req, Resp any] struct {
 	closed bool
 
 	batcher *coalescer[*produceItem]
+	direct  *directConn // nil: every call goes through batcher (see sendDirect)
 	budget  *byteBudget
 	waiters *waiters
 	sends   sendTracker // requests Send accepted, for Flush
@@ -109,6 +110,7 @@ func NewProducer[Req, Resp any](client redis.UniversalClient, queue string, opts
 	p.lifetime, p.cancel = context.WithCancel(context.Background())
 	p.batcher = newCoalescer(o.Concurrency, o.MaxBatchItems, o.MaxBatchBytes, o.Linger,
 		(*produceItem).size, p.sendCoalesced)
+	p.direct = newDirectConn(client)
 	return p, nil
 }
 
@@ -268,6 +270,9 @@ func (p *Producer[Req, Resp]) Close() error {
 		go func() {
 			<-flushed
 			p.loops.Wait()
+			if p.direct != nil {
+				_ = p.direct.client.Close()
+			}
 			close(p.stopped)
 		}()
 		select {
@@ -328,9 +333,13 @@ func validateID(id string) error {
 	return nil
 }
 
-// submit hands an item to the coalescer and waits for its outcome. Every exit,
-// a panic included, gives back the budget unless the coalescer took the item.
+// submit sends an item itself when the producer is idle (sendDirect), else
+// hands it to the coalescer and waits for its outcome. Every exit, a panic
+// included, gives back the budget unless the coalescer took the item.
 func (p *Producer[Req, Resp]) submit(ctx context.Context, it *produceItem) (produceOutcome, error) {
+	if out, sent, err := p.sendDirect(ctx, it); sent {
+		return out, err
+	}
 	if err := p.budget.acquire(ctx, p.closing, it.size()); err != nil {
 		return produceOutcome{}, err
 	}
