@@ -77,6 +77,32 @@ func BenchmarkProduceWait(b *testing.B) {
 	}
 }
 
+// BenchmarkEnqueueOne is one caller enqueuing one request at a time (the
+// one-job-per-call path: an idle producer, a direct send), with the
+// process's CPU time per call (cpu-us/op, getrusage: the hand-offs the
+// scheduler pays are in it, as they are not in ns/op).
+func BenchmarkEnqueueOne(b *testing.B) {
+	client := benchRedis(b)
+	ctx := context.Background()
+	q := queueName(b)
+	defer client.Unlink(ctx, benchStream(q))
+	p, err := NewProducer[benchReq, int](client, q, &ProducerOptions{Logger: testLogger(b)})
+	require.NoError(b, err)
+	defer p.Close()
+	require.NoError(b, p.Enqueue(ctx, "warm", newBenchReq(0)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu0 := processCPU()
+	for i := 0; i < b.N; i++ {
+		if err := p.Enqueue(ctx, "e-"+strconv.Itoa(i), newBenchReq(i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64((processCPU()-cpu0).Microseconds())/float64(b.N), "cpu-us/op")
+	b.StopTimer()
+	require.EqualValues(b, b.N+1, client.XLen(ctx, benchStream(q)).Val())
+}
+
 // BenchmarkEnqueueParallel appends fire-and-forget requests from many
 // goroutines through one producer, so concurrent calls coalesce.
 func BenchmarkEnqueueParallel(b *testing.B) {

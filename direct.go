@@ -96,6 +96,9 @@ func (d *directConn) end() {
 	d.mu.Unlock()
 }
 
+// noStopFunc stands for context.AfterFunc's stop when ctx never ends.
+func noStopFunc() bool { return true }
+
 // sendDirect sends it from the caller's goroutine when the producer is idle,
 // and reports sent = false when it did not (the caller hands it to the
 // coalescer), or when the send failed for a reason that is not the caller's.
@@ -116,13 +119,14 @@ func (p *Producer[Req, Resp]) sendDirect(ctx context.Context, it *produceItem) (
 	if err := ctx.Err(); err != nil {
 		return produceOutcome{}, true, err
 	}
-	stopCtx := context.AfterFunc(ctx, d.interrupt)
-	stopLife := context.AfterFunc(p.lifetime, d.interrupt)
+	stop := noStopFunc
+	if ctx.Done() != nil {
+		stop = context.AfterFunc(ctx, d.interrupt)
+	}
 	d.begin()
 	outs, errs := p.runShardsOn(ctx, d.client, []*produceItem{it}, false)
 	d.end()
-	stopCtx()
-	stopLife()
+	stop()
 	switch {
 	case errs[0] == nil:
 		return outs[0], true, nil

@@ -110,7 +110,10 @@ func NewProducer[Req, Resp any](client redis.UniversalClient, queue string, opts
 	p.lifetime, p.cancel = context.WithCancel(context.Background())
 	p.batcher = newCoalescer(o.Concurrency, o.MaxBatchItems, o.MaxBatchBytes, o.Linger,
 		(*produceItem).size, p.sendCoalesced)
-	p.direct = newDirectConn(client)
+	if p.direct = newDirectConn(client); p.direct != nil {
+		// Close's bound (the lifetime's end) cuts a direct send in flight.
+		context.AfterFunc(p.lifetime, p.direct.interrupt)
+	}
 	return p, nil
 }
 
