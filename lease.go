@@ -54,7 +54,7 @@ func (r *run[Req, Resp]) leaseLoop() {
 				// A handed-off entry leaves the pending list when its outcome
 				// is recorded; a renewal that raced with that is no loss (and
 				// if another consumer ran it too, the first outcome wins).
-				if s != nil && !s.handedOff.Load() {
+				if s != nil && !s.handedOff.Load() && !s.isCanceled() {
 					r.c.log.WarnContext(r.runCtx, "streamq: lost a message to another consumer", "id", s.entry.ID, "entry", id)
 					s.markLost()
 				}

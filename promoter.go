@@ -110,6 +110,10 @@ func (r *run[Req, Resp]) promoteLoop(shard int) {
 				// (Re)subscribed: a notice may have been missed meanwhile.
 				reset(0)
 			case *redis.Message:
+				if isCancelNotice(v.Payload) {
+					r.cancelNotice(shard, v.Payload)
+					continue
+				}
 				due, err := strconv.ParseInt(v.Payload, 10, 64)
 				if err != nil {
 					reset(0)
