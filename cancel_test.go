@@ -16,28 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
-
-	"github.com/streamq/streamq/internal/redistest"
-	"github.com/streamq/streamq/internal/scripts"
 )
-
-// ownRedis starts a redis-server for one test (its statistics and script
-// cache are the test's own); it skips without redis-server.
-func ownRedis(t *testing.T) *redistest.Process {
-	t.Helper()
-	realRedis(t) // skips without redis-server
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	proc, err := redistest.StartProcess(ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = proc.Stop() })
-	return proc
-}
-
-// cancelScriptHash is the SHA1 under which Redis caches cancel.lua.
-func cancelScriptHash() string { return scripts.Cancel.Hash() }
 
 // startsKey is the default group's start-count hash of an unsharded queue.
 func startsKey(q string) string { return "streamq:{" + q + "}:starts:" + DefaultGroup }
@@ -307,33 +287,4 @@ func TestCancelRetryingDoesNotRunAgain(t *testing.T) {
 	require.Zero(t, client.HLen(ctx, "streamq:{"+q+"}:schedule:data").Val()+client.HLen(ctx, startsKey(q)).Val(),
 		"no retry data or start count left")
 	requireDrained(t, client, q)
-}
-
-// TestCancelUnusedSendsNoCommand: a plain workload, never cancelled, makes
-// Redis run the same commands as before cancellation existed. The consumer's
-// part of cancellation is a notice it already listens for and a flag per
-// slot: no command. This checks the Redis side on a server of its own:
-// cancel.lua was never called (not in the script cache), and the workload's
-// commands are only those of the producer and consumer paths.
-func TestCancelUnusedSendsNoCommand(t *testing.T) {
-	t.Parallel()
-	proc := ownRedis(t)
-	client := redis.NewClient(&redis.Options{Addr: proc.Addr()})
-	defer client.Close()
-	ctx := context.Background()
-	q := queueName(t)
-	p := newStringProducer(t, client, q)
-	h := newCountingHandler()
-	c, err := NewConsumer(client, q, h.handle, &ConsumerOptions{ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
-	require.NoError(t, err)
-	stop := runConsumer(t, c)
-	ids := seqIDs("plain", 50)
-	for _, id := range ids {
-		requireResults(t, client, q, []string{id}, []*Promise[string]{mustProduce(t, p, id, "p-"+id)}, time.Now().Add(10*time.Second))
-	}
-	stop()
-	h.requireOnceEach(t, ids)
-	exists, err := client.ScriptExists(ctx, cancelScriptHash()).Result()
-	require.NoError(t, err)
-	require.Equal(t, []bool{false}, exists, "cancel.lua never ran")
 }
