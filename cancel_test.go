@@ -288,3 +288,73 @@ func TestCancelRetryingDoesNotRunAgain(t *testing.T) {
 		"no retry data or start count left")
 	requireDrained(t, client, q)
 }
+
+// TestCancelRunningOnEveryShardAndLevel: the cancel notice names the
+// stream (shard and priority level) of the entry, so a consumer of a
+// sharded queue finds the slot of a running request of any level, and one
+// consumer of another group (a fan-out group) running the same entry under
+// the same name keeps its copy.
+func TestCancelRunningOnEveryShardAndLevel(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	p, err := NewProducer[string, string](client, q, &ProducerOptions{Shards: 2, Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	a, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	started := make(chan string, 16)
+	causes := make(chan error, 16)
+	handler := func(ctx context.Context, m *Message[string]) (string, error) {
+		started <- m.ID
+		<-ctx.Done()
+		causes <- context.Cause(ctx)
+		return "", ctx.Err()
+	}
+	c, err := NewConsumer(client, q, handler, &ConsumerOptions{Name: "w", Shards: 2, Workers: 4, ClaimInterval: 100 * time.Millisecond,
+		ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, c)
+	var auditCanceled atomic.Int32
+	audit, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		select {
+		case <-ctx.Done():
+			if errors.Is(context.Cause(ctx), ErrCanceled) {
+				auditCanceled.Add(1)
+			}
+			return "", context.Cause(ctx)
+		case <-time.After(300 * time.Millisecond):
+			return "audited", nil
+		}
+	}, &ConsumerOptions{Name: "w", Group: "audit", Fanout: true, Shards: 2, Workers: 8, ClaimInterval: 100 * time.Millisecond,
+		ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, audit)
+	<-audit.Ready()
+
+	levels := []PriorityLevel{PriorityNormal, PriorityHigh, PriorityLow}
+	for i := range 6 {
+		id := fmt.Sprintf("lvl-%d", i)
+		pr, err := p.Produce(ctx, id, "x", Priority(levels[i%3]))
+		require.NoError(t, err)
+		select {
+		case got := <-started:
+			require.Equal(t, id, got)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s never started", id)
+		}
+		require.NoError(t, a.Cancel(ctx, id))
+		select {
+		case cause := <-causes:
+			require.ErrorIs(t, cause, ErrCanceled, id)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the handler of %s (level %v) never saw its cancellation", id, levels[i%3])
+		}
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err = pr.Wait(wctx)
+		cancel()
+		require.ErrorIs(t, err, ErrCanceled)
+	}
+	require.Zero(t, auditCanceled.Load(), "a notice for group %s stopped a handler of group audit", DefaultGroup)
+}
