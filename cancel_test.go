@@ -358,3 +358,18 @@ func TestCancelRunningOnEveryShardAndLevel(t *testing.T) {
 	}
 	require.Zero(t, auditCanceled.Load(), "a notice for group %s stopped a handler of group audit", DefaultGroup)
 }
+
+// TestCancelNoticeParse: a cancel notice is "c" and four length-prefixed
+// strings; anything else (a wake-up's due time, a cut or padded notice) is
+// not taken for one.
+func TestCancelNoticeParse(t *testing.T) {
+	group, consumer, level, entry, ok := parseCancelNotice("c7:streamq5:w:a:b1:212:1700000000-0")
+	require.True(t, ok)
+	require.Equal(t, []any{"streamq", "w:a:b", 2, "1700000000-0"}, []any{group, consumer, level, entry})
+	require.True(t, isCancelNotice("c1:g1:c1:01:e"))
+	require.False(t, isCancelNotice("1700000000000"))
+	for _, bad := range []string{"c", "c7:streamq", "c1:g1:c1:31:e", "c1:g1:c1:x1:e", "c1:g1:c1:01:ee", "c1:g1:c-1:01:e", "c1:g1:c1:01:e9:"} {
+		_, _, _, _, ok := parseCancelNotice(bad)
+		require.False(t, ok, bad)
+	}
+}
