@@ -314,6 +314,8 @@ func (a *Admin) existingShards(ctx context.Context) ([]keys.Keys, error) {
 //     children that are scheduled, queued or waiting are cancelled with it
 //     (running children finish; what is cancelled counts once each in
 //     Stats.Canceled).
+//   - lost (JobLost: the record says in flight, but its entry is gone): the
+//     record gets the outcome ErrCanceled, so callers stop waiting.
 //   - canceled already: nil, and nothing is written, counted or announced
 //     (so is a resend of this call after a lost reply).
 //   - finished (succeeded, failed or dead-lettered): ErrFinished; the
