@@ -332,8 +332,9 @@ func (a *Admin) existingShards(ctx context.Context) ([]keys.Keys, error) {
 // again meanwhile returns that outcome. A cancelled child of a flow counts
 // as a failed child for its parent. Each cancellation counts once in
 // Stats.Canceled. A cancelled entry is deleted from the stream for every
-// group: a fan-out group that has not read it does not run it (one that
-// holds it already finishes its copy).
+// group: a fan-out group that has not read it does not run it, and one that
+// holds it loses it at its next lease renewal (its handler's context ends
+// with cause ErrLeaseLost, and its outcome is dropped).
 //
 // With AdminOptions.Group naming a fan-out group, Cancel drops that group's
 // retry of the id waiting in the retry set instead (counted in
