@@ -373,3 +373,51 @@ func TestCancelNoticeParse(t *testing.T) {
 		require.False(t, ok, bad)
 	}
 }
+
+// TestCancelNoticeLostInAReconnection: every pub/sub connection is killed
+// right before cancel.lua runs, so its notice may reach no consumer. The
+// consumer's promoter resubscribes and asks for a lease renewal at once,
+// which finds the entry gone and ends the handler's context: within
+// seconds, not MinIdle/3 (10 s here). The caller gets ErrCanceled either
+// way (its producer checks its records after resubscribing).
+func TestCancelNoticeLostInAReconnection(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	p := newStringProducer(t, client, q)
+	a, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	started := make(chan struct{}, 1)
+	causes := make(chan error, 1)
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		started <- struct{}{}
+		<-ctx.Done()
+		causes <- context.Cause(ctx)
+		return "late", nil
+	}, &ConsumerOptions{MinIdle: 30 * time.Second, ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, c)
+	pr := mustProduce(t, p, "lost-notice", "x")
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("never started")
+	}
+	a.beforeCancel = func() {
+		require.NoError(t, client.ClientKillByFilter(ctx, "TYPE", "pubsub").Err())
+	}
+	t0 := time.Now()
+	require.NoError(t, a.Cancel(ctx, "lost-notice"))
+	select {
+	case cause := <-causes:
+		require.True(t, errors.Is(cause, ErrCanceled) || errors.Is(cause, ErrLeaseLost), "cause %v", cause)
+		t.Logf("the handler's context ended %v after Cancel, cause: %v", time.Since(t0).Round(time.Millisecond), cause)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the handler's context did not end within 5s of a cancel whose notice was lost")
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err = pr.Wait(wctx)
+	require.ErrorIs(t, err, ErrCanceled)
+}

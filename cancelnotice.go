@@ -15,8 +15,11 @@ package streamq
 // count written after cancel.lua removed it.
 //
 // A notice lost with a pub/sub reconnection leaves the backstop of every
-// held entry: the next lease renewal (MinIdle/3) finds the entry no longer
-// pending and marks the slot lost (cause ErrLeaseLost).
+// held entry: a lease renewal finds the entry no longer pending and marks
+// the slot lost (cause ErrLeaseLost). A promoter that (re)subscribed asks
+// for that renewal at once (pokeLease), so a notice lost in a reconnection
+// is made up for as soon as the subscription is back, not MinIdle/3 later.
+// A renewal with nothing held sends nothing.
 
 import (
 	"strconv"
@@ -111,4 +114,13 @@ func (s *slot) isCanceled() bool {
 func (r *run[Req, Resp]) dropCanceled(s *slot) {
 	s.tx = nil
 	r.handOff(&completion{s: s, code: recordSkip})
+}
+
+// pokeLease asks the leaser for a renewal of every held entry at once (one
+// lease.lua call per shard that holds entries; none when nothing is held).
+func (r *run[Req, Resp]) pokeLease() {
+	select {
+	case r.leaseNow <- struct{}{}:
+	default: // one is pending already
+	}
 }

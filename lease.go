@@ -31,6 +31,7 @@ func (r *run[Req, Resp]) leaseLoop() {
 		case <-r.stopLoops:
 			return
 		case <-t.C:
+		case <-r.leaseNow: // see pokeLease
 		}
 		byShard := make([][]*slot, len(r.c.shards))
 		r.mu.Lock()

@@ -109,6 +109,7 @@ func (r *run[Req, Resp]) promoteLoop(shard int) {
 			case *redis.Subscription:
 				// (Re)subscribed: a notice may have been missed meanwhile.
 				reset(0)
+				r.pokeLease()
 			case *redis.Message:
 				if isCancelNotice(v.Payload) {
 					r.cancelNotice(shard, v.Payload)
