@@ -35,8 +35,9 @@ const (
 	// JobDeadLettered: failed for good and moved to the dead-letter stream
 	// (Error says why).
 	JobDeadLettered JobState = "dead-lettered"
-	// JobCanceled: Admin.Cancel cancelled it while it waited in the
-	// schedule; it never ran (Error holds the stored message). Its callers
+	// JobCanceled: Admin.Cancel cancelled it: scheduled, queued (it never
+	// ran) or running (its handler's context was cancelled, and whatever it
+	// returned was not recorded). Error holds the stored message. Its callers
 	// get ErrCanceled until the record expires (AdminOptions.ResultTTL).
 	JobCanceled JobState = "canceled"
 	// JobWaiting: a flow's parent waiting for its children (ProduceFlow);
@@ -291,19 +292,49 @@ func (a *Admin) existingShards(ctx context.Context) ([]keys.Keys, error) {
 	return shards, nil
 }
 
-// Cancel cancels a request that waits in the schedule: one produced with At
-// or After whose time has not come, or a retry waiting for its back-off; or
-// a flow's parent waiting for its children (ProduceFlow), whose children
-// that are scheduled, queued or waiting are cancelled with it (running ones
-// finish; what is cancelled counts once each in Stats.Canceled).
-// Its callers get ErrCanceled (through the stored outcome, kept ResultTTL,
-// and a notice), and producing the id again meanwhile returns that outcome.
-// A cancelled child of a flow counts as a failed child for its parent.
-// Each cancellation counts once in Stats.Canceled. Cancelling a cancelled
-// request again returns nil and counts nothing (so does a resend after a lost
-// reply). A request that is already in the stream, running or completed
-// cannot be cancelled: Cancel returns ErrNotScheduled; an id with no record
-// returns ErrNotFound.
+// Cancel cancels a request that has no outcome yet, and returns nil once it
+// is cancelled: from then on its outcome is ErrCanceled, whatever its
+// handler returns. What it does by the state the request is in (see
+// JobState):
+//
+//   - scheduled (produced with At or After) or retrying (waiting for its
+//     back-off): removed from the schedule; it never runs again.
+//   - queued (in the stream, read by no consumer): its entry is deleted;
+//     no handler starts it, and no start is counted.
+//   - running (held by a consumer of the answering group: in its prefetch
+//     ring, in its handler, or with its outcome on the way to Redis): its
+//     entry is acknowledged and deleted, so neither a retry nor a claim
+//     after that consumer's crash runs it again, and a notice is pushed to
+//     the consumer, which drops the entry if its handler has not started or
+//     cancels the handler's context (context.Cause: ErrCanceled). The
+//     handler's result, error or staged writes (Message.Tx) are not
+//     recorded: the request's outcome is already ErrCanceled. Cancel does
+//     not wait for the handler to return.
+//   - waiting (a flow's parent waiting for its children, ProduceFlow): its
+//     children that are scheduled, queued or waiting are cancelled with it
+//     (running children finish; what is cancelled counts once each in
+//     Stats.Canceled).
+//   - lost (JobLost: the record says in flight, but its entry is gone): the
+//     record gets the outcome ErrCanceled, so callers stop waiting.
+//   - canceled already: nil, and nothing is written, counted or announced
+//     (so is a resend of this call after a lost reply).
+//   - finished (succeeded, failed or dead-lettered): ErrFinished; the
+//     stored outcome stands.
+//   - no record (never produced, or its outcome expired): ErrNotFound.
+//
+// The decision is one atomic step in Redis against the request's record,
+// so under any race with the request's completion exactly one of the two
+// wins: either Cancel returns nil and every caller gets ErrCanceled, or it
+// returns ErrFinished and every caller gets the handler's outcome.
+// Callers (Promise.Wait, Dedup, Send's callbacks) get ErrCanceled through
+// the stored outcome (kept AdminOptions.ResultTTL) and a notice, at once,
+// also while a cancelled handler is still returning; producing the id
+// again meanwhile returns that outcome. A cancelled child of a flow counts
+// as a failed child for its parent. Each cancellation counts once in
+// Stats.Canceled. A cancelled entry is deleted from the stream for every
+// group: a fan-out group that has not read it does not run it, and one that
+// holds it loses it at its next lease renewal (its handler's context ends
+// with cause ErrLeaseLost, and its outcome is dropped).
 //
 // With AdminOptions.Group naming a fan-out group, Cancel drops that group's
 // retry of the id waiting in the retry set instead (counted in
@@ -341,7 +372,7 @@ func (a *Admin) Cancel(ctx context.Context, id string) error {
 		return fmt.Errorf("streamq: cancel %q: read the answering group: %w", id, err)
 	}
 	msg := "canceled by Admin.Cancel at " + time.Now().UTC().Format(time.RFC3339Nano)
-	res, err := a.cancel(ctx, k, id, answering, "", msg, false)
+	res, err := a.cancel(ctx, k, id, answering, "", msg, cancelAny)
 	if err != nil {
 		return err
 	}
@@ -351,30 +382,36 @@ func (a *Admin) Cancel(ctx context.Context, id string) error {
 		return fmt.Errorf("%w: request %q of %s has no record (never produced, or its outcome expired)", ErrNotFound, id, a.queue)
 	case 1:
 		rec, _ := res[1].(string)
-		state := "completed"
+		state := "finished"
 		if len(rec) > 0 {
-			state = "completed (" + describeRecord(rec[0]) + ")"
+			state = "finished (" + describeRecord(rec[0]) + ")"
 		}
-		if len(rec) > 0 && rec[0] == keys.RecordInflight {
-			state = "already in the stream as entry " + rec[1:] + " (queued or running)"
-		}
-		return fmt.Errorf("%w: request %q of %s is %s", ErrNotScheduled, id, a.queue, state)
+		return fmt.Errorf("%w: request %q of %s is %s; its outcome stands", ErrFinished, id, a.queue, state)
 	}
 	return a.cancelChildren(ctx, k.Flow(id), msg, 0)
 }
+
+// The modes of cancel.lua (its ARGV[7]): what else than a scheduled or
+// waiting request it cancels.
+const (
+	cancelScheduled = ""  // only scheduled, retrying or waiting requests
+	cancelUnheld    = "q" // also queued entries no consumer holds (a flow's children)
+	cancelAny       = "a" // also entries in the stream, held or not (Admin.Cancel)
+)
 
 // cancel runs cancel.lua for id in shard k; parent is the flow hash the
 // caller takes for the request's parent, or "". The script reads the
 // parent in the step that cancels: when it is another one (the request
 // moved since the caller looked), nothing was written, and cancel runs the
 // script again naming it (a parent never changes, so once is enough).
-func (a *Admin) cancel(ctx context.Context, k keys.Keys, id, group, parent, msg string, queued bool) ([]any, error) {
-	q := ""
-	if queued {
-		q = "q"
+func (a *Admin) cancel(ctx context.Context, k keys.Keys, id, group, parent, msg, mode string) ([]any, error) {
+	starts := k.Stream
+	if group != "" {
+		starts = k.Starts(group)
 	}
 	for attempt := 0; ; attempt++ {
-		keyList := []string{k.Record(id), k.Schedule, k.ScheduleData, k.Counts, k.Retry, k.Stream, k.Flow(id), k.Progress(id)}
+		keyList := []string{k.Record(id), k.Schedule, k.ScheduleData, k.Counts, k.Retry, k.Stream, k.Flow(id), k.Progress(id),
+			starts, k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow])}
 		if rec, stream, ok := keys.FlowParent(parent); ok {
 			keyList = append(keyList, parent, rec, stream)
 		}
@@ -382,7 +419,7 @@ func (a *Admin) cancel(ctx context.Context, k keys.Keys, id, group, parent, msg 
 			a.beforeCancel()
 		}
 		res, err := scripts.Cancel.Run(ctx, a.client, keyList,
-			id, a.opts.ResultTTL.Milliseconds(), k.Channel, publishCommand(isCluster(a.client)), msg, group, q, parent).Slice()
+			id, a.opts.ResultTTL.Milliseconds(), k.Channel, publishCommand(isCluster(a.client)), msg, group, mode, parent, k.Wake).Slice()
 		if err != nil {
 			if errors.Is(err, redis.Nil) {
 				return nil, fmt.Errorf("%w: request %q of %s", ErrNotFound, id, a.queue)
@@ -436,7 +473,7 @@ func (a *Admin) cancelChildren(ctx context.Context, flow, msg string, depth int)
 		}
 		// The parent (flow) is cancelled: the child's outcome counts there
 		// and releases nothing.
-		res, err := a.cancel(ctx, ck, id, group, flow, msg, true)
+		res, err := a.cancel(ctx, ck, id, group, flow, msg, cancelUnheld)
 		if err != nil {
 			return err
 		}

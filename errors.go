@@ -52,15 +52,22 @@ var (
 	// ErrWrongType is returned when a key the queue needs holds a value of another
 	// kind, usually because another program wrote it. Delete or rename that key.
 	ErrWrongType = errors.New("streamq: key holds a value streamq did not write")
-	// ErrCanceled is returned by Wait for a scheduled request that
-	// Admin.Cancel cancelled before it ran. Producing the id again, once its
-	// stored outcome expired (AdminOptions.ResultTTL), schedules it anew.
-	ErrCanceled = errors.New("streamq: request canceled before it ran")
-	// ErrNotScheduled is returned by Admin.Cancel for a request that is not
-	// waiting in the schedule: it is already in the stream (or running), or
-	// it completed. Only a request produced with At or After, or a retry
-	// waiting for its back-off, can be cancelled.
+	// ErrCanceled is returned by Wait (and given to Send's callbacks) for a
+	// request that Admin.Cancel cancelled: scheduled, queued or running
+	// (then no outcome of its handler is recorded). It is also the cause
+	// (context.Cause) of a running handler's context when its request is
+	// cancelled. Producing the id again, once its stored outcome expired
+	// (AdminOptions.ResultTTL), runs it anew.
+	ErrCanceled = errors.New("streamq: request canceled")
+	// ErrNotScheduled is returned by Admin.Cancel with AdminOptions.Group
+	// naming a fan-out group that has no retry of the id waiting, and by
+	// Admin.RunNow for a request that is not waiting in the schedule: it is
+	// already in the stream (or running), or it completed.
 	ErrNotScheduled = errors.New("streamq: request is not scheduled: it is already queued, running or completed")
+	// ErrFinished is returned by Admin.Cancel for a request whose outcome is
+	// recorded already (succeeded, failed or dead-lettered): the outcome
+	// stands, and its callers get it.
+	ErrFinished = errors.New("streamq: request already finished")
 	// ErrRequeueInFlight is returned by Admin.Requeue for a dead letter whose
 	// request id is in flight again (produced again, with RetryFailed, or
 	// requeued from another dead letter): queued, running, or waiting in the

@@ -31,6 +31,7 @@ func (r *run[Req, Resp]) leaseLoop() {
 		case <-r.stopLoops:
 			return
 		case <-t.C:
+		case <-r.leaseNow: // see pokeLease
 		}
 		byShard := make([][]*slot, len(r.c.shards))
 		r.mu.Lock()
@@ -54,7 +55,7 @@ func (r *run[Req, Resp]) leaseLoop() {
 				// A handed-off entry leaves the pending list when its outcome
 				// is recorded; a renewal that raced with that is no loss (and
 				// if another consumer ran it too, the first outcome wins).
-				if s != nil && !s.handedOff.Load() {
+				if s != nil && !s.handedOff.Load() && !s.isCanceled() {
 					r.c.log.WarnContext(r.runCtx, "streamq: lost a message to another consumer", "id", s.entry.ID, "entry", id)
 					s.markLost()
 				}

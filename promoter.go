@@ -109,7 +109,12 @@ func (r *run[Req, Resp]) promoteLoop(shard int) {
 			case *redis.Subscription:
 				// (Re)subscribed: a notice may have been missed meanwhile.
 				reset(0)
+				r.pokeLease()
 			case *redis.Message:
+				if isCancelNotice(v.Payload) {
+					r.cancelNotice(shard, v.Payload)
+					continue
+				}
 				due, err := strconv.ParseInt(v.Payload, 10, 64)
 				if err != nil {
 					reset(0)

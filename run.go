@@ -75,6 +75,9 @@ type run[Req, Resp any] struct {
 	loops     sync.WaitGroup // leaser, trimmer and heartbeat
 	feeder    sync.WaitGroup
 	stopLoops chan struct{}
+	// leaseNow asks the leaser for a renewal at once (capacity 1): a
+	// promoter resubscribed, so a cancel notice may have been missed.
+	leaseNow chan struct{}
 }
 
 // newRun returns queue index queue's run in a pool whose ring is ring,
@@ -100,6 +103,7 @@ func newRun[Req, Resp any](c *Consumer[Req, Resp], ring *ring, queue, prefetch i
 		owned:     make(map[ownedKey]*slot),
 		pause:     newPauseGate(),
 		stopLoops: make(chan struct{}),
+		leaseNow:  make(chan struct{}, 1),
 	}
 }
 

@@ -73,9 +73,10 @@ type slot struct {
 	counted  chan struct{}
 	counting sync.Once
 
-	mu     sync.Mutex
-	lost   bool
-	cancel context.CancelCauseFunc // the running handler's, or nil
+	mu       sync.Mutex
+	lost     bool
+	canceled bool                    // Admin.Cancel cancelled it (cancelnotice.go)
+	cancel   context.CancelCauseFunc // the running handler's, or nil
 }
 
 // expectCount makes the slot's outcome wait for the confirmation of its
@@ -154,12 +155,12 @@ func (s *slot) isLost() bool {
 }
 
 // setCancel installs the handler's cancel function; it reports false when the
-// slot was lost already.
+// slot was lost or cancelled already.
 func (s *slot) setCancel(cancel context.CancelCauseFunc) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.cancel = cancel
-	return !s.lost
+	return !s.lost && !s.canceled
 }
 
 // startFetch fills s.data, calling the fetcher in its own goroutine unless the

@@ -34,7 +34,7 @@ func (r *run[Req, Resp]) drain(s *slot) {
 // When it reports false the slot is no longer the worker's (it may be back in
 // the ring, taken by another worker).
 func (r *run[Req, Resp]) process(s *slot, flush func()) (owed bool) {
-	if s.isLost() {
+	if lost, canceled := s.ended(); lost || canceled {
 		r.forget(s)
 		return false
 	}
@@ -94,6 +94,10 @@ func (r *run[Req, Resp]) process(s *slot, flush func()) (owed bool) {
 	ctx, cancel := context.WithCancelCause(r.handlerCtx)
 	if !s.setCancel(cancel) {
 		cancel(nil)
+		if s.isCanceled() {
+			r.dropCanceled(s)
+			return true
+		}
 		r.forget(s)
 		return false
 	}
@@ -106,7 +110,12 @@ func (r *run[Req, Resp]) process(s *slot, flush func()) (owed bool) {
 	s.reported = reported
 	stop()
 	cancel(nil)
-	if s.isLost() {
+	lost, canceled := s.ended()
+	if canceled {
+		r.dropCanceled(s)
+		return true
+	}
+	if lost {
 		r.c.log.WarnContext(s.logContext(r.runCtx), "streamq: message was claimed by another consumer while its handler ran; its outcome is dropped",
 			"id", s.entry.ID, "entry", s.entry.EntryID, "deliveries", s.entry.Deliveries)
 		r.forget(s)

@@ -312,16 +312,17 @@ func TestBrowserTabs(t *testing.T) {
 	base := mount(t, h)
 
 	for _, tc := range []struct {
-		tab    string
-		ids    []string // request ids listed, in order
-		action string   // the buttons' class of each row ("" for none)
-		when   int      // cells with a relative time per row
+		tab     string
+		ids     []string // request ids listed, in order
+		action  string   // the class of a button of each row ("" for none)
+		buttons int      // buttons per row
+		when    int      // cells with a relative time per row
 	}{
-		{"scheduled", []string{"sched-1", "sched-2", "sched-3", longID}, "run", 2},
-		{"retrying", []string{"flaky-1", "flaky-2"}, "cancel", 1},
-		{"queued", []string{"queued-1", "queued-2", "queued-3"}, "", 1},
-		{"running", []string{"slow-1", "slow-2"}, "", 0},
-		{"dead", []string{"bad-3", "bad-2", "bad-1"}, "requeue", 1},
+		{"scheduled", []string{"sched-1", "sched-2", "sched-3", longID}, "run", 2, 2},
+		{"retrying", []string{"flaky-1", "flaky-2"}, "cancel", 2, 1},
+		{"queued", []string{"queued-1", "queued-2", "queued-3"}, "cancel", 1, 1},
+		{"running", []string{"slow-1", "slow-2"}, "cancel", 1, 0},
+		{"dead", []string{"bad-3", "bad-2", "bad-1"}, "requeue", 2, 1},
 	} {
 		c.step("open the "+tc.tab+" tab", 15*time.Second,
 			chromedp.Navigate(base+"queue?q=orders&tab="+tc.tab),
@@ -338,7 +339,7 @@ func TestBrowserTabs(t *testing.T) {
 		buttons := c.eval(`document.querySelectorAll("#list tbody button").length`)
 		boxes := c.eval(`document.querySelectorAll("#list tbody input[type=checkbox]").length`)
 		if tc.action != "" {
-			require.Equal(t, strconv.Itoa(2*len(tc.ids)), buttons, "two buttons per row on %s", tc.tab)
+			require.Equal(t, strconv.Itoa(tc.buttons*len(tc.ids)), buttons, "%d buttons per row on %s", tc.buttons, tc.tab)
 			require.Equal(t, strconv.Itoa(len(tc.ids)), boxes, "a checkbox per row on %s", tc.tab)
 			require.Equal(t, strconv.Itoa(len(tc.ids)), c.eval(`document.querySelectorAll("#list tbody button.`+tc.action+`").length`))
 		} else {
@@ -502,6 +503,22 @@ func TestBrowserActions(t *testing.T) {
 	require.Equal(t, "Moved 1 job(s) to the queue to run now.", c.text("flash"))
 	require.NotEqual(t, streamq.JobRetrying, state("flaky-2"))
 	agree("run a retry now")
+
+	// Cancel on a queued job (deleted from the stream) and on a running
+	// one (its handler's context is cancelled; the consumer then reads the
+	// next queued job, so the running list changes on its own).
+	c.step("open queued", 15*time.Second, chromedp.Navigate(base+"queue?q=orders&tab=queued"),
+		until(`!!document.querySelector('`+row("queued-1")+`')`))
+	c.step("cancel a queued job", 15*time.Second, chromedp.Click(chromedp.CSS(row("queued-1")+` button.cancel`)),
+		until(`!document.querySelector('`+row("queued-1")+`')`), chromedp.WaitVisible(chromedp.ID("flash")))
+	require.Equal(t, "Cancelled 1 job(s).", c.text("flash"))
+	require.Equal(t, streamq.JobCanceled, state("queued-1"))
+	c.step("open running", 15*time.Second, chromedp.Navigate(base+"queue?q=orders&tab=running"),
+		until(`!!document.querySelector('`+row("slow-1")+`')`))
+	c.step("cancel a running job", 15*time.Second, chromedp.Click(chromedp.CSS(row("slow-1")+` button.cancel`)),
+		until(`!document.querySelector('`+row("slow-1")+`')`), chromedp.WaitVisible(chromedp.ID("flash")))
+	require.Equal(t, "Cancelled 1 job(s).", c.text("flash"))
+	require.Equal(t, streamq.JobCanceled, state("slow-1"))
 
 	// Dead letters: Requeue one, Purge one, Purge a selection.
 	c.step("open dead", 15*time.Second, chromedp.Navigate(base+"queue?q=orders&tab=dead"), until(rows+` === 3`))

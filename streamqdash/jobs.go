@@ -136,7 +136,8 @@ type jobList struct {
 }
 
 // Actions returns the actions of the tab's rows ("" for none): cancel and
-// run on waiting jobs, requeue and purge on dead letters.
+// run on waiting jobs, cancel on queued and running ones, requeue and purge
+// on dead letters.
 func (l jobList) Actions() []string {
 	if l.ReadOnly {
 		return nil
@@ -144,6 +145,8 @@ func (l jobList) Actions() []string {
 	switch l.Tab.State {
 	case streamq.JobScheduled, streamq.JobRetrying:
 		return []string{"run", "cancel"}
+	case streamq.JobQueued, streamq.JobRunning:
+		return []string{"cancel"}
 	case streamq.JobDeadLettered:
 		return []string{"requeue", "purge"}
 	}

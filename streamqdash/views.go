@@ -222,7 +222,7 @@ func doneMessage(v url.Values) string {
 	case "requeue-sel":
 		return fmt.Sprintf("Requeued %d dead letter(s).", n) + notDone(v, "in flight again (queued, running or scheduled): look them up; requeue once finished, or purge")
 	case "cancel":
-		return fmt.Sprintf("Cancelled %d job(s).", n) + notDone(v, "already queued, running or completed")
+		return fmt.Sprintf("Cancelled %d job(s).", n) + notDone(v, "already finished (their outcome stands)")
 	case "run":
 		return fmt.Sprintf("Moved %d job(s) to the queue to run now.", n) + notDone(v, "already queued, running or completed")
 	case "purge":
@@ -531,7 +531,7 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 				n++
 			case errors.Is(err, streamq.ErrNotFound):
 				gone, err = gone+1, nil
-			case errors.Is(err, streamq.ErrNotScheduled):
+			case errors.Is(err, streamq.ErrNotScheduled), errors.Is(err, streamq.ErrFinished):
 				skipped, err = skipped+1, nil
 			case errors.Is(err, streamq.ErrInvalidID):
 				err = fmt.Errorf("%w: %w", errBadRequest, err)

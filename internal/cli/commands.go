@@ -103,11 +103,26 @@ scans a bounded number of jobs, so it may hold fewer matches than --limit:
 follow its next cursor for more). Each page costs a bounded number of round
 trips, whatever the queue's size. A cursor not printed by jobs ls exits 2.`,
 			flags: jobsFlags, run: jobsList},
-		{name: "jobs cancel", args: "<queue> <request-id>...", summary: "cancel scheduled jobs or waiting retries",
-			help: `Cancels jobs waiting in the schedule (delayed, or a retry waiting for its
-back-off): they never run, and their callers get ErrCanceled. A job that is
-already queued, running or completed is not cancelled (exit 1); an id Redis
-has no record of exits 3. Every id given is tried.`,
+		{name: "cancel", args: "<queue> <request-id>...", summary: "cancel jobs: scheduled, queued or running",
+			help: `Cancels jobs that have no outcome yet; their callers get ErrCanceled.
+A scheduled job, or a retry waiting for its back-off, leaves the schedule; a
+queued job is deleted from the stream before any handler starts it; a
+running job's entry is removed and its consumer is told at once: a handler
+not started yet is skipped, a running handler's context is cancelled
+(cause ErrCanceled) and what it returns is not recorded. A job that already
+finished (succeeded, failed or dead-lettered) keeps its outcome (exit 1);
+an id Redis has no record of exits 3. Every id given is tried.
+The same as 'streamq jobs cancel'.`,
+			run: jobsCancel},
+		{name: "jobs cancel", args: "<queue> <request-id>...", summary: "cancel jobs: scheduled, queued or running",
+			help: `Cancels jobs that have no outcome yet; their callers get ErrCanceled.
+A scheduled job, or a retry waiting for its back-off, leaves the schedule; a
+queued job is deleted from the stream before any handler starts it; a
+running job's entry is removed and its consumer is told at once: a handler
+not started yet is skipped, a running handler's context is cancelled
+(cause ErrCanceled) and what it returns is not recorded. A job that already
+finished (succeeded, failed or dead-lettered) keeps its outcome (exit 1);
+an id Redis has no record of exits 3. Every id given is tried.`,
 			run: jobsCancel},
 		{name: "jobs run", args: "<queue> <request-id>...", summary: "run scheduled jobs or waiting retries now",
 			help: `Moves jobs waiting in the schedule (delayed, or a retry waiting for its

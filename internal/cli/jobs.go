@@ -194,7 +194,7 @@ func jobsAct(ctx context.Context, r *runner, verb string, act func(*streamq.Admi
 		switch {
 		case err == nil:
 			fmt.Fprintf(r.stdout, "%s %s\n", id, done)
-		case errors.Is(err, streamq.ErrNotScheduled):
+		case errors.Is(err, streamq.ErrNotScheduled), errors.Is(err, streamq.ErrFinished):
 			failed = append(failed, wrapped{fmt.Sprintf("%s not %s (see 'streamq job %s %s')", id, verb, r.args[0], id), err})
 		default:
 			failed = append(failed, wrapped{fmt.Sprintf("%s not %s", id, verb), err})
@@ -210,7 +210,7 @@ func jobsAct(ctx context.Context, r *runner, verb string, act func(*streamq.Admi
 }
 
 func jobsCancel(ctx context.Context, r *runner) error {
-	return jobsAct(ctx, r, "cancelled", (*streamq.Admin).Cancel, "cancelled: it will not run; its callers get ErrCanceled")
+	return jobsAct(ctx, r, "cancelled", (*streamq.Admin).Cancel, "cancelled: its outcome is ErrCanceled, and it will not run (again)")
 }
 
 func jobsRun(ctx context.Context, r *runner) error {

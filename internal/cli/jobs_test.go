@@ -162,7 +162,11 @@ func TestCLIJobs(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, streamq.JobCanceled, j.State, id)
 	}
-	s.golden("jobs-cancel-queued", ExitError, "jobs", "cancel", "orders", "queued-1")
+	s.golden("jobs-cancel-queued", 0, "cancel", "orders", "queued-1")
+	j, err = admin.Job(ctx, "queued-1")
+	require.NoError(t, err)
+	require.Equal(t, streamq.JobCanceled, j.State, "queued-1")
+	s.golden("jobs-cancel-finished", ExitError, "cancel", "orders", "ok-1")
 	s.golden("jobs-run-unknown", ExitNotFound, "jobs", "run", "orders", "never-produced")
 	s.golden("jobs-cancel-missing-id", ExitUsage, "jobs", "cancel", "orders")
 	s.golden("jobs-ls-scheduled-empty", 0, "jobs", "ls", "orders", "--state", "scheduled")

@@ -1,5 +1,6 @@
 -- cancel.lua: cancel a scheduled request (a delayed job in the schedule, or
--- a retry of the answering group waiting in the retry set).
+-- a retry of the answering group waiting in the retry set) and, with
+-- ARGV[7], one in the stream (queued or running).
 --
 -- A request is scheduled while its record says "P@<due>"; a flow's parent
 -- waiting for its children ("P&") is cancelled the same way (Admin.Cancel
@@ -8,33 +9,53 @@
 -- it from the schedule, stores the outcome "C<message>" (ARGV[2] TTL) and
 -- announces it like any outcome, so every caller waiting on it gets
 -- ErrCanceled. One step: a promoter running at the same time either appended
--- the job first (the record then says "P<entry id>" and this script refuses)
--- or finds it gone. A cancellation adds 1 to field "canceled" of the
+-- the job first (the record then says "P<entry id>": this script cancels
+-- the entry with "a", refuses it otherwise) or finds it gone. A cancellation adds 1 to field "canceled" of the
 -- shard's counts hash (Stats.Canceled); it comes before the other writes, so
 -- a key of another type there fails the script before it changes anything.
 --
 -- With ARGV[7] = "q" (the children of a cancelled flow parent), a queued
 -- request is cancelled too: its entry, held by no consumer of group ARGV[6],
--- is deleted. A flow's child counts its "C" outcome in its parent's flow, and
+-- is deleted. With ARGV[7] = "a" (Admin.Cancel), a request in the stream is
+-- cancelled whether or not a consumer holds it: queued (read by nobody) or
+-- running (in a consumer's prefetch ring or in its handler). The decision is
+-- made here, against the record, so it is exact under every race: an
+-- outcome recorded first (complete.lua) makes this script refuse ({1,
+-- record}), and a cancellation first makes every later completion of the
+-- entry find the "C" outcome (complete.lua keeps the first outcome and
+-- announces it again; retry.lua finds the entry no longer pending and
+-- schedules nothing). The entry is acknowledged for the answering group,
+-- deleted from its stream (so no group reads it any more, and no claim
+-- after a crash runs it again) and its start count removed, all in this
+-- step. When a consumer of the answering group held it, a cancel notice
+-- "c" .. <len>:<group><len>:<consumer><len>:<stream index><len>:<entry id>
+-- goes on the shard's wake channel (ARGV[9]), which every consumer's
+-- promoter already listens to (an older consumer reads it as a wake-up):
+-- that consumer cancels the handler's context, or drops the entry unstarted.
+-- The stream index is 0 for the default level, 1 high, 2 low.
+-- A flow's child counts its "C" outcome in its parent's flow, and
 -- the last child's releases the parent (flowrelease.lua, which scripts.go
 -- puts in front of this file). The parent is read here, in the step that
 -- cancels (field "pa" of the request's stream fields: in the schedule's data
 -- while scheduled or waiting for a retry, in its own flow hash while it is a
--- nested parent waiting for its children, in its entry while queued), so a
--- request that moved between the caller's reads and this step still counts:
--- when it is not the parent the caller named (ARGV[8], with its keys as
--- KEYS[9..11]), the script changes nothing and returns it, and the caller
--- runs it again naming that parent.
+-- nested parent waiting for its children, in its entry while in the
+-- stream), so a request that moved between the caller's reads and this step
+-- still counts: when it is not the parent the caller named (ARGV[8], with
+-- its keys as KEYS[12..14]), the script changes nothing and returns it, and
+-- the caller runs it again naming that parent.
 --
 -- KEYS[1]      the record
 -- KEYS[2]      the schedule (sorted set)
 -- KEYS[3]      the schedule's data (hash)
 -- KEYS[4]      the shard's counts (hash)
 -- KEYS[5]      the retry set (sorted set)
--- KEYS[6]      the stream
+-- KEYS[6]      the stream (the default level's)
 -- KEYS[7]      the request's own flow hash (a nested flow's parent)
 -- KEYS[8]      the request's progress key: it expires with the record
--- KEYS[9..11]  optional: the flow hash, record and stream of the parent
+-- KEYS[9]      the answering group's start-count hash (KEYS[6] when none)
+-- KEYS[10]     the stream of level high
+-- KEYS[11]     the stream of level low
+-- KEYS[12..14] optional: the flow hash, record and stream of the parent
 --              named in ARGV[8] (absent when ARGV[8] is "" or no flow hash
 --              of streamq's)
 -- ARGV[1]      the request id
@@ -43,14 +64,19 @@
 -- ARGV[4]      "PUBLISH" or "SPUBLISH"
 -- ARGV[5]      the message stored with the outcome
 -- ARGV[6]      the answering group ("" when none)
--- ARGV[7]      "q": cancel a queued request too; "": scheduled (or waiting) only
+-- ARGV[7]      "a": cancel a request in the stream too, held or not; "q":
+--              in the stream and held by no consumer; "": scheduled (or
+--              waiting) only
 -- ARGV[8]      the flow hash the caller takes for the request's parent ("": none)
+-- ARGV[9]      the shard's wake channel (cancel notices to consumers)
 --
--- Returns {0} when the id has no record, {1, record} when it is not scheduled
--- (in the stream, running, or completed: the record says which), {2, the
--- record it replaced} when it was cancelled, now or before (a record "C...": a second call, or one that
--- go-redis resent after a lost reply, changes, counts and announces nothing);
--- {3, parent} when the request's parent is not ARGV[8] (nothing written).
+-- Returns {0} when the id has no record, {1, record} when it is not
+-- cancelled (completed; or, without "a", in the stream: the record says
+-- which), {2, the record it replaced, the consumer that held it or ""} when
+-- it was cancelled, now or before (a record "C...": a second call, or one
+-- that go-redis resent after a lost reply, changes, counts and announces
+-- nothing); {3, parent} when the request's parent is not ARGV[8] (nothing
+-- written).
 local cur = redis.pcall("GET", KEYS[1])
 if type(cur) == "table" then
   return redis.error_reply("WRONGTYPE key " .. KEYS[1] .. " is not a streamq record")
@@ -62,28 +88,46 @@ if string.sub(cur, 1, 1) == "C" then
   return {2, cur}
 end
 local queued = false
+local streams = {KEYS[6], KEYS[10], KEYS[11]}
+local level, holder = 0, ""
+local fields = {}
 if string.sub(cur, 1, 2) ~= "P@" and cur ~= "P&" then
-  if ARGV[7] ~= "q" or string.sub(cur, 1, 1) ~= "P" then
+  local mode = ARGV[7]
+  if (mode ~= "q" and mode ~= "a") or string.sub(cur, 1, 1) ~= "P" then
     return {1, cur}
   end
-  -- Queued: in the stream and held by no consumer of the group.
+  -- In the stream: find the entry (its level's stream holds it, with this
+  -- request id), and whether a consumer of the answering group holds it.
   local eid = string.sub(cur, 2)
+  for l = 1, 3 do
+    local e = redis.pcall("XRANGE", streams[l], eid, eid)
+    if type(e) == "table" and e[1] and e[1][2] then
+      local f = e[1][2]
+      for i = 1, #f - 1, 2 do
+        if f[i] == "id" and f[i + 1] == ARGV[1] then
+          level, fields = l - 1, f
+        end
+      end
+    end
+    if #fields > 0 then
+      break
+    end
+  end
   if ARGV[6] ~= "" then
-    local ok, p = pcall(redis.call, "XPENDING", KEYS[6], ARGV[6], eid, eid, 1)
+    local ok, p = pcall(redis.call, "XPENDING", streams[level + 1], ARGV[6], eid, eid, 1)
     if ok and p[1] then
-      return {1, cur}
+      if mode ~= "a" then
+        return {1, cur}
+      end
+      holder = p[1][2]
     end
   end
   queued = eid
 end
 -- The request's parent, from its stream fields.
 local flowDec, childDone, release = flowLib()
-local fields = {}
 if queued then
-  local e = redis.call("XRANGE", KEYS[6], queued, queued)
-  if e[1] then
-    fields = e[1][2]
-  end
+  -- read above
 elseif cur == "P&" then
   local raw = redis.pcall("HGET", KEYS[7], "e")
   if type(raw) == "string" then
@@ -106,7 +150,14 @@ if parent ~= (ARGV[8] or "") then
 end
 redis.call("HINCRBY", KEYS[4], "canceled", 1)
 if queued then
-  redis.call("XDEL", KEYS[6], queued)
+  local stream = streams[level + 1]
+  if holder ~= "" then
+    redis.call("XACK", stream, ARGV[6], queued)
+  end
+  redis.call("XDEL", stream, queued)
+  if KEYS[9] ~= KEYS[6] then
+    redis.call("HDEL", KEYS[9], queued)
+  end
 else
   local member = "r" .. ARGV[1]
   redis.call("ZREM", KEYS[2], member)
@@ -117,9 +168,13 @@ local outcome = "C" .. ARGV[5]
 redis.call("SET", KEYS[1], outcome, "PX", ARGV[2])
 redis.call("PEXPIRE", KEYS[8], ARGV[2])
 redis.call(ARGV[4], ARGV[3], #ARGV[1] .. ":" .. ARGV[1] .. #outcome .. ":" .. outcome)
-if parent ~= "" and KEYS[9] then
-  if childDone(KEYS[9], KEYS[1], outcome) then
-    release(KEYS[9], KEYS[10], KEYS[11])
+if holder ~= "" then
+  local l, e = tostring(level), queued
+  redis.call(ARGV[4], ARGV[9], "c" .. #ARGV[6] .. ":" .. ARGV[6] .. #holder .. ":" .. holder .. #l .. ":" .. l .. #e .. ":" .. e)
+end
+if parent ~= "" and KEYS[12] then
+  if childDone(KEYS[12], KEYS[1], outcome) then
+    release(KEYS[12], KEYS[13], KEYS[14])
   end
 end
-return {2, cur}
+return {2, cur, holder}

@@ -24,6 +24,10 @@
 -- An entry no longer pending for this consumer (its lease lapsed and another
 -- consumer took it, or this call is a resend after a lost reply) is left
 -- alone: whoever holds it decides. So the script is idempotent under resend.
+-- An entry pending for no consumer at all (Admin.Cancel acknowledged it, or
+-- a resend finds it done) has its start count removed: a start charge sent
+-- before the cancellation may have written it after cancel.lua removed it,
+-- and no one else will (the entry is gone).
 --
 -- Reads come first, then XACK (the first write, not refused under maxmemory).
 --
@@ -74,6 +78,7 @@ end
 
 -- 1. Reads.
 local items = {}
+local gone = {}
 local out = {}
 for i = 1, n do
   local b = 8 + 5 * (i - 1)
@@ -86,6 +91,9 @@ for i = 1, n do
   local p = redis.call("XPENDING", stream, group, it.eid, it.eid, 1)
   if not p[1] or p[1][2] ~= me then
     out[i] = -1
+    if not p[1] then
+      gone[#gone + 1] = it.eid
+    end
   else
     out[i] = 1
     it.count = redis.call("HGET", starts, it.eid) or "0"
@@ -123,6 +131,9 @@ for i = 1, n do
 end
 
 -- 2. Free first.
+for i = 1, #gone, 1000 do
+  redis.call("HDEL", starts, unpack(gone, i, math.min(i + 999, #gone)))
+end
 local acked = {}
 for i = 1, n do
   if out[i] >= 0 then
