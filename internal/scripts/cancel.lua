@@ -67,7 +67,7 @@ if string.sub(cur, 1, 2) ~= "P@" and cur ~= "P&" then
     return {1, cur}
   end
   -- Queued: in the stream and held by no consumer of the group.
-  local eid = string.sub(cur, 2)
+  local eid = string.match(cur, "^P([^+]*)")
   if ARGV[6] ~= "" then
     local ok, p = pcall(redis.call, "XPENDING", KEYS[6], ARGV[6], eid, eid, 1)
     if ok and p[1] then

@@ -1,0 +1,348 @@
+package streamq
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamq/streamq/internal/crashtest"
+)
+
+// replaceRecorder is a handler that records each run's payload per id and
+// can hold the runs of "v1" until released.
+type replaceRecorder struct {
+	mu      sync.Mutex
+	runs    map[string][]string
+	started chan string
+	hold    chan struct{}
+}
+
+func newReplaceRecorder() *replaceRecorder {
+	return &replaceRecorder{runs: map[string][]string{}, started: make(chan string, 1000), hold: make(chan struct{})}
+}
+
+func (r *replaceRecorder) handle(ctx context.Context, m *Message[string]) (string, error) {
+	r.mu.Lock()
+	r.runs[m.ID] = append(r.runs[m.ID], m.Payload)
+	r.mu.Unlock()
+	if m.Payload == "v1" {
+		r.started <- m.ID
+		select {
+		case <-r.hold:
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+	return "ran:" + m.Payload, nil
+}
+
+func (r *replaceRecorder) of(id string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.runs[id]...)
+}
+
+// TestReplaceWhileRunningOneMoreRun: while the id's run with "v1" is in its
+// handler, 8 producers call Replace 25 times each, concurrently (200 calls):
+// the id runs exactly once more after v1, with a payload of the burst; a
+// last Replace after the burst replaces that follow-up's payload, so the
+// second run carries it. Every caller (the first included, and a plain
+// produce attached to the running entry) gets the follow-up's outcome, and
+// Admin.Job shows the waiting follow-up while v1 runs.
+func TestReplaceWhileRunningOneMoreRun(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	q := queueName(t)
+	ctx := context.Background()
+	rec := newReplaceRecorder()
+	c, err := NewConsumer(client, q, rec.handle, fastOpts(t, "replace", time.Second))
+	require.NoError(t, err)
+	runConsumer(t, c)
+
+	p := newStringProducer(t, client, q)
+	first := mustProduce(t, p, "doc", "v1", Replace())
+	require.Equal(t, DedupNone, first.Deduplicated())
+	<-rec.started
+	plain := mustProduce(t, p, "doc", "ignored") // a plain produce attaches
+	require.Equal(t, DedupInflight, plain.Deduplicated())
+
+	var prs []*Promise[string]
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for pi := range 8 {
+		pp := newStringProducer(t, client, q)
+		wg.Go(func() {
+			for s := range 25 {
+				pr, err := pp.Produce(ctx, "doc", fmt.Sprintf("b-p%d-s%d", pi, s), Replace())
+				require.NoError(t, err)
+				require.Equal(t, DedupInflight, pr.Deduplicated())
+				require.Empty(t, pr.EntryID(), "a follow-up has no entry yet")
+				mu.Lock()
+				prs = append(prs, pr)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	last := mustProduce(t, p, "doc", "final", Replace())
+	require.Equal(t, DedupInflight, last.Deduplicated())
+
+	admin, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	info, err := admin.Job(ctx, "doc")
+	require.NoError(t, err)
+	require.Equal(t, JobRunning, info.State)
+	require.Equal(t, "replace", info.Mode)
+	require.Equal(t, `"final"`, string(info.Replacement), "the waiting follow-up's payload, as the codec encoded it")
+	require.NotContains(t, info.EntryID, "+")
+
+	close(rec.hold)
+	for _, pr := range append(append(prs, first, plain), last) {
+		got, err := pr.Wait(waitCtx(t, 10*time.Second))
+		require.NoError(t, err)
+		require.Equal(t, "ran:final", got, "every caller gets the follow-up's outcome")
+	}
+	require.Equal(t, []string{"v1", "final"}, rec.of("doc"), "exactly one more run, with the latest payload")
+	info, err = admin.Job(ctx, "doc")
+	require.NoError(t, err)
+	require.Equal(t, JobSucceeded, info.State)
+	require.Empty(t, info.Mode)
+	t.Logf("Replace while running: %d concurrent Replace calls from 8 producers + 1 after them: runs %v", len(prs), rec.of("doc"))
+}
+
+// TestReplaceWhileQueuedOrScheduled: Replace on an id queued and not yet
+// read replaces its entry (one run, the last payload); on an id waiting in
+// the schedule (After) it replaces the waiting payload and keeps the due
+// time (one run, the last payload). Without a consumer, nothing is read.
+func TestReplaceWhileQueuedOrScheduled(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	q := queueName(t)
+	ctx := context.Background()
+	p := newStringProducer(t, client, q)
+	admin, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+
+	var queued, scheduled []*Promise[string]
+	var eids []string
+	for _, v := range []string{"q1", "q2", "q3"} {
+		pr := mustProduce(t, p, "queued", v, Replace(), Priority(PriorityHigh))
+		queued = append(queued, pr)
+		eids = append(eids, pr.EntryID())
+	}
+	require.Equal(t, []Dedup{DedupNone, DedupInflight, DedupInflight},
+		[]Dedup{queued[0].Deduplicated(), queued[1].Deduplicated(), queued[2].Deduplicated()})
+	require.NotEqual(t, eids[0], eids[2], "the queued entry was replaced by a new one")
+	n, err := client.XLen(ctx, "streamq:{"+q+"}:stream:high").Result()
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "one entry in the stream")
+
+	for _, v := range []string{"s1", "s2"} {
+		scheduled = append(scheduled, mustProduce(t, p, "sched", v, Replace(), After(400*time.Millisecond)))
+	}
+	before, err := admin.Job(ctx, "sched")
+	require.NoError(t, err)
+	scheduled = append(scheduled, mustProduce(t, p, "sched", "s3", Replace()))
+	info, err := admin.Job(ctx, "sched")
+	require.NoError(t, err)
+	require.Equal(t, JobScheduled, info.State)
+	require.Equal(t, before.Due, info.Due, "the due time stays")
+	require.Equal(t, "replace", info.Mode)
+
+	rec := newReplaceRecorder()
+	c, err := NewConsumer(client, q, rec.handle, fastOpts(t, "replace-q", time.Second))
+	require.NoError(t, err)
+	runConsumer(t, c)
+	for _, pr := range queued {
+		got, err := pr.Wait(waitCtx(t, 10*time.Second))
+		require.NoError(t, err)
+		require.Equal(t, "ran:q3", got)
+	}
+	for _, pr := range scheduled {
+		got, err := pr.Wait(waitCtx(t, 10*time.Second))
+		require.NoError(t, err)
+		require.Equal(t, "ran:s3", got)
+	}
+	require.Equal(t, []string{"q3"}, rec.of("queued"))
+	require.Equal(t, []string{"s3"}, rec.of("sched"))
+
+	// Completed: a Replace runs the id again, replacing the stored outcome.
+	again := mustProduce(t, p, "queued", "q4", Replace())
+	require.Equal(t, DedupNone, again.Deduplicated())
+	got, err := again.Wait(waitCtx(t, 10*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, "ran:q4", got)
+	require.Equal(t, []string{"q3", "q4"}, rec.of("queued"))
+}
+
+// TestReplaceFollowUpReplacesRetry: a run that fails with retries left while
+// a follow-up waits behind it is not retried: the follow-up runs instead.
+func TestReplaceFollowUpReplacesRetry(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	q := queueName(t)
+	var mu sync.Mutex
+	var runs []string
+	started, hold := make(chan struct{}, 1), make(chan struct{})
+	opts := fastOpts(t, "replace-retry", time.Second)
+	opts.MaxDeliveries = 5
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		mu.Lock()
+		runs = append(runs, m.Payload)
+		mu.Unlock()
+		if m.Payload == "v1" {
+			started <- struct{}{}
+			<-hold
+			return "", RetryAfter(fmt.Errorf("fails"), 10*time.Millisecond)
+		}
+		return "ran:" + m.Payload, nil
+	}, opts)
+	require.NoError(t, err)
+	runConsumer(t, c)
+	p := newStringProducer(t, client, q)
+	first := mustProduce(t, p, "doc", "v1", Replace())
+	<-started
+	mustProduce(t, p, "doc", "v2", Replace()).Release()
+	close(hold)
+	got, err := first.Wait(waitCtx(t, 10*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, "ran:v2", got)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []string{"v1", "v2"}, runs)
+}
+
+// TestReplaceRefusedInFlows: a Replace on a flow's parent or child is
+// refused, and so is Replace as a flow's option.
+func TestReplaceRefusedInFlows(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	q := queueName(t)
+	ctx := context.Background()
+	p := newStringProducer(t, client, q)
+	q2 := NewQueue[string, string](q)
+	_, err := p.ProduceFlow(ctx, "parent", "x", []Child{ChildOf(q2, "c1", "y", Replace())}, nil)
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	_, err = p.ProduceBatch(ctx, []Job[string]{{ID: "a", Request: "1", Options: []ProduceOption{Replace()}}})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	fl, err := p.ProduceFlow(ctx, "parent", "x", []Child{ChildOf(q2, "c1", "y")}, nil)
+	require.NoError(t, err)
+	defer fl.Release()
+	for _, id := range []string{"parent", "c1"} {
+		_, err = p.Produce(ctx, id, "z", Replace())
+		require.ErrorIs(t, err, ErrInvalidOptions, id)
+		require.ErrorContains(t, err, "flow")
+	}
+}
+
+// replaceProducerConfig configures TestReplaceProducerHelperProcess.
+type replaceProducerConfig struct {
+	Addr, Queue string
+	IDs         []string
+}
+
+func replaceGoKey(q string) string       { return "crashtest:{" + q + "}:go" }
+func replaceProducedKey(q string) string { return "crashtest:{" + q + "}:produced" }
+
+// TestReplaceProducerHelperProcess is the producer process of
+// TestReplaceSurvivesSIGKILL: it produces "v1" for each id with Replace,
+// then, once the parent says go, "v2" and "v3", marks that it did, and
+// waits to be killed.
+func TestReplaceProducerHelperProcess(t *testing.T) {
+	var cfg replaceProducerConfig
+	if !crashtest.Config(&cfg) {
+		return
+	}
+	client := redis.NewClient(&redis.Options{Addr: cfg.Addr})
+	p, err := NewProducer[string, string](client, cfg.Queue, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, id := range cfg.IDs {
+		if _, err := p.Produce(ctx, id, "v1", Replace()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for client.Exists(ctx, replaceGoKey(cfg.Queue)).Val() == 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, v := range []string{"v2", "v3"} {
+		for _, id := range cfg.IDs {
+			if _, err := p.Produce(ctx, id, v, Replace()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	client.Set(ctx, replaceProducedKey(cfg.Queue), "1", 0)
+	_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP) // held until the parent's SIGKILL
+	time.Sleep(time.Hour)
+}
+
+// TestReplaceSurvivesSIGKILL: a producer process produces v1 for 20 ids
+// with Replace; a consumer process starts every one and blocks; the
+// producer then replaces each with v2 and v3 (a follow-up kept behind each
+// running entry) and is SIGKILLed, then the consumer is SIGKILLed with
+// every handler running. A new consumer claims the entries: counted per id,
+// it runs v1 once (the at-least-once rerun of the crashed run) and then the
+// follow-up once, with the latest payload v3; nothing is lost, v2 never
+// runs, nothing runs a third time, and a caller attached after the crashes
+// gets v3's outcome.
+func TestReplaceSurvivesSIGKILL(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	ids := seqIDs("rep", 20)
+	cons := crashtest.Start(t, "TestCrashHelperProcess", crashConfig{
+		Addr: sharedAddr(t), Queue: q, Mode: "block", Name: "doomed", Workers: len(ids), Prefetch: len(ids), MinIdle: 500 * time.Millisecond,
+	})
+	prod := crashtest.Start(t, "TestReplaceProducerHelperProcess", replaceProducerConfig{Addr: sharedAddr(t), Queue: q, IDs: ids})
+	eventually(t, 20*time.Second, func() bool { return client.SCard(ctx, startedKey(q)).Val() == int64(len(ids)) }, "every id started")
+	require.NoError(t, client.Set(ctx, replaceGoKey(q), "1", 0).Err())
+	eventually(t, 20*time.Second, func() bool { return client.Exists(ctx, replaceProducedKey(q)).Val() == 1 }, "the producer's replaces")
+	prod.Kill()
+	require.True(t, prod.KilledBy(syscall.SIGKILL))
+	cons.Kill()
+	require.True(t, cons.KilledBy(syscall.SIGKILL))
+
+	admin, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	info, err := admin.Job(ctx, ids[0])
+	require.NoError(t, err)
+	require.Equal(t, "replace", info.Mode)
+	require.Equal(t, `"v3"`, string(info.Replacement))
+
+	p := newStringProducer(t, client, q)
+	var prs []*Promise[string]
+	for _, id := range ids {
+		prs = append(prs, mustProduce(t, p, id, "plain")) // attaches
+	}
+	var mu sync.Mutex
+	runs := map[string][]string{}
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		mu.Lock()
+		runs[m.ID] = append(runs[m.ID], m.Payload)
+		mu.Unlock()
+		return "ran:" + m.Payload, nil
+	}, fastOpts(t, "rescuer", 500*time.Millisecond))
+	require.NoError(t, err)
+	runConsumer(t, c)
+	for i, pr := range prs {
+		got, err := pr.Wait(waitCtx(t, 30*time.Second))
+		require.NoError(t, err)
+		require.Equal(t, "ran:v3", got, ids[i])
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range ids {
+		require.Equal(t, []string{"v1", "v3"}, runs[id], "%s: the crashed run once more, then the follow-up once, with the latest payload", id)
+	}
+}
