@@ -346,3 +346,48 @@ func TestReplaceSurvivesSIGKILL(t *testing.T) {
 		require.Equal(t, []string{"v1", "v3"}, runs[id], "%s: the crashed run once more, then the follow-up once, with the latest payload", id)
 	}
 }
+
+// TestAdminJobShowsModes: Admin.Job names the flow-control mode and its
+// time: Throttle's window end, Debounce's due time and latest run (first
+// produce + maxWait), a Replace's waiting request.
+func TestAdminJobShowsModes(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	q := queueName(t)
+	ctx := context.Background()
+	p := newStringProducer(t, client, q)
+	admin, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	now := time.Now()
+	near := func(want, got time.Time, what string) {
+		t.Helper()
+		require.WithinDuration(t, want, got, 2*time.Second, what)
+	}
+	mustProduce(t, p, "thr", "x", Throttle(10*time.Second)).Release()
+	info, err := admin.Job(ctx, "thr")
+	require.NoError(t, err)
+	require.Equal(t, JobQueued, info.State)
+	require.Equal(t, "throttle", info.Mode)
+	near(now.Add(10*time.Second), info.ModeUntil, "the window's end")
+
+	mustProduce(t, p, "deb", "x", Debounce(time.Minute, time.Hour)).Release()
+	info, err = admin.Job(ctx, "deb")
+	require.NoError(t, err)
+	require.Equal(t, JobScheduled, info.State)
+	require.Equal(t, "debounce", info.Mode)
+	near(now.Add(time.Minute), info.Due, "the quiet period's end")
+	near(now.Add(time.Hour), info.ModeUntil, "maxWait's cap")
+
+	mustProduce(t, p, "rep", "x", Replace(), After(time.Hour)).Release()
+	info, err = admin.Job(ctx, "rep")
+	require.NoError(t, err)
+	require.Equal(t, JobScheduled, info.State)
+	require.Equal(t, "replace", info.Mode)
+	require.True(t, info.ModeUntil.IsZero())
+	require.Nil(t, info.Replacement, "nothing waits behind a scheduled request")
+
+	mustProduce(t, p, "plain", "x").Release()
+	info, err = admin.Job(ctx, "plain")
+	require.NoError(t, err)
+	require.Empty(t, info.Mode)
+}
