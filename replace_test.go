@@ -391,3 +391,61 @@ func TestAdminJobShowsModes(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, info.Mode)
 }
+
+// testClusterReplace: Replace on a sharded queue of a cluster, across
+// priority levels: each id's run with "v1" (level high) holds; a Replace
+// with "v2" at level low waits behind it; when v1 ends, complete.lua
+// appends the follow-up to the low level's stream of the id's shard (a key
+// of the shard's slot it derives from its own stream). Each id runs v1, then
+// v2 once at level low; every caller gets v2's outcome.
+func testClusterReplace(t *testing.T, client redis.UniversalClient) {
+	ctx := context.Background()
+	q := queueName(t)
+	var mu sync.Mutex
+	runs := map[string][]string{}
+	started, hold := make(chan string, 100), make(chan struct{})
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		mu.Lock()
+		runs[m.ID] = append(runs[m.ID], m.Payload+"@"+m.Priority.String())
+		mu.Unlock()
+		if m.Payload == "v1" {
+			started <- m.ID
+			<-hold
+		}
+		return "ran:" + m.Payload, nil
+	}, &ConsumerOptions{Shards: clusterShards, Workers: 16, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, c)
+	p, err := NewProducer[string, string](client, q, &ProducerOptions{Shards: clusterShards, Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	ids := seqIDs("crep", 12)
+	var prs []*Promise[string]
+	for _, id := range ids {
+		pr, err := p.Produce(ctx, id, "v1", Replace(), Priority(PriorityHigh))
+		require.NoError(t, err)
+		prs = append(prs, pr)
+	}
+	for range ids {
+		<-started
+	}
+	for _, id := range ids {
+		pr, err := p.Produce(ctx, id, "v2", Replace(), Priority(PriorityLow))
+		require.NoError(t, err)
+		require.Equal(t, DedupInflight, pr.Deduplicated())
+		prs = append(prs, pr)
+	}
+	close(hold)
+	for _, pr := range prs {
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		got, err := pr.Wait(wctx)
+		cancel()
+		require.NoError(t, err)
+		require.Equal(t, "ran:v2", got, pr.ID())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range ids {
+		require.Equal(t, []string{"v1@high", "v2@low"}, runs[id], id)
+	}
+}
