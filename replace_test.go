@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -13,6 +15,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamq/streamq/internal/crashtest"
+	"github.com/streamq/streamq/internal/keys"
+	"github.com/streamq/streamq/internal/redistest"
+	"github.com/streamq/streamq/internal/scripts"
 )
 
 // replaceRecorder is a handler that records each run's payload per id and
@@ -448,4 +453,94 @@ func testClusterReplace(t *testing.T, client redis.UniversalClient) {
 	for _, id := range ids {
 		require.Equal(t, []string{"v1@high", "v2@low"}, runs[id], id)
 	}
+}
+
+// TestReplaceCompletionCommands runs complete.lua on its own redis-server
+// for one successful entry and counts what Redis ran (INFO commandstats
+// counts the commands a script calls). A plain record ("P<entry id>"): the
+// same commands as before Replace existed (EXISTS of the fan-out marker,
+// XACK, HDEL, XDEL, SET GET, PUBLISH, HINCRBY, and PEXPIRE for a new minute
+// of history): a record with nothing behind it costs nothing more. A record
+// with a follow-up behind the entry: XADD and SET more, no PUBLISH; the
+// follow-up is in the stream with its payload and the record points at it.
+func TestReplaceCompletionCommands(t *testing.T) {
+	t.Parallel()
+	realRedis(t) // skips without redis-server
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	proc, err := redistest.StartProcess(ctx)
+	require.NoError(t, err)
+	defer func() { _ = proc.Stop() }()
+	client := redis.NewClient(&redis.Options{Addr: proc.Addr()})
+	defer client.Close()
+	k, err := keys.New("c")
+	require.NoError(t, err)
+	require.NoError(t, client.XGroupCreateMkStream(ctx, k.Stream, "g", "0").Err())
+	complete := func(rid, eid string) {
+		_, err := scripts.Complete.Run(ctx, client,
+			[]string{k.Stream, k.DeadLetter, k.Fanout, k.Record(rid), k.History(time.Now().Unix() / 3600), k.Starts("g")},
+			"g", k.Channel, 60000, "1", 100, "me", time.Now().UnixMilli(), "PUBLISH", "0",
+			eid, rid, "R", "ok", "", 1).Result()
+		require.NoError(t, err)
+	}
+	entry := func(rid string) string {
+		eid, err := client.XAdd(ctx, &redis.XAddArgs{Stream: k.Stream, Values: []any{"id", rid, "p", "x"}}).Result()
+		require.NoError(t, err)
+		require.NoError(t, client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "me", Streams: []string{k.Stream, ">"}, Count: 1}).Err())
+		return eid
+	}
+	complete("warm", entry("warm")) // loads the script, creates the minute's history field
+	plain := entry("plain")
+	require.NoError(t, client.Set(ctx, k.Record("plain"), "P"+plain, time.Minute).Err())
+	d := commandDelta(t, client, func() { complete("plain", plain) })
+	require.Equal(t, map[string]int64{"evalsha": 1, "exists": 1, "xack": 1, "hdel": 1, "xdel": 1, "set": 1, "publish": 1, "hincrby": 1}, d,
+		"a plain completion")
+
+	rep := entry("rep")
+	fields := "2:id3:rep1:p1:y" // length-prefixed: level "", TTL, fields
+	follow := "P" + rep + "+" + "0:" + "5:60000" + strconv.Itoa(len(fields)) + ":" + fields
+	require.NoError(t, client.Set(ctx, k.Record("rep"), follow, time.Minute).Err())
+	d = commandDelta(t, client, func() { complete("rep", rep) })
+	require.Equal(t, map[string]int64{"evalsha": 1, "exists": 1, "xack": 1, "hdel": 1, "xdel": 1, "set": 2, "xadd": 1, "hincrby": 1}, d,
+		"a completion with a follow-up behind it")
+	rec, err := client.Get(ctx, k.Record("rep")).Result()
+	require.NoError(t, err)
+	msgs, err := client.XRange(ctx, k.Stream, "-", "+").Result()
+	require.NoError(t, err)
+	require.Len(t, msgs, 1)
+	require.Equal(t, "P"+msgs[0].ID, rec)
+	require.Equal(t, map[string]any{"id": "rep", "p": "y"}, msgs[0].Values)
+	ttl, err := client.PTTL(ctx, k.Record("rep")).Result()
+	require.NoError(t, err)
+	require.Greater(t, ttl, 50*time.Second, "the follow-up's record TTL")
+}
+
+// commandDelta returns the commandstats calls that fn made Redis run.
+func commandDelta(t *testing.T, client *redis.Client, fn func()) map[string]int64 {
+	t.Helper()
+	ctx := context.Background()
+	stats := func() map[string]int64 {
+		info, err := client.Info(ctx, "commandstats").Result()
+		require.NoError(t, err)
+		out := map[string]int64{}
+		for _, line := range strings.Split(info, "\n") {
+			name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+			if !ok {
+				continue
+			}
+			n, _, _ := strings.Cut(rest, ",")
+			out[strings.TrimPrefix(name, "cmdstat_")], _ = strconv.ParseInt(n, 10, 64)
+		}
+		return out
+	}
+	before := stats()
+	fn()
+	after := stats()
+	d := map[string]int64{}
+	for k, v := range after {
+		if v != before[k] && k != "info" {
+			d[k] = v - before[k]
+		}
+	}
+	return d
 }
