@@ -394,8 +394,11 @@ func sortCalls(s []*modeCall) {
 
 // TestDedupModesDebounceMaxWait: one id produced every 10 ms for 1.2 s with
 // Debounce(50ms, 300ms) never gets 50 ms of quiet, so maxWait alone makes it
-// run: each cycle runs no later than 300 ms (+ promotion latency) after it
-// opened, and once more after the calls stop, with the last payload.
+// run. In Redis, exactly: while a cycle waits, its due time (Admin.Job's
+// Due) is never past its cap (ModeUntil), and the cap is its opening call
+// + 300 ms. At the handler: each cycle runs no later than 300 ms + the
+// promoter's and consumer's latency (bounded at 1 s on a loaded machine)
+// after it opened, and once more after the calls stop, with the last payload.
 func TestDedupModesDebounceMaxWait(t *testing.T) {
 	t.Parallel()
 	client := realRedis(t)
@@ -412,17 +415,31 @@ func TestDedupModesDebounceMaxWait(t *testing.T) {
 	require.NoError(t, err)
 	runConsumer(t, c)
 	p := newStringProducer(t, client, q)
+	admin, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
 	var opens []time.Time
+	var openEnd time.Time
 	var last *Promise[string]
 	end := time.Now().Add(1200 * time.Millisecond)
-	seq := 0
+	seq, checked := 0, 0
 	for ; time.Now().Before(end); seq++ {
 		start := time.Now()
 		pr := mustProduce(t, p, "doc", fmt.Sprintf("s%d", seq), Debounce(50*time.Millisecond, 300*time.Millisecond))
 		if pr.Deduplicated() == DedupNone {
-			opens = append(opens, start)
+			opens, openEnd = append(opens, start), time.Now()
 		}
 		last = pr
+		info, err := admin.Job(context.Background(), "doc")
+		require.NoError(t, err)
+		if info.State == JobScheduled && info.Mode == "debounce" {
+			checked++
+			open := opens[len(opens)-1]
+			require.False(t, info.Due.After(info.ModeUntil), "due %v past the cap %v", info.Due, info.ModeUntil)
+			// The cap is the cycle's first produce (on the server, between
+			// its call's start and end; ms granularity) + maxWait.
+			require.False(t, info.ModeUntil.Before(open.Add(300*time.Millisecond-2*time.Millisecond)), "cap %v, opened %v", info.ModeUntil, open)
+			require.False(t, info.ModeUntil.After(openEnd.Add(300*time.Millisecond+2*time.Millisecond)), "cap %v, opened by %v", info.ModeUntil, openEnd)
+		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	got, err := last.Wait(waitCtx(t, 10*time.Second))
@@ -436,9 +453,15 @@ func TestDedupModesDebounceMaxWait(t *testing.T) {
 	require.Len(t, ran, len(opens), "one run per cycle")
 	require.GreaterOrEqual(t, len(opens), 3, "1.2 s of calls with maxWait 300 ms: at least 3 cycles")
 	for i := range opens {
-		require.Less(t, at[i].Sub(opens[i]), 300*time.Millisecond+400*time.Millisecond, "cycle %d ran %v after it opened", i, at[i].Sub(opens[i]))
+		require.Less(t, at[i].Sub(opens[i]), 300*time.Millisecond+time.Second, "cycle %d ran %v after it opened", i, at[i].Sub(opens[i]))
 	}
-	t.Logf("Debounce(50ms, 300ms), a call every 10 ms for 1.2 s: %d calls, %d runs", seq, len(ran))
+	require.Positive(t, checked)
+	var longest time.Duration
+	for i := range opens {
+		longest = max(longest, at[i].Sub(opens[i]))
+	}
+	t.Logf("Debounce(50ms, 300ms), a call every 10 ms for 1.2 s: %d calls, %d runs; due <= cap = first produce + maxWait checked in Redis %d times; longest open-to-run %v",
+		seq, len(ran), checked, longest)
 }
 
 // TestDedupModesRefused: the combinations that cannot work are refused
