@@ -628,18 +628,18 @@ func job(ctx context.Context, r *runner) error {
 	if j.Mode != "" { // Throttle, Debounce or Replace
 		switch {
 		case j.Mode == "throttle" && !j.ModeUntil.IsZero():
-			fmt.Fprintf(tw, "mode	throttle (window open until %s, in %s)\n", j.ModeUntil.UTC().Format(time.RFC3339Nano), fmtDuration(time.Until(j.ModeUntil)))
+			fmt.Fprintf(tw, "mode\tthrottle (window open until %s, in %s)\n", j.ModeUntil.UTC().Format(time.RFC3339Nano), fmtDuration(time.Until(j.ModeUntil)))
 		case j.Mode == "debounce" && !j.ModeUntil.IsZero():
-			fmt.Fprintf(tw, "mode	debounce (runs at due unless produced again; at the latest %s, in %s)\n", j.ModeUntil.UTC().Format(time.RFC3339Nano), fmtDuration(time.Until(j.ModeUntil)))
+			fmt.Fprintf(tw, "mode\tdebounce (runs at due unless produced again; at the latest %s, in %s)\n", j.ModeUntil.UTC().Format(time.RFC3339Nano), fmtDuration(time.Until(j.ModeUntil)))
 		default:
-			fmt.Fprintf(tw, "mode	%s\n", j.Mode)
+			fmt.Fprintf(tw, "mode\t%s\n", j.Mode)
 		}
 	}
 	switch {
 	case j.Replacement != nil && utf8.Valid(j.Replacement):
-		fmt.Fprintf(tw, "replacement	%s (runs when this run ends)\n", j.Replacement)
+		fmt.Fprintf(tw, "replacement\t%s (runs when this run ends)\n", j.Replacement)
 	case j.Replacement != nil:
-		fmt.Fprintf(tw, "replacement (base64)	%s (runs when this run ends)\n", encodeBase64(j.Replacement))
+		fmt.Fprintf(tw, "replacement (base64)\t%s (runs when this run ends)\n", encodeBase64(j.Replacement))
 	}
 	switch {
 	case len(j.Result) > 0 && utf8.Valid(j.Result):
