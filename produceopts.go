@@ -113,8 +113,9 @@ func Debounce(d, maxWait time.Duration) ProduceOption {
 // producers and survives producer and consumer crashes):
 //
 //   - Not known, or completed (its outcome stored, whatever it is): a new run
-//     with this payload (appended now, or scheduled with At or After); the
-//     stored outcome is replaced. Deduplicated: DedupNone.
+//     with this payload (appended now, or scheduled with At or After: they
+//     apply only to a call that starts a new run); the stored outcome is
+//     replaced. Deduplicated: DedupNone.
 //   - Waiting in the schedule (delayed, debounced, or a retry waiting for its
 //     back-off): the waiting request takes this call's payload, headers,
 //     deadline and priority and keeps its due time (a retry's start count
