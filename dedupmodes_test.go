@@ -172,7 +172,8 @@ func sortInt64(s []int64) {
 // payload of its cycle (no caller of the cycle whose call started after the
 // run's payload was recorded); every caller is answered, with the result of
 // a run of its own burst; no cycle's run started later than maxWait (+ the
-// promoter's and consumer's latency, bounded at 500 ms) after it opened.
+// promoter's and consumer's latency, bounded at 1 s on a loaded machine; the cap itself is checked in Redis by
+// TestDedupModesDebounceMaxWait) after it opened.
 func TestDedupModesDebounceBursts(t *testing.T) {
 	t.Parallel()
 	client := realRedis(t)
@@ -330,7 +331,7 @@ func TestDedupModesDebounceBursts(t *testing.T) {
 			}
 			d := r.at.Sub(opener.start)
 			maxOpenToRun = max(maxOpenToRun, d)
-			require.Less(t, d, maxWait+500*time.Millisecond, "%s: run %s started %v after its cycle opened", id, r.payload, d)
+			require.Less(t, d, maxWait+time.Second, "%s: run %s started %v after its cycle opened", id, r.payload, d)
 		}
 	}
 	require.Len(t, byID, ids)
