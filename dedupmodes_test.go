@@ -168,11 +168,12 @@ func sortInt64(s []int64) {
 // calls answered DedupNone); in each burst at least once and at most once
 // per quiet period the calls may have left (exactly once where they left
 // none: no call returned 50 ms or more after the start of the one before
-// it); the run carries the last
-// payload of its cycle (no caller of the cycle whose call started after the
-// run's payload was recorded); every caller is answered, with the result of
-// a run of its own burst; no cycle's run started later than maxWait (+ the
-// promoter's and consumer's latency, bounded at 1 s on a loaded machine; the cap itself is checked in Redis by
+// it); the run carries the last payload of its cycle (no caller of the
+// cycle whose call started after the run's payload was recorded) and starts
+// no sooner than d after that payload's call; every caller is answered,
+// with the result of a run of its own burst; no cycle's run started later
+// than maxWait (+ the promoter's and consumer's latency, bounded at 1 s on a
+// loaded machine; the cap itself is checked in Redis by
 // TestDedupModesDebounceMaxWait) after it opened.
 func TestDedupModesDebounceBursts(t *testing.T) {
 	t.Parallel()
