@@ -269,7 +269,7 @@ func (a *Admin) requeueEntry(ctx context.Context, k keys.Keys, t deadTarget, dea
 // requeueInFlightError says why a dead letter was not requeued: its request
 // id's record rec says the request is in flight again.
 func requeueInFlightError(deadLetterID, id, queue, rec string) error {
-	where := "is in flight as entry " + strings.TrimPrefix(rec, "P") + " (queued or running)"
+	where := "is in flight as entry " + recordEntryID(rec) + " (queued or running)"
 	if due, ok := strings.CutPrefix(rec, "P@"); ok {
 		where = "waits in the schedule"
 		if ms, err := strconv.ParseInt(due, 10, 64); err == nil {

@@ -100,6 +100,25 @@ type JobInfo struct {
 	// running request (see Priority); PriorityNormal, omitted in JSON, for
 	// the default level and for a request in any other state.
 	Priority PriorityLevel `json:"priority,omitempty"`
+	// Mode is the flow-control mode the id is under (see Throttle, Debounce
+	// and Replace): "throttle" while a Throttle window of the id is open
+	// (ModeUntil is its end: a produce after it runs the id again);
+	// "debounce" while a Debounce wait runs (Due is when the id runs unless
+	// produced again, ModeUntil the latest it runs, its first produce +
+	// maxWait); "replace" when a Replace produce left its payload to the
+	// waiting request, or a follow-up run waits behind the queued or running
+	// one (Replacement). Empty otherwise.
+	Mode string `json:"mode,omitempty"`
+	// ModeUntil is, for Mode "throttle", when the open window ends and, for
+	// "debounce", the latest time the id runs (the Redis server's clock);
+	// zero otherwise.
+	ModeUntil time.Time `json:"mode_until,omitzero"`
+	// Replacement is the payload (as the codec encoded it) of the follow-up
+	// run a Replace produce left behind the queued or running request: it
+	// is appended when that run ends. Nil when none waits. In JSON it is
+	// base64, and its text is added as "replacement_text" when it is valid
+	// UTF-8.
+	Replacement []byte `json:"replacement,omitempty"`
 }
 
 // Job looks up a request id: whether it is scheduled (until when), a retry
@@ -126,11 +145,11 @@ func (a *Admin) Job(ctx context.Context, id string) (JobInfo, error) {
 	info.Shard = keys.ShardOf(id, len(shards))
 	k := shards[info.Shard]
 	res, err := scripts.Job.Run(ctx, a.client, []string{k.Record(id), k.Stream, k.Starts(t.group), k.Schedule, k.ScheduleData, k.Retry,
-		k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow])}, t.group, id).Slice()
+		k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow]), k.Mode(id)}, t.group, id).Slice()
 	if err != nil {
 		return info, fmt.Errorf("streamq: look up %q in %s: %w", id, a.queue, err)
 	}
-	if len(res) != 8 {
+	if len(res) != 11 {
 		return info, fmt.Errorf("streamq: look up %q in %s: unexpected reply %v", id, a.queue, res)
 	}
 	rec, ok := res[0].(string)
@@ -145,7 +164,8 @@ func (a *Admin) Job(ctx context.Context, id string) (JobInfo, error) {
 	if lvl, ok := res[7].(string); ok {
 		info.Priority = levelNamed(lvl)
 	}
-	code, value := rec[:1], rec[1:]
+	info.Mode, info.ModeUntil, info.Replacement = jobMode(res[8], res[9], res[10])
+	code, value := rec[:1], recordEntryID(rec)
 	switch code {
 	case "R":
 		info.State, info.Result = JobSucceeded, []byte(value)
@@ -216,6 +236,62 @@ func (a *Admin) Job(ctx context.Context, id string) (JobInfo, error) {
 		info.Children, _ = parseFlowChildren(h, k.Flow(id))
 	}
 	return info, nil
+}
+
+// jobMode decodes job.lua's flow-control part: the mode letter, its time
+// (Unix ms) and the follow-up run's stream fields (length-prefixed).
+func jobMode(m, at, follow any) (string, time.Time, []byte) {
+	var mode string
+	switch s, _ := m.(string); s {
+	case "t":
+		mode = "throttle"
+	case "d":
+		mode = "debounce"
+	case "r":
+		mode = "replace"
+	}
+	var until time.Time
+	if s, ok := at.(string); ok {
+		if ms, err := strconv.ParseInt(s, 10, 64); err == nil {
+			until = time.UnixMilli(ms)
+		}
+	}
+	var payload []byte
+	if s, ok := follow.(string); ok {
+		rest := s
+		for rest != "" {
+			name, r, ok := cutLengthPrefixed(rest)
+			if !ok {
+				break
+			}
+			value, r, ok := cutLengthPrefixed(r)
+			if !ok {
+				break
+			}
+			if name == keys.FieldPayload {
+				payload = []byte(value)
+				if payload == nil {
+					payload = []byte{}
+				}
+				break
+			}
+			rest = r
+		}
+	}
+	return mode, until, payload
+}
+
+// recordEntryID returns what follows a record's first byte, without the
+// follow-up run a Replace may keep behind an entry ("P<entry id>+..."): for
+// an in-flight record, its entry id (or "@<due>", "&").
+func recordEntryID(rec string) string {
+	v := rec[1:]
+	if rec[0] == keys.RecordInflight {
+		if i := strings.IndexByte(v, '+'); i >= 0 {
+			v = v[:i]
+		}
+	}
+	return v
 }
 
 // ErrJobRunning is returned by Forget when a consumer holds the request and
@@ -548,7 +624,7 @@ func (a *Admin) RunNow(ctx context.Context, id string) error {
 	case !ok && !t.fanout:
 		return fmt.Errorf("%w: request %q of %s has no record (never produced, or its outcome expired)", ErrNotFound, id, a.queue)
 	case len(r) > 0 && r[0] == keys.RecordInflight && !strings.HasPrefix(r, "P@"):
-		return fmt.Errorf("%w: request %q of %s is already in the stream as entry %s (queued or running)", ErrNotScheduled, id, a.queue, r[1:])
+		return fmt.Errorf("%w: request %q of %s is already in the stream as entry %s (queued or running)", ErrNotScheduled, id, a.queue, recordEntryID(r))
 	case len(r) > 0 && r[0] != keys.RecordInflight:
 		return fmt.Errorf("%w: request %q of %s is completed (%s)", ErrNotScheduled, id, a.queue, describeRecord(r[0]))
 	}

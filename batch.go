@@ -81,7 +81,7 @@ func (p *Producer[Req, Resp]) batchItems(ctx context.Context, jobs []Job[Req], o
 			return nil, fmt.Errorf("job %d: %w", i, err)
 		}
 		if it.mode != modeNone {
-			return nil, fmt.Errorf("%w: job %d: Throttle and Debounce cannot be used in ProduceBatch (an atomic batch); produce such jobs with Produce, Enqueue or Send",
+			return nil, fmt.Errorf("%w: job %d: Throttle, Debounce and Replace cannot be used in ProduceBatch (an atomic batch); produce such jobs with Produce, Enqueue or Send",
 				ErrInvalidOptions, i)
 		}
 		items[i] = it
@@ -427,6 +427,8 @@ const (
 	// replaced a stored outcome; runProduce answers that outcome's waiters
 	// and passes it on as outcomeAppended.
 	outcomeReplaced = 3
+	// outcomeRefused (Replace): the id is part of a flow; nothing written.
+	outcomeRefused = 5
 )
 
 // runProduce appends items of one shard with one script call and returns one
@@ -443,7 +445,8 @@ func (p *Producer[Req, Resp]) runProduce(ctx context.Context, client redis.Scrip
 	}
 	leveled, moded := false, false
 	for _, it := range items {
-		leveled = leveled || it.level != levelNormal
+		// Replace looks for an id's entry in every level's stream.
+		leveled = leveled || it.level != levelNormal || it.mode == modeReplace
 		moded = moded || it.mode != modeNone
 	}
 	if leveled {

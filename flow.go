@@ -147,7 +147,7 @@ func (p *Producer[Req, Resp]) ProduceFlow(ctx context.Context, id string, req Re
 		return nil, err
 	}
 	if parent.due != 0 || parent.flags != "" || parent.mode != modeNone {
-		return nil, fmt.Errorf("%w: a flow's parent cannot take At, After, RetryFailed, Throttle, Debounce or a Priority other than normal", ErrInvalidOptions)
+		return nil, fmt.Errorf("%w: a flow's parent cannot take At, After, RetryFailed, Throttle, Debounce, Replace or a Priority other than normal", ErrInvalidOptions)
 	}
 	if err := p.ensureSubscribed(ctx); err != nil {
 		return nil, err
@@ -191,7 +191,7 @@ func (p *Producer[Req, Resp]) ProduceFlow(ctx context.Context, id string, req Re
 			return fmt.Errorf("child %q: %w", c.id, err)
 		}
 		if it.due != 0 || it.flags != "" || it.mode != modeNone {
-			return fmt.Errorf("%w: child %q: a flow's child cannot take At, After, RetryFailed, Throttle, Debounce or a Priority other than normal", ErrInvalidOptions, c.id)
+			return fmt.Errorf("%w: child %q: a flow's child cannot take At, After, RetryFailed, Throttle, Debounce, Replace or a Priority other than normal", ErrInvalidOptions, c.id)
 		}
 		ck, err := p.childKeys(c.queue, c.id)
 		if err != nil {

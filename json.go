@@ -43,12 +43,14 @@ func (d *DeadLetter) UnmarshalJSON(b []byte) error {
 type jobInfoJSON JobInfo
 
 // MarshalJSON encodes the job with its result in base64 ("result", absent
-// when there is none), plus "result_text" when the result is valid UTF-8.
+// when there is none), plus "result_text" when the result is valid UTF-8,
+// and likewise "replacement_text" for a waiting follow-up's payload.
 func (j JobInfo) MarshalJSON() ([]byte, error) {
 	return json.Marshal(struct {
 		jobInfoJSON
-		ResultText *string `json:"result_text,omitempty"`
-	}{jobInfoJSON(j), resultText(j.Result)})
+		ResultText      *string `json:"result_text,omitempty"`
+		ReplacementText *string `json:"replacement_text,omitempty"`
+	}{jobInfoJSON(j), resultText(j.Result), utf8Text(j.Replacement)})
 }
 
 // UnmarshalJSON decodes what MarshalJSON encodes ("result_text" is ignored:
@@ -56,7 +58,8 @@ func (j JobInfo) MarshalJSON() ([]byte, error) {
 func (j *JobInfo) UnmarshalJSON(b []byte) error {
 	var v struct {
 		jobInfoJSON
-		ResultText *string `json:"result_text,omitempty"`
+		ResultText      *string `json:"result_text,omitempty"`
+		ReplacementText *string `json:"replacement_text,omitempty"`
 	}
 	if err := json.Unmarshal(b, &v); err != nil {
 		return err

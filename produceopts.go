@@ -30,8 +30,8 @@ type produceSettings struct {
 	// priority is set by Priority; used when prioritySet.
 	priority    PriorityLevel
 	prioritySet bool
-	// mode is the flow-control mode set by Throttle or Debounce (modeNone:
-	// none), with its durations.
+	// mode is the flow-control mode set by Throttle, Debounce or Replace
+	// (modeNone: none), with its durations.
 	mode         byte
 	modeA, modeB time.Duration
 }
@@ -66,8 +66,8 @@ func RetryFailed() ProduceOption {
 //
 // Throttle cannot be combined with At or After, with ProduceBatch (an atomic
 // batch) or with a flow (ProduceFlow): those calls fail with
-// ErrInvalidOptions. d must be at least a millisecond. Throttle and Debounce
-// override each other; the last one given applies.
+// ErrInvalidOptions. d must be at least a millisecond. Throttle, Debounce
+// and Replace override each other; the last one given applies.
 func Throttle(d time.Duration) ProduceOption {
 	return func(s *produceSettings) { s.mode, s.modeA, s.modeB = modeThrottle, d, 0 }
 }
@@ -100,9 +100,55 @@ func Throttle(d time.Duration) ProduceOption {
 // Debounce cannot be combined with At or After, with ProduceBatch (an
 // atomic batch) or with a flow (ProduceFlow): those calls fail with
 // ErrInvalidOptions. d must be at least a millisecond and maxWait at least
-// d. Throttle and Debounce override each other; the last one given applies.
+// d. Throttle, Debounce and Replace override each other; the last one given
+// applies.
 func Debounce(d, maxWait time.Duration) ProduceOption {
 	return func(s *produceSettings) { s.mode, s.modeA, s.modeB = modeDebounce, d, maxWait }
+}
+
+// Replace keeps the latest payload of the request's id: every payload
+// produced with it either runs or is replaced by a later one, and the id
+// never runs twice at once. What a call does depends on where the id stands
+// (decided in Redis, in the same step as the append, so it holds across
+// producers and survives producer and consumer crashes):
+//
+//   - Not known, or completed (its outcome stored, whatever it is): a new run
+//     with this payload (appended now, or scheduled with At or After: they
+//     apply only to a call that starts a new run); the stored outcome is
+//     replaced. Deduplicated: DedupNone.
+//   - Waiting in the schedule (delayed, debounced, or a retry waiting for its
+//     back-off): the waiting request takes this call's payload, headers,
+//     deadline and priority and keeps its due time (a retry's start count
+//     restarts: the payload is new). One run. DedupInflight.
+//   - Queued and not yet read by any consumer: its entry is replaced by one
+//     with this call's payload (Promise.EntryID names it). One run.
+//     DedupInflight.
+//   - Read by a consumer (running, or in a consumer's prefetch): it runs on
+//     with its payload, and one more run is kept behind it with this call's
+//     payload; later Replace calls replace that one's payload. When the
+//     current run ends (succeeds, fails for good, or fails with retries left:
+//     the follow-up runs instead of the retry), the follow-up is appended in
+//     the same step. DedupInflight, EntryID "".
+//
+// Which outcome each caller gets: the outcome of the run that carried its
+// payload, or of a later run of the id. A run followed by a follow-up stores
+// and announces no outcome: every caller waiting for it (Replace or not, in
+// any producer) gets the follow-up's outcome; its dead letter, if it failed
+// for good, stays in the dead-letter stream. A consumer crash while a run
+// holds a follow-up reruns that run (at least once, with its own payload)
+// and then the follow-up, once.
+//
+// Calls without Replace keep their meaning on the same id: they attach to
+// what is in flight, or get the stored outcome. A Replace on an id that is
+// part of a flow (a parent waiting for its children, a child) is refused
+// with ErrInvalidOptions and nothing is written. Replace cannot be used in
+// ProduceBatch (an atomic batch) or in ProduceFlow (ErrInvalidOptions).
+// Admin.Job shows a waiting follow-up (JobInfo.Replacement). A plain produce
+// pays nothing for it: the completion of an entry without a follow-up runs
+// the same commands as before. Throttle, Debounce and Replace override each
+// other; the last one given applies. Default: off.
+func Replace() ProduceOption {
+	return func(s *produceSettings) { s.mode, s.modeA, s.modeB = modeReplace, 0, 0 }
 }
 
 // The flow-control modes of an item (produce.lua's mode argument).
@@ -110,6 +156,7 @@ const (
 	modeNone     = 0
 	modeThrottle = 't'
 	modeDebounce = 'd'
+	modeReplace  = 'r'
 )
 
 // modeArgs validates the mode and returns produce.lua's mode and its two
@@ -117,6 +164,9 @@ const (
 func (s produceSettings) modeArgs() (byte, int64, int64, error) {
 	if s.mode == modeNone {
 		return modeNone, 0, 0, nil
+	}
+	if s.mode == modeReplace {
+		return modeReplace, 0, 0, nil // with or without a due time
 	}
 	if s.afterSet || !s.at.IsZero() {
 		return 0, 0, 0, fmt.Errorf("%w: Throttle and Debounce cannot be combined with At or After", ErrInvalidOptions)

@@ -218,6 +218,8 @@ func (p *Producer[Req, Resp]) enqueue(ctx context.Context, id string, req Req, o
 	switch out.code {
 	case outcomeRejected:
 		return "", fmt.Errorf("%w: request %q: %s", ErrWrongType, id, out.data)
+	case outcomeRefused:
+		return "", fmt.Errorf("%w: %s (request %q)", ErrInvalidOptions, out.data, id)
 	case outcomeAppended, outcomeInflight:
 		return out.data, nil
 	}
@@ -415,6 +417,9 @@ func (p *Producer[Req, Resp]) settle(id string, c *call, out produceOutcome) (*P
 		p.waiters.resolve(id, c, "", fmt.Errorf("%w: request %q ran in its Throttle window and its outcome has expired "+
 			"(keep the consumers' ResultTTL at least the window)", ErrRecordLost, id))
 		return pr, nil
+	case outcomeRefused:
+		p.waiters.drop(id, c)
+		return nil, fmt.Errorf("%w: %s (request %q)", ErrInvalidOptions, out.data, id)
 	default:
 		p.waiters.drop(id, c)
 		return nil, fmt.Errorf("%w: request %q: %s", ErrWrongType, id, out.data)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -404,6 +405,15 @@ func TestDelayedSurvivesRedisKill(t *testing.T) {
 		defer h.mu.Unlock()
 		return len(h.runs) == jobs
 	}, "every job runs after the restart")
+	// The last handlers' outcomes reach Redis with the committer's next tick.
+	eventually(t, 10*time.Second, func() bool {
+		for _, id := range ids {
+			if rec, _ := client.Get(ctx, recordKey(q, id)).Result(); !strings.HasPrefix(rec, "R") {
+				return false
+			}
+		}
+		return true
+	}, "every outcome recorded")
 	for _, id := range ids {
 		rec, err := client.Get(ctx, recordKey(q, id)).Result()
 		require.NoError(t, err, "record of %s", id)

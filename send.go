@@ -74,6 +74,9 @@ func (p *Producer[Req, Resp]) sent(ctx context.Context, id string, out produceOu
 	if err == nil && out.code == outcomeRejected {
 		err = fmt.Errorf("%w: request %q: %s", ErrWrongType, id, out.data)
 	}
+	if err == nil && out.code == outcomeRefused {
+		err = fmt.Errorf("%w: %s (request %q)", ErrInvalidOptions, out.data, id)
+	}
 	if err != nil {
 		err = fmt.Errorf("streamq: send %q: %w", id, err)
 		if p.opts.OnSendError != nil {

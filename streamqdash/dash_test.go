@@ -200,6 +200,13 @@ func TestPages(t *testing.T) {
 	code, body, _ = b.get("job?q=orders&id=ok-1")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, "receipt for order ok-1")
+	require.NotContains(t, body, `id="job-mode"`)
+	// A debounced request shows its mode and the latest it runs.
+	_, err = p.Produce(ctx, "debounced-1", "x", streamq.Debounce(time.Hour, 2*time.Hour))
+	require.NoError(t, err)
+	code, body, _ = b.get("job?q=orders&id=debounced-1")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `id="job-mode">debounce: runs at the latest `)
 	// A cancelled request has a page of its own (it was a 502).
 	_, err = p.Produce(ctx, "later-2", "x", streamq.After(time.Hour))
 	require.NoError(t, err)

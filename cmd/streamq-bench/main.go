@@ -57,6 +57,18 @@
 //	            "baseline" (a stream of n entries drained as in drain). Only
 //	            the draining is measured. Two ratio lines: streamq/baseline
 //	            (with streamq/streamq-1q) and streamq-1q/baseline.
+//	dedupmodes  the flow-control produce options: n calls from P producers
+//	            with -callers goroutines each over 100 ids (each id owned by
+//	            one goroutine), consumers running: rows "debounce"
+//	            (Debounce(50ms, 1s)), "throttle" (Throttle(200ms)) and
+//	            "replace" (Replace), each with a line of its runs (in all and
+//	            per id), checked: one run per debounce cycle and throttle
+//	            window, each id's last run with its last payload (debounce,
+//	            replace); "plain" (n/10 plain Produce calls of new ids, one at
+//	            a time: must cost 4.00 commands, as before the modes);
+//	            "baseline" (a hand-written debounce, produce side only: HSET +
+//	            ZADD per call in one pipeline). Latency: one call. Ratio:
+//	            debounce/baseline calls/s.
 //	all         every scenario above, in that order.
 //
 // Without -redis host:port the program starts its own redis-server on a free
@@ -153,6 +165,7 @@ var scenarios = []scenario{
 	{"delayed", 20_000, runDelayed},
 	{"flow", 50_000, runFlow},
 	{"multi", 90_000, runMulti},
+	{"dedupmodes", 20_000, runDedupModes},
 }
 
 func main() {
@@ -164,9 +177,9 @@ func main() {
 
 func run() error {
 	var cfg config
-	flag.StringVar(&cfg.scenario, "scenario", "all", "throughput, few, rpc, latency, prefetch, batch, drain, fairness, delayed, flow, multi or all")
+	flag.StringVar(&cfg.scenario, "scenario", "all", "throughput, few, rpc, latency, prefetch, batch, drain, fairness, delayed, flow, multi, dedupmodes or all")
 	flag.StringVar(&cfg.redisAddr, "redis", "", "host:port of a Redis to use; empty starts a private redis-server")
-	flag.IntVar(&cfg.n, "n", 0, "jobs per measured run; 0 uses each scenario's default (throughput 200000, few 30000, rpc 100000, latency 2000, prefetch 500, batch 200000, drain 200000, fairness 60, delayed 20000, flow 50000, multi 90000)")
+	flag.IntVar(&cfg.n, "n", 0, "jobs per measured run; 0 uses each scenario's default (throughput 200000, few 30000, rpc 100000, latency 2000, prefetch 500, batch 200000, drain 200000, fairness 60, delayed 20000, flow 50000, multi 90000, dedupmodes 20000)")
 	flag.IntVar(&cfg.producers, "producers", 4, "producers (each with its own client, like separate processes)")
 	flag.IntVar(&cfg.workers, "workers", 8, "handler goroutines in all, spread over -consumers consumers")
 	flag.IntVar(&cfg.consumers, "consumers", 2, "consumers (each with its own client)")
@@ -198,7 +211,7 @@ func run() error {
 		}
 	}
 	if len(chosen) == 0 {
-		return fmt.Errorf("unknown -scenario %q: use throughput, few, rpc, latency, prefetch, batch, drain, fairness, delayed, flow, multi or all", cfg.scenario)
+		return fmt.Errorf("unknown -scenario %q: use throughput, few, rpc, latency, prefetch, batch, drain, fairness, delayed, flow, multi, dedupmodes or all", cfg.scenario)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)

@@ -60,6 +60,10 @@ type Result struct {
 	QueueSharesStarts   int       `json:"queue_shares_starts,omitempty"`
 	QueueShareWindowMin []float64 `json:"queue_share_window_min,omitempty"`
 	QueueShareWindowMax []float64 `json:"queue_share_window_max,omitempty"`
+
+	// Note is a line of figures of the scenario's own (dedupmodes: the runs
+	// per id), printed under the row.
+	Note string `json:"note,omitempty"`
 }
 
 // Ratio is the closing line of a scenario: streamq's jobs/s over the baseline's.
@@ -359,6 +363,9 @@ func (p *printer) result(r Result) {
 	}
 	if len(r.QueueShares) > 0 {
 		fmt.Fprintf(p.w, "%-10s %-16s %s\n", r.Scenario, r.System, sharesNote(r))
+	}
+	if r.Note != "" {
+		fmt.Fprintf(p.w, "%-10s %-16s %s\n", r.Scenario, r.System, r.Note)
 	}
 }
 

@@ -619,7 +619,7 @@ func job(ctx context.Context, r *runner) error {
 		return err
 	}
 	if r.o.json {
-		j.Enqueued, j.Due = j.Enqueued.UTC(), j.Due.UTC()
+		j.Enqueued, j.Due, j.ModeUntil = j.Enqueued.UTC(), j.Due.UTC(), j.ModeUntil.UTC()
 		return r.printJSON(j)
 	}
 	tw := r.table()
@@ -639,6 +639,22 @@ func job(ctx context.Context, r *runner) error {
 	}
 	if j.State == streamq.JobRunning {
 		fmt.Fprintf(tw, "consumer\t%s\nlease renewed\t%s ago\n", j.Consumer, fmtDuration(j.Idle))
+	}
+	if j.Mode != "" { // Throttle, Debounce or Replace
+		switch {
+		case j.Mode == "throttle" && !j.ModeUntil.IsZero():
+			fmt.Fprintf(tw, "mode\tthrottle (window open until %s, in %s)\n", j.ModeUntil.UTC().Format(time.RFC3339Nano), fmtDuration(time.Until(j.ModeUntil)))
+		case j.Mode == "debounce" && !j.ModeUntil.IsZero():
+			fmt.Fprintf(tw, "mode\tdebounce (runs at due unless produced again; at the latest %s, in %s)\n", j.ModeUntil.UTC().Format(time.RFC3339Nano), fmtDuration(time.Until(j.ModeUntil)))
+		default:
+			fmt.Fprintf(tw, "mode\t%s\n", j.Mode)
+		}
+	}
+	switch {
+	case j.Replacement != nil && utf8.Valid(j.Replacement):
+		fmt.Fprintf(tw, "replacement\t%s (runs when this run ends)\n", j.Replacement)
+	case j.Replacement != nil:
+		fmt.Fprintf(tw, "replacement (base64)\t%s (runs when this run ends)\n", encodeBase64(j.Replacement))
 	}
 	switch {
 	case len(j.Result) > 0 && utf8.Valid(j.Result):

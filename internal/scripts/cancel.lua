@@ -98,7 +98,8 @@ if string.sub(cur, 1, 2) ~= "P@" and cur ~= "P&" then
   end
   -- In the stream: find the entry (its level's stream holds it, with this
   -- request id), and whether a consumer of the answering group holds it.
-  local eid = string.sub(cur, 2)
+  -- A Replace's follow-up after "+" is cancelled with it.
+  local eid = string.match(cur, "^P([^+]*)")
   for l = 1, 3 do
     local e = redis.pcall("XRANGE", streams[l], eid, eid)
     if type(e) == "table" and e[1] and e[1][2] then

@@ -630,6 +630,35 @@ local function isWrongType(reply)
   return false
 end
 
+-- followUp appends the follow-up run a Replace left in the record of an
+-- entry that ended ("P<entry id>+" then, length-prefixed, its level, its
+-- record TTL and its stream fields; see produce.lua) and points the record
+-- at it. Its stream is the shard's stream of that level: KEYS[1] or the
+-- same name with another level's suffix (the same hash tag, so the same
+-- slot). Only records that carry one get here: plain completions never do.
+local function followUp(key, data)
+  local function dec(str)
+    local out, pos = {}, 1
+    while pos <= #str do
+      local colon = string.find(str, ":", pos, true)
+      local len = tonumber(string.sub(str, pos, colon - 1))
+      out[#out + 1] = string.sub(str, colon + 1, colon + len)
+      pos = colon + 1 + len
+    end
+    return out
+  end
+  local d = dec(data)
+  local base = KEYS[1]
+  if string.sub(base, -12) == ":stream:high" then
+    base = string.sub(base, 1, -6)
+  elseif string.sub(base, -11) == ":stream:low" then
+    base = string.sub(base, 1, -5)
+  end
+  local to = d[1] ~= "" and base .. ":" .. d[1] or base
+  local eid = redis.call("XADD", to, "*", unpack(dec(d[3])))
+  redis.call("SET", key, "P" .. eid, "PX", d[2])
+end
+
 -- 3. Outcomes.
 local notice = {}
 for i = 1, n do
@@ -663,32 +692,42 @@ for i = 1, n do
           prev = false
         end
       end
-      if prev and string.sub(prev, 1, 1) ~= "P" then
-        outcome = prev
-        first = false
-      end
-      -- A duplicate that failed for good after another copy recorded an
-      -- outcome is not a dead letter: the request already has its outcome.
-      if code == "L" and first then
-        deadLetter(i)
-      end
-      if code == "L" or not first then
-        redis.call("SET", key, first and rec or prev, "PX", ttl)
-      end
-      if progressOf and progressOf[i] then
-        -- Its progress value lives as long as the record, no longer.
-        redis.call("PEXPIRE", KEYS[progressOf[i]], ttl)
-      end
-      if childOf and childOf[i] and first then
-        -- A flow's child: its first outcome counts in the flow, and the last
-        -- child's releases the parent.
-        local fk = childOf[i]
-        local _, childDone, release = flowLib()
-        if childDone(KEYS[fk + 1], key, rec) then
-          release(KEYS[fk + 1], KEYS[fk + 2], KEYS[fk + 3])
+      if prev and #prev > #eid + 2 and string.sub(prev, 1, #eid + 2) == "P" .. eid .. "+" and not (childOf and childOf[i]) then
+        -- A Replace left a follow-up run behind this entry: it is appended
+        -- now, and this run's outcome is neither kept nor announced (its
+        -- callers get the follow-up's). Its dead letter, if any, stays.
+        if code == "L" then
+          deadLetter(i)
         end
+        followUp(key, string.sub(prev, #eid + 3))
+      else
+        if prev and string.sub(prev, 1, 1) ~= "P" then
+          outcome = prev
+          first = false
+        end
+        -- A duplicate that failed for good after another copy recorded an
+        -- outcome is not a dead letter: the request already has its outcome.
+        if code == "L" and first then
+          deadLetter(i)
+        end
+        if code == "L" or not first then
+          redis.call("SET", key, first and rec or prev, "PX", ttl)
+        end
+        if progressOf and progressOf[i] then
+          -- Its progress value lives as long as the record, no longer.
+          redis.call("PEXPIRE", KEYS[progressOf[i]], ttl)
+        end
+        if childOf and childOf[i] and first then
+          -- A flow's child: its first outcome counts in the flow, and the last
+          -- child's releases the parent.
+          local fk = childOf[i]
+          local _, childDone, release = flowLib()
+          if childDone(KEYS[fk + 1], key, rec) then
+            release(KEYS[fk + 1], KEYS[fk + 2], KEYS[fk + 3])
+          end
+        end
+        notice[#notice + 1] = #rid .. ":" .. rid .. #outcome .. ":" .. outcome
       end
-      notice[#notice + 1] = #rid .. ":" .. rid .. #outcome .. ":" .. outcome
     elseif code == "L" then
       deadLetter(i)
     end

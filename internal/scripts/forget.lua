@@ -42,7 +42,7 @@ elseif rec == "P&" then
   -- A flow's parent waiting for its children: no entry yet (the flow hash
   -- expires; a child's completion finds the record gone and appends nothing).
 elseif string.sub(rec, 1, 1) == "P" then
-  local eid = string.sub(rec, 2)
+  local eid = string.match(rec, "^P([^+]*)") -- a Replace's follow-up ("+...") goes with it
   local stream = entryStream(eid, ARGV[3])
   local ok, p = pcall(redis.call, "XPENDING", stream, ARGV[1], eid, eid, 1)
   if ok and p[1] then

@@ -10,6 +10,7 @@
 -- KEYS[6]  the shard's retry set (sorted set)
 -- KEYS[7]  optional: the stream of priority level "high" of the shard
 -- KEYS[8]  optional: the stream of priority level "low" of the shard
+-- KEYS[9]  optional: the id's flow-control key (Throttle's open window)
 -- ARGV[1]  consumer group
 -- ARGV[2]  the request id (its member in the schedule is "r" .. id)
 --
@@ -24,17 +25,33 @@
 -- (a retry's starts so far; "0" for a delayed request), the last error the
 -- error message a retry's data keeps. "P&" (a flow's parent waiting for its
 -- children) reads nothing more.
+-- Then three more: the flow-control mode ("t" Throttle, its window open; "d"
+-- a Debounce wait; "r" a Replace: the waiting request took a Replace's
+-- payload, or a follow-up run waits behind the entry) or false; the mode's
+-- time (Unix ms: Throttle's window end, Debounce's latest due time) or
+-- false; the follow-up run's stream fields (length-prefixed) or false.
 
 -- entryStream (entrystream.lua, in front of this script) finds the stream
 -- holding an entry: KEYS[2] or a level stream, KEYS[7] or KEYS[8].
 local member = "r" .. ARGV[2]
+local mode, modeAt, follow = false, false, false
+if KEYS[9] then
+  local w = redis.pcall("GET", KEYS[9])
+  if type(w) == "string" then
+    mode, modeAt = "t", w
+  end
+end
+local function reply(t)
+  t[9], t[10], t[11] = mode, modeAt, follow
+  return t
+end
 local rec = redis.call("GET", KEYS[1])
 if not rec then
-  return {false, -2, 0, false, false, false, false, false}
+  return reply({false, -2, 0, false, false, false, false, false})
 end
 local ttl = redis.call("PTTL", KEYS[1])
 if string.sub(rec, 1, 1) ~= "P" then
-  return {rec, ttl, 0, false, false, false, false, false}
+  return reply({rec, ttl, 0, false, false, false, false, false})
 end
 if string.sub(rec, 2, 2) == "@" then
   local raw = redis.call("HGET", KEYS[5], member)
@@ -72,7 +89,7 @@ if string.sub(rec, 2, 2) == "@" then
     -- Length-prefixed strings: record key, start-count hash key, count,
     -- fields, error (a retry's), ...
     local pos, i = 1, 0
-    while pos <= #raw and i < 5 do
+    while pos <= #raw and i < 8 do
       local colon = string.find(raw, ":", pos, true)
       if not colon then
         break
@@ -90,16 +107,37 @@ if string.sub(rec, 2, 2) == "@" then
         level = levelOf(string.sub(raw, colon + 1, colon + len))
       elseif i == 5 then
         lastErr = string.sub(raw, colon + 1, colon + len)
+      elseif i == 7 then
+        local m = string.sub(raw, colon + 1, colon + len)
+        if m == "d" or m == "r" then
+          mode = m
+        end
+      elseif i == 8 and mode == "d" then
+        modeAt = string.sub(raw, colon + 1, colon + len)
       end
       pos = colon + 1 + len
     end
   end
-  return {rec, ttl, present, false, false, starts, lastErr, level}
+  return reply({rec, ttl, present, false, false, starts, lastErr, level})
 end
 if rec == "P&" then
-  return {rec, ttl, 0, false, false, false, false, false} -- a flow's parent waiting for its children
+  return reply({rec, ttl, 0, false, false, false, false, false}) -- a flow's parent waiting for its children
 end
-local eid = string.sub(rec, 2)
+local eid = string.match(rec, "^P([^+]*)")
+if #rec > #eid + 2 then
+  -- A Replace's follow-up run: level, record TTL, stream fields.
+  local raw, pos, i = string.sub(rec, #eid + 3), 1, 0
+  while pos <= #raw do
+    local colon = string.find(raw, ":", pos, true)
+    local len = tonumber(string.sub(raw, pos, colon - 1))
+    i = i + 1
+    if i == 3 then
+      follow = string.sub(raw, colon + 1, colon + len)
+    end
+    pos = colon + 1 + len
+  end
+  mode = "r"
+end
 local stream = entryStream(eid, ARGV[2])
 local present = 0
 if #redis.call("XRANGE", stream, eid, eid, "COUNT", 1) > 0 then
@@ -117,4 +155,4 @@ if stream == KEYS[7] then
 elseif stream == KEYS[8] then
   level = "low"
 end
-return {rec, ttl, present, holder, idle, starts, false, level}
+return reply({rec, ttl, present, holder, idle, starts, false, level})

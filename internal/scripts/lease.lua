@@ -31,7 +31,8 @@ for i = 5, #ARGV do
     local rec = KEYS[i - 3]
     if floor > 0 and rec and rec ~= KEYS[1] then
       local v = redis.pcall("GET", rec)
-      if type(v) == "string" and v == "P" .. ARGV[i] then
+      -- "P<entry id>", or with a follow-up run kept behind it ("+...", Replace)
+      if type(v) == "string" and string.match(v, "^P([^+]*)") == ARGV[i] then
         local ttl = redis.call("PTTL", rec)
         if ttl >= 0 and ttl < floor then
           redis.call("PEXPIRE", rec, floor)

@@ -34,9 +34,9 @@
 --                    retry or a delayed item is appended there too), f (a count),
 --                    then f strings: extra stream fields, name then value;
 --                    with "M", then three more: the mode ("": none; "t",
---                    Throttle; "d", Debounce) and its two numbers in ms
---                    (Throttle: the window, 0; Debounce: the quiet period,
---                    the longest wait)
+--                    Throttle; "d", Debounce; "r", Replace) and its two
+--                    numbers in ms (Throttle: the window, 0; Debounce: the
+--                    quiet period, the longest wait; Replace: 0, 0)
 -- ARGV[after the items]    the wake channel, then "PUBLISH" or "SPUBLISH"
 --
 -- Returns a flat array of n (code, data) pairs:
@@ -50,6 +50,7 @@
 --                 replaced, so the producer answers that run's callers first
 --   4, ""         (Throttle only) the id ran in the open window and its
 --                 outcome has expired
+--   5, reason     (Replace only) the id is part of a flow: nothing written
 --
 -- Flow-control modes (only in calls with "M"; never in atomic batches, which
 -- the producer refuses). Each reads the record as it stands at the item (not
@@ -98,7 +99,7 @@ if #KEYS == 4 and ARGV[2] == "0" and ARGV[5] == "0" then
         return {2, prev}
       end
       c = string.sub(prev, 2, 2)
-      return {1, (c == "@" or c == "&") and "" or string.sub(prev, 2)}
+      return {1, (c == "@" or c == "&") and "" or string.match(prev, "^P([^+]*)")}
     end
   end
   local eid = redis.call("XADD", KEYS[1], "*", "id", ARGV[3], "p", ARGV[4], unpack(ARGV, 8, 7 + tonumber(ARGV[7])))
@@ -277,18 +278,158 @@ local function scheduleItem(id, payload, fa, fz, due, produced, mode)
   return {"", "", "0", enc(fields), "", produced, mode}
 end
 
+-- idAfter reports whether stream entry id a is after b ("<ms>-<seq>").
+local function idAfter(a, b)
+  local am, as = string.match(a, "^(%d+)-(%d+)$")
+  local bm, bs = string.match(b, "^(%d+)-(%d+)$")
+  if not am or not bm then
+    return false
+  end
+  am, bm = tonumber(am), tonumber(bm)
+  return am > bm or (am == bm and tonumber(as) > tonumber(bs))
+end
+
+-- inFlow reports whether stream fields (name, value...) belong to a flow.
+local function inFlow(f)
+  for j = 1, #f - 1, 2 do
+    if f[j] == "pa" or f[j] == "fp" then
+      return true
+    end
+  end
+  return false
+end
+
+local flowRefusal = "request is part of a flow: Replace cannot change it"
+
+-- replace answers one Replace item (see the header): its code and data.
+local function replace(key, cur, id, payload, due, flags, fa, fz)
+  local c = cur and string.sub(cur, 1, 1)
+  local fields = {"id", id, "p", payload}
+  for j = fa, fz do
+    fields[#fields + 1] = ARGV[j]
+  end
+  if c == "P" then
+    local tag = string.sub(cur, 2, 2)
+    if tag == "&" then
+      return 5, flowRefusal
+    end
+    if tag == "@" then
+      -- Waiting (delayed, debounced, or a retry's back-off): new fields,
+      -- same due time.
+      local member = "r" .. id
+      local raw = redis.call("HGET", scheduleData, member)
+      if raw then
+        local d = dec(raw)
+        local old = dec(d[4] or "")
+        if inFlow(old) then
+          return 5, flowRefusal
+        end
+        for j = 1, #old - 1, 2 do
+          if old[j] == "g" then
+            fields[#fields + 1], fields[#fields + 2] = "g", old[j + 1]
+          end
+        end
+        d[3], d[4], d[5] = "0", enc(fields), ""
+        d[6] = d[6] or ""
+        if d[7] ~= "d" then
+          d[7] = "r"
+        end
+        redis.call("HSET", scheduleData, member, enc(d))
+      end
+      return 1, ""
+    end
+    local eid = string.match(cur, "^P([^+]*)")
+    local s, ef
+    for _, st in ipairs({stream, KEYS[n + 4], KEYS[n + 5]}) do
+      local e = redis.call("XRANGE", st, eid, eid)
+      if e[1] then
+        s, ef = st, e[1][2]
+        break
+      end
+    end
+    if ef and inFlow(ef) then
+      return 5, flowRefusal
+    end
+    if s then
+      local read = false
+      local ok, groups = pcall(redis.call, "XINFO", "GROUPS", s)
+      if ok then
+        for _, g in ipairs(groups) do
+          for j = 1, #g - 1, 2 do
+            if g[j] == "last-delivered-id" and not idAfter(eid, g[j + 1]) then
+              read = true
+            end
+          end
+        end
+      end
+      if not read then
+        -- Nobody has read it: this item takes its place.
+        redis.call("XDEL", s, eid)
+        local neid = redis.call("XADD", streamOf(flags), "*", unpack(fields))
+        redis.call("SET", key, "P" .. neid, "PX", ttl)
+        return 1, neid
+      end
+    end
+    -- Read by a consumer (or gone): one follow-up run, kept in the record.
+    local lvl = ""
+    if string.find(flags, "H", 1, true) then
+      lvl = "high"
+    elseif string.find(flags, "L", 1, true) then
+      lvl = "low"
+    end
+    redis.call("SET", key, "P" .. eid .. "+" .. enc({lvl, tostring(ttl), enc(fields)}), "KEEPTTL")
+    return 1, ""
+  end
+  -- No record, or a stored outcome: a new run.
+  if due > 0 and string.find(flags, "r", 1, true) then
+    due = serverNow() + due
+  end
+  if due > 0 and due > serverNow() then
+    local err = claimRecord(key, cur, "P@" .. due, ttl + due - serverNow())
+    if err then
+      notWrongType(err)
+      return -1, "key " .. key .. " holds a value that is not a streamq record"
+    end
+    local data = scheduleItem(id, payload, fa, fz, due, tostring(serverNow()), "r")
+    data[1] = key
+    redis.call("HSET", scheduleData, "r" .. id, enc(data))
+    if (not head or due < head) and (not wakeAt or due < wakeAt) then
+      wakeAt = due
+    end
+    if cur then
+      return 3, "0:" .. cur
+    end
+    return 0, ""
+  end
+  local to = streamOf(flags)
+  local eid = redis.call("XADD", to, "*", unpack(fields))
+  local err = claimRecord(key, cur, "P" .. eid, ttl)
+  if err then
+    redis.call("XDEL", to, eid)
+    notWrongType(err)
+    return -1, "key " .. key .. " holds a value that is not a streamq record"
+  end
+  if cur then
+    return 3, #eid .. ":" .. eid .. cur
+  end
+  return 0, eid
+end
+
 -- flowControl answers one item of a flow-control mode (see the header):
 -- its code and data.
-local function flowControl(i, key, id, payload, flags, fa, fz, mode, ma, mb)
+local function flowControl(i, key, id, payload, flags, fa, fz, mode, ma, mb, due)
   local cur = redis.pcall("GET", key)
   if type(cur) ~= "string" then
     cur = false -- none, or a key of another type (SET NX GET then fails)
+  end
+  if mode == "r" then
+    return replace(key, cur, id, payload, due, flags, fa, fz)
   end
   local c = cur and string.sub(cur, 1, 1)
   if mode == "t" then
     if c == "P" then
       c = string.sub(cur, 2, 2)
-      return 1, (c == "@" or c == "&") and "" or string.sub(cur, 2)
+      return 1, (c == "@" or c == "&") and "" or string.match(cur, "^P([^+]*)")
     end
     local mkey = KEYS[#KEYS - n + i]
     if redis.call("EXISTS", mkey) == 1 then
@@ -321,14 +462,14 @@ local function flowControl(i, key, id, payload, flags, fa, fz, mode, ma, mb)
         local first = tonumber(d[6]) or serverNow()
         local due = math.min(serverNow() + ma, first + mb)
         local data = scheduleItem(id, payload, fa, fz, due, d[6], "d")
-        data[1] = d[1]
+        data[1], data[8] = d[1], tostring(first + mb)
         redis.call("HSET", scheduleData, member, enc(data))
         redis.call("SET", key, "P@" .. due, "PX", ttl + due - serverNow())
         return 1, ""
       end
     end
     c = string.sub(cur, 2, 2)
-    return 1, (c == "@" or c == "&") and "" or string.sub(cur, 2)
+    return 1, (c == "@" or c == "&") and "" or string.match(cur, "^P([^+]*)")
   end
   local due = serverNow() + math.min(ma, mb)
   local err = claimRecord(key, cur, "P@" .. due, ttl + due - serverNow())
@@ -337,7 +478,7 @@ local function flowControl(i, key, id, payload, flags, fa, fz, mode, ma, mb)
     return -1, "key " .. key .. " holds a value that is not a streamq record"
   end
   local data = scheduleItem(id, payload, fa, fz, due, tostring(serverNow()), "d")
-  data[1] = key
+  data[1], data[8] = key, tostring(serverNow() + mb)
   redis.call("HSET", scheduleData, member, enc(data))
   if (not head or due < head) and (not wakeAt or due < wakeAt) then
     wakeAt = due
@@ -363,9 +504,9 @@ for i = 1, n do
     a = a + 3
   end
   local prev = prevs[i]
-  if mode == "t" or mode == "d" then
-    out[o + 1], out[o + 2] = flowControl(i, key, id, payload, flags, fa, fz, mode, ma, mb)
-    if out[o + 1] == 0 or out[o + 1] == 3 then
+  if mode == "t" or mode == "d" or mode == "r" then
+    out[o + 1], out[o + 2] = flowControl(i, key, id, payload, flags, fa, fz, mode, ma, mb, due)
+    if out[o + 1] == 0 or out[o + 1] == 3 or (mode == "r" and out[o + 1] == 1) then
       local d = out[o + 2]
       if out[o + 1] == 3 then
         local colon = string.find(d, ":", 1, true)
@@ -383,7 +524,7 @@ for i = 1, n do
       -- "P@<due>" scheduled, "P&" a flow's parent waiting for its children:
       -- no entry yet.
       local c = string.sub(prev, 2, 2)
-      out[o + 1], out[o + 2] = 1, (c == "@" or c == "&") and "" or string.sub(prev, 2)
+      out[o + 1], out[o + 2] = 1, (c == "@" or c == "&") and "" or string.match(prev, "^P([^+]*)")
     else
       out[o + 1], out[o + 2] = 2, prev
     end

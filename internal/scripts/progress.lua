@@ -25,7 +25,9 @@
 -- ARGV[6]  the request id
 --
 -- Returns the value's sequence number, or 0 when nothing was stored.
-if redis.call("GET", KEYS[1]) ~= "P" .. ARGV[1] then
+-- "P<entry id>", or with a follow-up run kept behind it ("+...", Replace).
+local rec = redis.call("GET", KEYS[1])
+if not rec or string.match(rec, "^P([^+]*)") ~= ARGV[1] then
   return 0
 end
 local seq = 1

@@ -21,6 +21,10 @@
 -- outcome (another copy finished) means there is nothing to retry: the entry
 -- is acknowledged only. A fan-out group leaves records alone.
 --
+-- A record holding a follow-up run behind the entry ("P<entry id>+...",
+-- left by a Replace; see produce.lua) is not retried: the follow-up, the
+-- newer payload, is appended now instead, with a fresh start count.
+--
 -- An entry no longer pending for this consumer (its lease lapsed and another
 -- consumer took it, or this call is a resend after a lost reply) is left
 -- alone: whoever holds it decides. So the script is idempotent under resend.
@@ -67,6 +71,17 @@ local hist = KEYS[5 + n]
 
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local function dec(str)
+  local out, pos = {}, 1
+  while pos <= #str do
+    local colon = string.find(str, ":", pos, true)
+    local len = tonumber(string.sub(str, pos, colon - 1))
+    out[#out + 1] = string.sub(str, colon + 1, colon + len)
+    pos = colon + 1 + len
+  end
+  return out
+end
 
 local function enc(list)
   local parts = {}
@@ -124,6 +139,8 @@ for i = 1, n do
       local cur = redis.pcall("GET", it.key)
       if type(cur) == "string" and string.sub(cur, 1, 1) ~= "P" then
         out[i] = 0
+      elseif type(cur) == "string" and #cur > #it.eid + 2 and string.sub(cur, 1, #it.eid + 2) == "P" .. it.eid .. "+" then
+        it.follow = string.sub(cur, #it.eid + 3) -- a Replace's follow-up run (produce.lua)
       end
     end
   end
@@ -169,7 +186,19 @@ for i = 1, n do
     local due = now + it.delay
     local member
     local rec = ""
-    if fanout then
+    if it.follow then
+      -- A Replace left a follow-up run behind this attempt: the newer payload
+      -- runs now instead of this one's retry (see complete.lua's followUp).
+      local d = dec(it.follow)
+      local base = stream
+      if string.sub(base, -12) == ":stream:high" then
+        base = string.sub(base, 1, -6)
+      elseif string.sub(base, -11) == ":stream:low" then
+        base = string.sub(base, 1, -5)
+      end
+      local eid = redis.call("XADD", d[1] ~= "" and base .. ":" .. d[1] or base, "*", unpack(dec(d[3])))
+      redis.call("SET", it.key, "P" .. eid, "PX", d[2])
+    elseif fanout then
       member = "g" .. #group .. ":" .. group .. it.rid
     else
       member = "r" .. it.rid
@@ -179,10 +208,12 @@ for i = 1, n do
         redis.call("SET", it.key, "P@" .. due, "PX", math.max(ttl, inflight) + it.delay)
       end
     end
-    redis.call("ZADD", schedule, due, member)
-    redis.call("HSET", scheduleData, member, enc({rec, starts, it.count, enc(it.fields), it.err}))
-    if (not head or due < head) and (not wakeAt or due < wakeAt) then
-      wakeAt = due
+    if member then
+      redis.call("ZADD", schedule, due, member)
+      redis.call("HSET", scheduleData, member, enc({rec, starts, it.count, enc(it.fields), it.err}))
+      if (not head or due < head) and (not wakeAt or due < wakeAt) then
+        wakeAt = due
+      end
     end
   end
 end
