@@ -488,7 +488,7 @@ func (a *Admin) RunNow(ctx context.Context, id string) error {
 	res, err := scripts.Promote.Run(ctx, a.client,
 		[]string{k.Stream, k.Schedule, k.ScheduleData, k.Retry, k.RunNowMarker(member), rec,
 			k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow])},
-		1, startsTTL.Milliseconds(), member, runNowMarkerTTL.Milliseconds()).Slice()
+		1, startsTTL.Milliseconds(), member, runNowMarkerTTL.Milliseconds(), k.Wake, publishCommand(isCluster(a.client))).Slice()
 	if err != nil {
 		return fmt.Errorf("streamq: run %q of %s now: %w", id, a.queue, err)
 	}

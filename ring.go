@@ -10,6 +10,7 @@ package streamq
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 // ring is the bounded, ordered prefetch ring. The feeders push slots in
@@ -101,6 +102,11 @@ type ringQueue struct {
 	// qmu held, so either lock reads it; waiting is guarded by qmu.
 	paused  bool
 	waiting int
+	// starting counts the queue's feeders that Run's start presumed
+	// backlogged on several priority levels and that have not read yet
+	// (holdStart): the queue is held until each read, so that its first
+	// take chooses among every level's requests. Guarded by qmu.
+	starting int
 	// pauseRead is set once the queue's pause watcher read its state
 	// (written with mu and qmu held, like paused): until then paused is
 	// assumed (Run's start), and the queue keeps its place among the
@@ -163,11 +169,13 @@ func classOf(queue, level int) int { return queue*numLevels + level }
 // counts as the target binding (see binding): the target grows when workers
 // wait for it.
 func (r *ring) reserve(ctx context.Context, limit int) (int, error) {
-	return r.reserveClass(ctx, levelNormal, limit)
+	return r.reserveClass(ctx, levelNormal, limit, nil)
 }
 
-// reserveClass is reserve for the feeder of a class (see classRoom).
-func (r *ring) reserveClass(ctx context.Context, class, limit int) (int, error) {
+// reserveClass is reserve for the feeder of a class (see classRoom). When
+// onWait is set, it runs (without the ring's locks) before the reservation
+// first waits for places while its queue is not paused.
+func (r *ring) reserveClass(ctx context.Context, class, limit int, onWait func()) (int, error) {
 	waiting := false // counted in turns
 	for {
 		r.mu.Lock()
@@ -218,7 +226,12 @@ func (r *ring) reserveClass(ctx context.Context, class, limit int) (int, error) 
 			return n, nil
 		}
 		wake := r.sleep()
+		paused := r.qs[class/numLevels].paused
 		r.mu.Unlock()
+		if onWait != nil && !paused {
+			onWait()
+			onWait = nil
+		}
 		select {
 		case <-wake:
 		case <-ctx.Done():
@@ -452,7 +465,7 @@ func (r *ring) takeable() bool {
 		return true
 	}
 	for i := range r.qs {
-		if q := &r.qs[i]; q.n > 0 && !q.paused && q.waiting == 0 {
+		if q := &r.qs[i]; q.n > 0 && !q.isHeld() {
 			return true
 		}
 	}
@@ -519,7 +532,7 @@ func (r *ring) pickQueue() int {
 	best, total := -1, 0
 	for _, i := range r.qorder {
 		q := &r.qs[i]
-		if q.n == 0 || (!r.closed && (q.paused || q.waiting > 0)) {
+		if q.n == 0 || (!r.closed && q.isHeld()) {
 			continue
 		}
 		if r.qstrict {
@@ -586,7 +599,7 @@ func (r *ring) setPausedState(qi int, paused, read bool) {
 		r.mu.Unlock()
 		return
 	}
-	was := q.paused || q.waiting > 0
+	was := q.isHeld()
 	q.paused = paused
 	if paused {
 		r.paused++
@@ -595,7 +608,7 @@ func (r *ring) setPausedState(qi int, paused, read bool) {
 		r.paused--
 		q.pausing = make(chan struct{})
 	}
-	r.setHeld(was, q.paused || q.waiting > 0)
+	r.setHeld(was, q.isHeld())
 	r.qmu.Unlock()
 	r.signalLocked()
 	r.mu.Unlock()
@@ -644,9 +657,65 @@ func (r *ring) putBack(s *slot) bool {
 func (r *ring) addWaiting(qi, delta int) {
 	r.qmu.Lock()
 	q := &r.qs[qi]
-	was := q.paused || q.waiting > 0
+	was := q.isHeld()
 	q.waiting += delta
-	r.setHeld(was, q.paused || q.waiting > 0)
+	r.setHeld(was, q.isHeld())
+	r.qmu.Unlock()
+}
+
+// isHeld reports whether the queue's slots are not taken now: paused, a
+// worker waits for its rate-limit token, or its first reads are still
+// coming (holdStart). qmu (or, for paused alone, mu) is held.
+func (q *ringQueue) isHeld() bool { return q.paused || q.waiting > 0 || q.starting > 0 }
+
+// maxStartHold bounds holdStart's hold, should a feeder neither read nor
+// wait for places (the hold also ends when one of its feeders must wait for
+// places, which only the workers can free: with fewer places than feeders).
+const maxStartHold = 500 * time.Millisecond
+
+// holdStart counts backlogged the classes whose feeders Run's start
+// presumes backlogged (one entry per feeder: the default level's and those
+// of the levels whose streams exist at Run's start), and, when hold > 0,
+// holds queue qi's slots until hold feeders called startRead (or for
+// maxStartHold). Without it the level whose first read answers first
+// starts first: with weights, normal requests before the high ones; with
+// strict order, the normal level reads before the high level counts as
+// backlogged. (Strict order needs no hold: a lower level reserves nothing
+// while a higher one is backlogged, and holding it would wait for a read
+// that cannot come.) Called before the feeders start.
+func (r *ring) holdStart(qi int, classes []int, hold int) {
+	r.mu.Lock()
+	for _, c := range classes {
+		r.backlog[c]++
+	}
+	r.mu.Unlock()
+	if hold == 0 {
+		return
+	}
+	r.qmu.Lock()
+	q := &r.qs[qi]
+	was := q.isHeld()
+	q.starting += hold
+	r.setHeld(was, q.isHeld())
+	r.qmu.Unlock()
+	time.AfterFunc(maxStartHold, func() { r.endStart(qi, -1) })
+}
+
+// startRead ends one feeder's part of queue qi's start hold (holdStart):
+// its first read of new entries returned, a call of its admitted entries,
+// or a call failed.
+func (r *ring) startRead(qi int) { r.endStart(qi, 1) }
+
+// endStart counts n of queue qi's start reads done (-1: all of them).
+func (r *ring) endStart(qi, n int) {
+	r.qmu.Lock()
+	q := &r.qs[qi]
+	was := q.isHeld()
+	if n < 0 || n > q.starting {
+		n = q.starting
+	}
+	q.starting -= n
+	r.setHeld(was, q.isHeld())
 	r.qmu.Unlock()
 }
 

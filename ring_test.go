@@ -141,7 +141,7 @@ func TestRingPausedQueueHoldsNoReadAhead(t *testing.T) {
 	r.setTarget(6)
 	ctx := context.Background()
 	for got := 0; got < 6; {
-		n, err := r.reserveClass(ctx, classOf(0, levelNormal), 6-got)
+		n, err := r.reserveClass(ctx, classOf(0, levelNormal), 6-got, nil)
 		require.NoError(t, err)
 		for range n {
 			r.push(&slot{queue: 0})
@@ -151,12 +151,12 @@ func TestRingPausedQueueHoldsNoReadAhead(t *testing.T) {
 	r.setPaused(0, true)
 	wctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	n, err := r.reserveClass(wctx, classOf(1, levelNormal), 4)
+	n, err := r.reserveClass(wctx, classOf(1, levelNormal), 4, nil)
 	require.NoError(t, err, "the paused queue's slots held the read-ahead")
 	require.Positive(t, n)
 	short, cancel2 := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel2()
-	_, err = r.reserveClass(short, classOf(0, levelNormal), 1)
+	_, err = r.reserveClass(short, classOf(0, levelNormal), 1, nil)
 	require.ErrorIs(t, err, context.DeadlineExceeded, "a paused queue read more")
 	r.push(&slot{queue: 1})
 	s, ok := r.tryTake()
