@@ -169,79 +169,106 @@ func classOf(queue, level int) int { return queue*numLevels + level }
 // counts as the target binding (see binding): the target grows when workers
 // wait for it.
 func (r *ring) reserve(ctx context.Context, limit int) (int, error) {
-	return r.reserveClass(ctx, levelNormal, limit, nil)
+	return r.reserveClass(ctx, levelNormal, limit)
 }
 
-// reserveClass is reserve for the feeder of a class (see classRoom). When
-// onWait is set, it runs (without the ring's locks) before the reservation
-// first waits for places while its queue is not paused.
-func (r *ring) reserveClass(ctx context.Context, class, limit int, onWait func()) (int, error) {
-	waiting := false // counted in turns
+// reserveClass is reserve for the feeder of a class (see classRoom).
+func (r *ring) reserveClass(ctx context.Context, class, limit int) (int, error) {
+	var w ringWait
 	for {
-		r.mu.Lock()
-		room := max(0, min(r.free, r.target-r.ahead()))
-		avail := min(room, limit)
-		if r.ahead() > 0 && room < r.minRead() && r.queuedSlots() > 0 {
-			avail = 0 // the workers have entries waiting: read more at once later
-		}
-		// forRoom: what stops the class is the ring's room, so that places
-		// given back would be read (see turns); not its share, its queue's
-		// pause or its batching.
-		forRoom := true
-		if r.qs[class/numLevels].paused {
-			avail, forRoom = 0, false // read nothing a paused queue cannot start
-		}
-		if r.leveled {
-			room, share := r.classRoom(class)
-			avail = min(avail, room)
-			forRoom = forRoom && room > 0
-			if room < share/2 && r.classQueued(class) > 0 {
-				// Backlogged, with its slots waiting for the workers: read
-				// half its share at once later, not one entry per place freed.
-				avail, forRoom = 0, false
-			}
-		}
-		fair := max(1, r.target/r.shards)
-		n := min(avail, fair)
+		n, wake := r.tryReserveClass(class, limit, &w)
 		if n > 0 {
-			r.capped = avail > fair
-		}
-		r.free -= n
-		r.out[class] += n
-		switch {
-		case n > 0 && waiting:
-			r.turns.done(true)
-		case n == 0 && forRoom && !waiting:
-			r.turns.wait()
-			waiting = true
-		case n == 0 && !forRoom && waiting:
-			r.turns.done(false)
-			waiting = false
-		}
-		if n > 0 {
-			if min(r.free, r.target-r.ahead()) > 0 {
-				r.signalLocked() // another feeder may be waiting for the rest
-			}
-			r.mu.Unlock()
 			return n, nil
 		}
-		wake := r.sleep()
-		paused := r.qs[class/numLevels].paused
+		if err := r.awaitRoom(ctx, wake, &w); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// ringWait is one reservation's state across its attempts
+// (tryReserveClass): whether it is counted in turns, and whether its queue
+// was paused at the last attempt.
+type ringWait struct {
+	waiting bool
+	paused  bool
+}
+
+// tryReserveClass is one attempt of reserveClass: it takes up to limit
+// places for class, or returns 0 and the channel to wait on before the next
+// attempt (awaitRoom). w carries the reservation's state between attempts.
+func (r *ring) tryReserveClass(class, limit int, w *ringWait) (int, <-chan struct{}) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	room := max(0, min(r.free, r.target-r.ahead()))
+	avail := min(room, limit)
+	if r.ahead() > 0 && room < r.minRead() && r.queuedSlots() > 0 {
+		avail = 0 // the workers have entries waiting: read more at once later
+	}
+	// forRoom: what stops the class is the ring's room, so that places
+	// given back would be read (see turns); not its share, its queue's
+	// pause or its batching.
+	forRoom := true
+	w.paused = r.qs[class/numLevels].paused
+	if w.paused {
+		avail, forRoom = 0, false // read nothing a paused queue cannot start
+	}
+	if r.leveled {
+		room, share := r.classRoom(class)
+		avail = min(avail, room)
+		forRoom = forRoom && room > 0
+		if room < share/2 && r.classQueued(class) > 0 {
+			// Backlogged, with its slots waiting for the workers: read
+			// half its share at once later, not one entry per place freed.
+			avail, forRoom = 0, false
+		}
+	}
+	fair := max(1, r.target/r.shards)
+	n := min(avail, fair)
+	if n > 0 {
+		r.capped = avail > fair
+	}
+	r.free -= n
+	r.out[class] += n
+	switch {
+	case n > 0 && w.waiting:
+		r.turns.done(true)
+		w.waiting = false
+	case n == 0 && forRoom && !w.waiting:
+		r.turns.wait()
+		w.waiting = true
+	case n == 0 && !forRoom && w.waiting:
+		r.turns.done(false)
+		w.waiting = false
+	}
+	if n > 0 {
+		if min(r.free, r.target-r.ahead()) > 0 {
+			r.signalLocked() // another feeder may be waiting for the rest
+		}
+		return n, nil
+	}
+	return 0, r.sleep()
+}
+
+// awaitRoom waits for the signal of wake (from tryReserveClass), or for
+// ctx, which ends the reservation w.
+func (r *ring) awaitRoom(ctx context.Context, wake <-chan struct{}, w *ringWait) error {
+	select {
+	case <-wake:
+		return nil
+	case <-ctx.Done():
+		r.endWait(w)
+		return ctx.Err()
+	}
+}
+
+// endWait ends the reservation w without places.
+func (r *ring) endWait(w *ringWait) {
+	if w.waiting {
+		r.mu.Lock()
+		r.turns.done(false)
 		r.mu.Unlock()
-		if onWait != nil && !paused {
-			onWait()
-			onWait = nil
-		}
-		select {
-		case <-wake:
-		case <-ctx.Done():
-			if waiting {
-				r.mu.Lock()
-				r.turns.done(false)
-				r.mu.Unlock()
-			}
-			return 0, ctx.Err()
-		}
+		w.waiting = false
 	}
 }
 

@@ -141,7 +141,7 @@ func TestRingPausedQueueHoldsNoReadAhead(t *testing.T) {
 	r.setTarget(6)
 	ctx := context.Background()
 	for got := 0; got < 6; {
-		n, err := r.reserveClass(ctx, classOf(0, levelNormal), 6-got, nil)
+		n, err := r.reserveClass(ctx, classOf(0, levelNormal), 6-got)
 		require.NoError(t, err)
 		for range n {
 			r.push(&slot{queue: 0})
@@ -151,12 +151,12 @@ func TestRingPausedQueueHoldsNoReadAhead(t *testing.T) {
 	r.setPaused(0, true)
 	wctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	n, err := r.reserveClass(wctx, classOf(1, levelNormal), 4, nil)
+	n, err := r.reserveClass(wctx, classOf(1, levelNormal), 4)
 	require.NoError(t, err, "the paused queue's slots held the read-ahead")
 	require.Positive(t, n)
 	short, cancel2 := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel2()
-	_, err = r.reserveClass(short, classOf(0, levelNormal), 1, nil)
+	_, err = r.reserveClass(short, classOf(0, levelNormal), 1)
 	require.ErrorIs(t, err, context.DeadlineExceeded, "a paused queue read more")
 	r.push(&slot{queue: 1})
 	s, ok := r.tryTake()
@@ -275,4 +275,62 @@ func TestRingPriorityTakes(t *testing.T) {
 		require.InDelta(t, rounds*r.qs[0].weights[levelNormal], counts[levelNormal], float64(round))
 		require.InDelta(t, rounds*r.qs[0].weights[levelLow], counts[levelLow], float64(round))
 	})
+}
+
+// TestReservePlacesWaitsForTheRingHoldingNoShardPlaces: a feeder whose
+// level has no room in the ring (its share is out, its slots wait for the
+// workers) waits for the ring without sitting on its shard's places, so
+// another level of the shard, with room in the ring, reads meanwhile. (A
+// feeder that kept its shard's places while it waited starved the shard's
+// other levels until the workers freed room: with every handler busy, a
+// level never read at all.)
+func TestReservePlacesWaitsForTheRingHoldingNoShardPlaces(t *testing.T) {
+	c := &Consumer[string, string]{nShards: 1}
+	rg := newRing(300, 1)
+	rg.addFeeder()
+	rg.addFeeder() // the high and low levels' feeders
+	for l := range numLevels {
+		rg.qs[0].weights[l] = DefaultPriorityWeights[weightIndex[l]]
+		rg.backlog[classOf(0, l)] = 1 // every level backlogged: shares 180, 90, 30
+	}
+	places := newShardPlaces(300, 1)
+	places.addFeeder(0)
+	places.addFeeder(0)
+	r := &run[string, string]{c: c, ring: rg, places: places}
+	ctx := context.Background()
+	// The high level read 100 entries, which wait for the workers: more
+	// than half its share is out, so it reads again only once some start.
+	high, low := levelHigh*c.nShards, levelLow*c.nShards
+	n, err := r.reservePlaces(ctx, high, 100, nil)
+	require.NoError(t, err)
+	require.Equal(t, 100, n)
+	for i := range n {
+		rg.push(&slot{level: levelHigh, entry: Entry{EntryID: fmt.Sprint(i)}})
+	}
+	// Another 100 of the shard's places are held (normal's slots): 100 are free.
+	got, err := places.reserve(ctx, 0, 100, nil)
+	require.NoError(t, err)
+	require.Equal(t, 100, got)
+
+	highCtx, stopHigh := context.WithCancel(ctx)
+	defer stopHigh()
+	highDone := make(chan error, 1)
+	go func() {
+		_, err := r.reservePlaces(highCtx, high, 100, nil)
+		highDone <- err
+	}()
+	// Wait until the high feeder waits for the ring.
+	require.Eventually(t, func() bool {
+		rg.mu.Lock()
+		defer rg.mu.Unlock()
+		return rg.wake != nil
+	}, 5*time.Second, time.Millisecond)
+
+	lowCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	n, err = r.reservePlaces(lowCtx, low, 100, nil)
+	require.NoError(t, err, "the low level found no shard places: the waiting high feeder held them")
+	require.Equal(t, 30, n, "the low level's share of the ring")
+	stopHigh()
+	require.ErrorIs(t, <-highDone, context.Canceled)
 }

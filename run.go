@@ -288,14 +288,35 @@ func (r *run[Req, Resp]) forget(slots ...*slot) {
 // takes up to limit places, from the shard's share and from the ring. The
 // feeder pushes at most that many slots and gives back the rest. onWait,
 // when set, runs before the reservation first waits for places (see feed).
+//
+// It never waits for one budget while holding places of the other: when
+// the ring has no room for the shard's class (its level's share is out),
+// the shard's places go back before it waits, so the shard's other levels,
+// whose classes may have room, read meanwhile. (Holding them, a level
+// waiting for its share starved the shard's other levels until workers
+// freed room; with every worker busy, a level could never be read.)
 func (r *run[Req, Resp]) reservePlaces(ctx context.Context, shard, limit int, onWait func()) (int, error) {
-	n, err := r.places.reserve(ctx, r.c.realShard(shard), limit, onWait)
-	if err != nil {
-		return 0, err
+	rs, class := r.c.realShard(shard), r.class(shard)
+	var w ringWait
+	for {
+		n, err := r.places.reserve(ctx, rs, limit, onWait)
+		if err != nil {
+			r.ring.endWait(&w)
+			return 0, err
+		}
+		got, wake := r.ring.tryReserveClass(class, n, &w)
+		r.places.give(rs, n-got)
+		if got > 0 {
+			return got, nil
+		}
+		if onWait != nil && !w.paused {
+			onWait()
+			onWait = nil
+		}
+		if err := r.ring.awaitRoom(ctx, wake, &w); err != nil {
+			return 0, err
+		}
 	}
-	got, err := r.ring.reserveClass(ctx, r.class(shard), n, onWait)
-	r.places.give(r.c.realShard(shard), n-got)
-	return got, err
 }
 
 // stepAside runs after a feeder's read of new entries came back empty (its
