@@ -92,7 +92,7 @@ type JobInfo struct {
 	Progress []byte `json:"progress,omitempty"`
 	// Children are, for a flow's parent (ProduceFlow) whose flow hash
 	// lives, its children's outcomes so far, in order; a child without one
-	// yet has Err "the child has no outcome yet". Admin.Job of a child's id
+	// yet has Err ErrChildPending. Admin.Job of a child's id
 	// shows where it stands. Nil for any other request.
 	Children []ChildResult `json:"children,omitempty"`
 	// Priority is the priority level of a scheduled, retrying, queued or
