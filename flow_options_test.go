@@ -223,7 +223,7 @@ func TestFlowNewLevelIsTold(t *testing.T) {
 	require.NoError(t, err)
 	runConsumer(t, c)
 	for _, tc := range []struct {
-		name         string
+		name          string
 		child, parent PriorityLevel
 	}{{"parent released onto a new level", PriorityNormal, PriorityHigh}, {"child on a new level", PriorityLow, PriorityNormal}} {
 		at := time.Now()
