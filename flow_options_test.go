@@ -238,3 +238,41 @@ func TestFlowNewLevelIsTold(t *testing.T) {
 		t.Logf("%s: the flow ran in %v", tc.name, time.Since(at).Round(time.Millisecond))
 	}
 }
+
+// TestFlowCancelReachesDelayedAndLeveledChildren: Admin.Cancel of a waiting
+// parent cancels its children that wait in the schedule (After) or are
+// queued on a level's stream, as it does the others.
+func TestFlowCancelReachesDelayedAndLeveledChildren(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := NewQueue[string, string](queueName(t))
+	p, err := q.NewProducer(client, &ProducerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	// No consumer: every child stays scheduled or queued.
+	pr, err := p.ProduceFlow(ctx, "root", "p", []Child{
+		ChildOf(q, "high", "x", Priority(PriorityHigh)),
+		ChildOf(q, "later", "x", After(time.Hour)),
+		ChildOf(q, "low-later", "x", Priority(PriorityLow), After(time.Hour)),
+	}, &FlowOptions{Parent: []ProduceOption{Priority(PriorityLow)}})
+	require.NoError(t, err)
+	admin, err := q.NewAdmin(client, nil)
+	require.NoError(t, err)
+	info, err := admin.Job(ctx, "later")
+	require.NoError(t, err)
+	require.Equal(t, JobScheduled, info.State)
+	info, err = admin.Job(ctx, "high")
+	require.NoError(t, err)
+	require.Equal(t, JobQueued, info.State)
+	require.Equal(t, PriorityHigh, info.Priority)
+	require.NoError(t, admin.Cancel(ctx, "root"))
+	_, err = waitFor(t, pr)
+	require.ErrorIs(t, err, ErrCanceled)
+	for _, id := range []string{"root", "high", "later", "low-later"} {
+		rec := client.Get(ctx, "streamq:{"+q.Name()+"}:id:"+id).Val()
+		require.True(t, strings.HasPrefix(rec, "C"), "%s: %q", id, rec)
+	}
+	require.Zero(t, client.ZCard(ctx, "streamq:{"+q.Name()+"}:schedule").Val(), "the delayed children left the schedule")
+	require.Zero(t, client.XLen(ctx, levelStreams(q.Name())[levelHigh]).Val(), "the queued high child's entry is deleted")
+}

@@ -31,7 +31,9 @@
 -- KEYS[3]      the schedule's data (hash)
 -- KEYS[4]      the shard's counts (hash)
 -- KEYS[5]      the retry set (sorted set)
--- KEYS[6]      the stream
+-- KEYS[6]      the stream (the shard's default level's: a queued entry is
+--              looked for on its levels' streams, KEYS[6] .. ":high" and
+--              ":low", too, which share its hash tag)
 -- KEYS[7]      the request's own flow hash (a nested flow's parent)
 -- KEYS[8]      the request's progress key: it expires with the record
 -- KEYS[9..11]  optional: the flow hash, record and stream of the parent
@@ -62,14 +64,23 @@ if string.sub(cur, 1, 1) == "C" then
   return {2, cur}
 end
 local queued = false
+local queuedIn, queuedFields = KEYS[6], {}
 if string.sub(cur, 1, 2) ~= "P@" and cur ~= "P&" then
   if ARGV[7] ~= "q" or string.sub(cur, 1, 1) ~= "P" then
     return {1, cur}
   end
-  -- Queued: in the stream and held by no consumer of the group.
+  -- Queued: in the stream (the shard's, or a priority level's: a flow's
+  -- child of a level) and held by no consumer of the group.
   local eid = string.sub(cur, 2)
+  for _, s in ipairs({KEYS[6], KEYS[6] .. ":high", KEYS[6] .. ":low"}) do
+    local e = redis.call("XRANGE", s, eid, eid)
+    if e[1] then
+      queuedIn, queuedFields = s, e[1][2]
+      break
+    end
+  end
   if ARGV[6] ~= "" then
-    local ok, p = pcall(redis.call, "XPENDING", KEYS[6], ARGV[6], eid, eid, 1)
+    local ok, p = pcall(redis.call, "XPENDING", queuedIn, ARGV[6], eid, eid, 1)
     if ok and p[1] then
       return {1, cur}
     end
@@ -80,10 +91,7 @@ end
 local flowDec, childDone, release = flowLib()
 local fields = {}
 if queued then
-  local e = redis.call("XRANGE", KEYS[6], queued, queued)
-  if e[1] then
-    fields = e[1][2]
-  end
+  fields = queuedFields
 elseif cur == "P&" then
   local raw = redis.pcall("HGET", KEYS[7], "e")
   if type(raw) == "string" then
@@ -106,7 +114,7 @@ if parent ~= (ARGV[8] or "") then
 end
 redis.call("HINCRBY", KEYS[4], "canceled", 1)
 if queued then
-  redis.call("XDEL", KEYS[6], queued)
+  redis.call("XDEL", queuedIn, queued)
 else
   local member = "r" .. ARGV[1]
   redis.call("ZREM", KEYS[2], member)
