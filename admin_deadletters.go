@@ -247,7 +247,8 @@ func (a *Admin) requeueEntry(ctx context.Context, k keys.Keys, t deadTarget, dea
 	// (as produce.lua writes it), "" for the default level.
 	level := levelNames[levelOf[d.Priority]]
 	res, err := scripts.Requeue.Run(ctx, a.client, []string{k.AtLevel(level).Stream, dead, recKey, marker},
-		id, d.ID, d.Payload, a.opts.InflightTTL.Milliseconds(), requeueMarkerTTL.Milliseconds(), t.group, setRecord, level).Result()
+		id, d.ID, d.Payload, a.opts.InflightTTL.Milliseconds(), requeueMarkerTTL.Milliseconds(), t.group, setRecord, level,
+		k.Wake, publishCommand(isCluster(a.client))).Result()
 	if errors.Is(err, redis.Nil) {
 		return "", fmt.Errorf("%w: dead letter %s of %s", ErrNotFound, deadLetterID, a.queue)
 	}

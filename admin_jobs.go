@@ -93,7 +93,7 @@ type JobInfo struct {
 	Progress []byte `json:"progress,omitempty"`
 	// Children are, for a flow's parent (ProduceFlow) whose flow hash
 	// lives, its children's outcomes so far, in order; a child without one
-	// yet has Err "the child has no outcome yet". Admin.Job of a child's id
+	// yet has Err ErrChildPending. Admin.Job of a child's id
 	// shows where it stands. Nil for any other request.
 	Children []ChildResult `json:"children,omitempty"`
 	// Priority is the priority level of a scheduled, retrying, queued or
@@ -601,7 +601,7 @@ func (a *Admin) RunNow(ctx context.Context, id string) error {
 	res, err := scripts.Promote.Run(ctx, a.client,
 		[]string{k.Stream, k.Schedule, k.ScheduleData, k.Retry, k.RunNowMarker(member), rec,
 			k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow])},
-		1, startsTTL.Milliseconds(), member, runNowMarkerTTL.Milliseconds()).Slice()
+		1, startsTTL.Milliseconds(), member, runNowMarkerTTL.Milliseconds(), k.Wake, publishCommand(isCluster(a.client))).Slice()
 	if err != nil {
 		return fmt.Errorf("streamq: run %q of %s now: %w", id, a.queue, err)
 	}

@@ -88,16 +88,20 @@ type Consumer[Req, Resp any] struct {
 	// stream. The first nShards are the shards' own streams (the default
 	// level), so a slot's shard is an index into shards, one feeder and one
 	// committer each; realShard maps it to its shard.
-	shards  []keys.Keys
-	nShards int
-	sharded bool  // notices use sharded pub/sub (Redis Cluster)
-	tx      []*Tx // per index of shards, the template Tx of its messages
-	slots   *slotRefresher
-	metaOK  atomic.Bool
-	opts    ConsumerOptions
-	handler Handler[Req, Resp]
-	log     *slog.Logger
-	running atomic.Bool
+	shards []keys.Keys
+	// levelsAtStart tells, per index of shards, whether a priority level's
+	// stream existed at Run's start (findLevels; written by start, in
+	// Run's goroutine, before the run begins).
+	levelsAtStart []bool
+	nShards       int
+	sharded       bool  // notices use sharded pub/sub (Redis Cluster)
+	tx            []*Tx // per index of shards, the template Tx of its messages
+	slots         *slotRefresher
+	metaOK        atomic.Bool
+	opts          ConsumerOptions
+	handler       Handler[Req, Resp]
+	log           *slog.Logger
+	running       atomic.Bool
 	// lastRun is the state of the latest Run, for tests to look into.
 	lastRun atomic.Pointer[run[Req, Resp]]
 	// onGrant, set by tests before Run, sees every rate-limit grant.
@@ -294,10 +298,12 @@ func (c *Consumer[Req, Resp]) checkAnswering(ctx context.Context) error {
 }
 
 // ensureGroupRetry checks the shard count and creates every shard's group,
-// retrying until it succeeds or ctx ends.
-func (c *Consumer[Req, Resp]) ensureGroupRetry(ctx context.Context) error {
+// retrying until it succeeds or ctx ends. It returns, per index of shards,
+// whether a priority level's stream exists (findLevels).
+func (c *Consumer[Req, Resp]) ensureGroupRetry(ctx context.Context) ([]bool, error) {
 	var b backoff
 	for {
+		var live []bool
 		err := checkShards(ctx, c.client, c.queue, c.nShards, &c.metaOK, c.log)
 		if err == nil {
 			err = c.checkAnswering(ctx)
@@ -310,23 +316,49 @@ func (c *Consumer[Req, Resp]) ensureGroupRetry(ctx context.Context) error {
 			}
 		}
 		if err == nil {
-			return nil
+			live, err = c.findLevels(ctx)
+		}
+		if err == nil {
+			return live, nil
 		}
 		err = classifyRedisError(err)
 		if fatalStartError(err) {
-			return err
+			return nil, err
 		}
 		if ctx.Err() != nil {
-			return ctx.Err() // Run's ctx ended while it started: no error to report
+			return nil, ctx.Err() // Run's ctx ended while it started: no error to report
 		}
 		if c.opts.FailFast {
-			return wrapf(err, "consumer start failed (FailFast)")
+			return nil, wrapf(err, "consumer start failed (FailFast)")
 		}
 		c.log.ErrorContext(ctx, "streamq: cannot create the consumer group; retrying", "err", err)
 		if sleepCtx(ctx, b.next()) != nil {
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
 	}
+}
+
+// findLevels returns which priority levels' streams exist at Run's start
+// (per index of shards; start stores it in levelsAtStart) and creates their
+// groups: their feeders read from the start, and the queue's first take
+// waits for their first reads (see run.startLevels), so a backlog on
+// several levels starts in level order. It costs one EXISTS per level
+// stream, once per Run.
+func (c *Consumer[Req, Resp]) findLevels(ctx context.Context) ([]bool, error) {
+	live := make([]bool, len(c.shards))
+	for v := c.nShards; v < len(c.shards); v++ {
+		n, err := c.client.Exists(ctx, c.shards[v].Stream).Result()
+		if err != nil {
+			return nil, fmt.Errorf("streamq: look for the priority level stream %s: %w", c.shards[v].Stream, err)
+		}
+		if n == 1 {
+			if err := c.ensureGroup(ctx, v); err != nil {
+				return nil, err
+			}
+			live[v] = true
+		}
+	}
+	return live, nil
 }
 
 // realShard returns the shard of stream index v (see Consumer.shards): the

@@ -81,6 +81,29 @@ func ExamplePriority() {
 	_ = c.Run(ctx)
 }
 
+// Flows take Priority, At and After for the parent and each child.
+func ExampleProducer_ProduceFlow_priorityAndDelay() {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	Render := streamq.NewQueue[int, string]("render")
+	reports := streamq.NewQueue[string, string]("report")
+	p, err := reports.NewProducer(rdb, nil)
+	if err != nil {
+		panic(err)
+	}
+	defer p.Close()
+	tonight := time.Now().Truncate(24 * time.Hour).Add(22 * time.Hour)
+
+	pr, err := p.ProduceFlow(ctx, "report-2", "Nightly report", []streamq.Child{
+		streamq.ChildOf(Render, "r2-cover", 0, streamq.Priority(streamq.PriorityHigh)),
+		streamq.ChildOf(Render, "r2-appendix", 9, streamq.Priority(streamq.PriorityLow), streamq.After(time.Minute)),
+	}, &streamq.FlowOptions{Parent: []streamq.ProduceOption{streamq.At(tonight)}})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(pr.Wait(ctx)) // tonight at the earliest, once both pages are rendered
+}
+
 // A rate limit shared by every consumer of the group.
 func ExampleRateLimit() {
 	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})

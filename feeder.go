@@ -42,7 +42,8 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 	defer r.feeder.Done()
 	o := &r.c.opts
 	read := r.bg
-	if r.c.levelIndex(shard) != levelNormal && !r.awaitLevel(ctx, read, shard) {
+	atStart := shard < len(r.c.levelsAtStart) && r.c.levelsAtStart[shard]
+	if r.c.levelIndex(shard) != levelNormal && !atStart && !r.awaitLevel(ctx, read, shard) {
 		return
 	}
 	// Each call asks for at most maxReadCount entries: Redis allocates for the
@@ -55,13 +56,23 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 	// otherwise, the other queues hold no more than their weight's share,
 	// and with Strict the lower ones read nothing, so a backlog there before
 	// Run is taken in order from the first start.
-	backlogged := r.multi && r.c.levelIndex(shard) == levelNormal
+	// The same for the levels whose streams existed at Run's start (see
+	// startLevels): until each read once, the queue's takes wait
+	// (startHeld), so the levels' weights order the starts from the first.
+	backlogged := r.presumed[shard]
+	firstRead, holding := backlogged, backlogged && r.startHeld
 	history, cursor := true, "-"
 	claimCursor, nextClaim := "0-0", time.Now()
 	nextAdopt := time.Now().Add(o.ClaimInterval)
 	var b backoff
 	for ctx.Err() == nil {
-		n, err := r.reservePlaces(ctx, shard, share)
+		var onWait func()
+		if holding {
+			// Its first read waits for places that only the workers can
+			// free: the queue's start hold ends now.
+			onWait = func() { r.ring.endStart(r.queue, -1) }
+		}
+		n, err := r.reservePlaces(ctx, shard, share, onWait)
 		if err != nil {
 			return
 		}
@@ -86,7 +97,7 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 			// A read never blocks past ShutdownTimeout, so shutdown's last read
 			// ends in time for its entries to be released.
 			block := min(o.ReadBlock, o.ShutdownTimeout, time.Until(nextClaim), time.Until(nextAdopt))
-			if backlogged && r.multi {
+			if backlogged && (r.multi || firstRead) {
 				// An empty stream that was backlogged tells the ring at once,
 				// not after a blocking read, so the other queues read in its
 				// place without waiting for ReadBlock.
@@ -94,6 +105,7 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 			}
 			var busy bool
 			got, busy, err = r.readNew(read, shard, n, max(block, time.Millisecond))
+			firstRead = false
 			drained = err == nil && got == 0
 			if err == nil && got > 0 && got < n && busy {
 				// A short read while the shard was busy with earlier
@@ -112,7 +124,11 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 				r.ring.setBacklog(class, full) // only read with priority levels in use
 			}
 		}
-		if err != nil && backlogged && r.multi {
+		if holding && (err != nil || got > 0 || !firstRead) {
+			holding = false
+			r.ring.startRead(r.queue)
+		}
+		if err != nil && backlogged && (r.multi || firstRead) {
 			// A queue whose Redis calls fail stalls only itself: the others
 			// read (with Strict, the lower ones too) until it reads again.
 			backlogged = false
@@ -141,17 +157,31 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 	}
 }
 
-// awaitLevel is how the feeder of a priority level's stream starts: it
-// costs nothing but one EXISTS per ClaimInterval until the stream exists (a
-// producer appended, or scheduled, a request of that level), so a queue that
-// never uses a level never reads, claims or holds places for it. Then it
-// creates the group on the stream and joins the ring's feeders. It reports
-// false when ctx ended first.
+// awaitLevel is how the feeder of a priority level's stream that did not
+// exist at Run's start starts: it looks for the stream when the shard's
+// promoter signals (levelWake: a producer created the stream, or the wake
+// subscription started, after which no creation goes unnoticed) and once
+// per ClaimInterval (the stream was created by a delayed request's
+// promotion, a requeue, or a producer of an earlier version, or a notice was
+// lost). So a queue that never uses a level never reads, claims or holds
+// places for it, and the first request of a level starts without waiting
+// for a check. Then it creates the group on the stream and joins the ring's
+// feeders. It reports false when ctx ended first.
 func (r *run[Req, Resp]) awaitLevel(ctx, read context.Context, shard int) bool {
 	o := &r.c.opts
 	stream := r.c.shards[shard].Stream
 	var b backoff
+	wait := o.ClaimInterval // Consumer.findLevels looked at Run's start
 	for {
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		case <-r.levelWake[shard]:
+		case <-t.C:
+		}
+		t.Stop()
 		n, err := r.c.client.Exists(read, stream).Result()
 		if err == nil && n == 1 {
 			if err = r.c.ensureGroup(read, shard); err == nil {
@@ -160,13 +190,10 @@ func (r *run[Req, Resp]) awaitLevel(ctx, read context.Context, shard int) bool {
 				return true
 			}
 		}
-		wait := o.ClaimInterval
+		wait = o.ClaimInterval
 		if err != nil {
 			r.c.log.WarnContext(r.runCtx, "streamq: checking a priority level's stream failed; retrying", "stream", stream, "err", err)
 			wait = b.next()
-		}
-		if sleepCtx(ctx, wait) != nil {
-			return false
 		}
 	}
 }

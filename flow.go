@@ -52,8 +52,11 @@ type Child struct {
 
 // ChildOf returns a child of a flow: request req with id on queue q,
 // encoded with q's codec (JSONCodec when q has none; []byte as is). opts
-// may set Headers and Deadline (Timeout); At, After, RetryFailed and Priority are
-// refused by ProduceFlow. The child is deduplicated like any request.
+// may set Headers, Deadline (Timeout), Priority (the child is appended to
+// its level's stream) and At or After (the child waits in its queue's
+// schedule until then, like a delayed request); RetryFailed, Throttle and
+// Debounce are refused by ProduceFlow. The child is deduplicated like any
+// request.
 func ChildOf[Req, Resp any](q Queue[Req, Resp], id string, req Req, opts ...ProduceOption) Child {
 	codec := q.codec
 	if codec == nil {
@@ -105,8 +108,13 @@ type FlowOptions struct {
 	// Policy is what the parent does when a child failed. Defaults to
 	// FailOnChildFailure.
 	Policy FlowPolicy
-	// Parent are the parent's produce options: Headers and Deadline
-	// (Timeout). At, After, RetryFailed and Priority are refused. Defaults to none.
+	// Parent are the parent's produce options: Headers, Deadline
+	// (Timeout), Priority (the parent is appended to its level's stream
+	// when released) and At or After (a parent released before that time
+	// waits in the schedule until then; the time counts from the produce,
+	// not from the release; a parent failed by its children under
+	// FailOnChildFailure is failed at once). RetryFailed, Throttle and
+	// Debounce are refused. Defaults to none.
 	Parent []ProduceOption
 }
 
@@ -128,10 +136,45 @@ type FlowOptions struct {
 // read once per queue). On a Redis Cluster every child must map to the
 // parent's slot, which in practice means the parent's own unsharded queue:
 // any other child is refused with ErrCrossSlot. Records and the flow hash
-// live InflightTTL; a flow must finish within it. ProduceInterceptors do not
-// see flows. A nil ctx panics.
+// live InflightTTL (a node with a due time: that long after it); a flow
+// must finish within it. ProduceInterceptors see one call whose requests
+// are the parent, then every node below it, parents before their children
+// (each Outgoing with its own Queue and Headers); only the parent's EntryID
+// is set (when it was appended at once). A nil ctx panics.
 func (p *Producer[Req, Resp]) ProduceFlow(ctx context.Context, id string, req Req, children []Child, opts *FlowOptions) (*Promise[Resp], error) {
 	mustContext(ctx, "Producer.ProduceFlow")
+	// The interceptors see the parent, then every node below it, parents
+	// before their children (the order produceFlow numbers them in).
+	queues, ids, nodeOpts := []string{p.queue}, []string{id}, [][]ProduceOption{nil}
+	if opts != nil {
+		nodeOpts[0] = opts.Parent
+	}
+	var walk func([]Child)
+	walk = func(cs []Child) {
+		for _, c := range cs {
+			queues, ids, nodeOpts = append(queues, c.queue), append(ids, c.id), append(nodeOpts, c.opts)
+			walk(c.kids)
+		}
+	}
+	walk(children)
+	var pr *Promise[Resp]
+	err := p.interceptQueues(ctx, queues, ids, nodeOpts, func(ctx context.Context, outs []*Outgoing) error {
+		var err error
+		pr, err = p.produceFlow(ctx, id, req, children, opts, outs)
+		if err == nil && outs != nil {
+			outs[0].EntryID = pr.EntryID()
+		}
+		return err
+	})
+	return pr, err
+}
+
+// flowRefused is the options a flow's node cannot take.
+const flowRefused = "a flow's parent or child cannot take RetryFailed, Throttle, Debounce or Replace"
+
+// produceFlow is ProduceFlow inside the interceptors: outs, when set, holds
+// each node's headers (index 0 the parent, then as ProduceFlow lists them).
+func (p *Producer[Req, Resp]) produceFlow(ctx context.Context, id string, req Req, children []Child, opts *FlowOptions, outs []*Outgoing) (*Promise[Resp], error) {
 	var fo FlowOptions
 	if opts != nil {
 		fo = *opts
@@ -142,12 +185,13 @@ func (p *Producer[Req, Resp]) ProduceFlow(ctx context.Context, id string, req Re
 	if len(children) == 0 || len(children) > MaxFlowChildren {
 		return nil, fmt.Errorf("%w: a flow has %d children, it needs 1 to MaxFlowChildren=%d", ErrInvalidOptions, len(children), MaxFlowChildren)
 	}
-	parent, err := p.newItem(ctx, id, req, fo.Parent, nil, false)
+	h, set := headersOf(outs, 0)
+	parent, err := p.newItem(ctx, id, req, fo.Parent, h, set)
 	if err != nil {
 		return nil, err
 	}
-	if parent.due != 0 || parent.flags != "" || parent.mode != modeNone {
-		return nil, fmt.Errorf("%w: a flow's parent cannot take At, After, RetryFailed, Throttle, Debounce, Replace or a Priority other than normal", ErrInvalidOptions)
+	if strings.Contains(parent.flags, flagRetryFailed) || parent.mode != modeNone {
+		return nil, fmt.Errorf("%w: %s", ErrInvalidOptions, flowRefused)
 	}
 	if err := p.ensureSubscribed(ctx); err != nil {
 		return nil, err
@@ -164,7 +208,7 @@ func (p *Producer[Req, Resp]) ProduceFlow(ctx context.Context, id string, req Re
 	if fo.Policy == RunAnyway {
 		policy = "r"
 	}
-	args := []any{p.opts.InflightTTL.Milliseconds(), policy, id, lengthPrefixed(pfields)}
+	args := []any{p.opts.InflightTTL.Milliseconds(), policy, id, lengthPrefixed(pfields), parent.flowDue(), p.flowPlace(pk, parent)}
 	total := parent.size()
 	nodes := 0
 	// add appends node c (a child of the node at index parentIdx, whose flow
@@ -187,11 +231,15 @@ func (p *Producer[Req, Resp]) ProduceFlow(ctx context.Context, id string, req Re
 				ErrPayloadTooLarge, c.id, len(c.payload), p.opts.MaxPayloadBytes)
 		}
 		it := &produceItem{id: c.id, payload: c.payload}
-		if err := it.apply(applyProduceOptions(c.opts)); err != nil {
+		settings := applyProduceOptions(c.opts)
+		if h, set := headersOf(outs, idx); set {
+			settings.headers = h
+		}
+		if err := it.apply(settings); err != nil {
 			return fmt.Errorf("child %q: %w", c.id, err)
 		}
-		if it.due != 0 || it.flags != "" || it.mode != modeNone {
-			return fmt.Errorf("%w: child %q: a flow's child cannot take At, After, RetryFailed, Throttle, Debounce, Replace or a Priority other than normal", ErrInvalidOptions, c.id)
+		if strings.Contains(it.flags, flagRetryFailed) || it.mode != modeNone {
+			return fmt.Errorf("%w: child %q: %s", ErrInvalidOptions, c.id, flowRefused)
 		}
 		ck, err := p.childKeys(c.queue, c.id)
 		if err != nil {
@@ -217,7 +265,7 @@ func (p *Producer[Req, Resp]) ProduceFlow(ctx context.Context, id string, req Re
 			}
 			fields := []string{keys.FieldID, c.id, keys.FieldPayload, string(c.payload), keys.FieldFlow, "1", keys.FieldParent, parentFlow}
 			e = lengthPrefixed(append(fields, it.fields...))
-			args = append(args, parentIdx, c.queue, c.id, c.payload, kind, e, 0)
+			args = append(args, parentIdx, c.queue, c.id, c.payload, kind, e, it.flowDue(), p.flowPlace(ck, it), 0)
 			for _, k := range c.kids {
 				if err := add(k, idx, ck.Flow(c.id)); err != nil {
 					return err
@@ -225,7 +273,7 @@ func (p *Producer[Req, Resp]) ProduceFlow(ctx context.Context, id string, req Re
 			}
 			return nil
 		}
-		args = append(args, parentIdx, c.queue, c.id, c.payload, kind, e, len(it.fields))
+		args = append(args, parentIdx, c.queue, c.id, c.payload, kind, e, it.flowDue(), p.flowPlace(ck, it), len(it.fields))
 		for _, f := range it.fields {
 			args = append(args, f)
 		}
@@ -271,6 +319,37 @@ func (p *Producer[Req, Resp]) ProduceFlow(ctx context.Context, id string, req Re
 		return nil, out.err
 	}
 	return p.settle(id, c, out)
+}
+
+// flowDue is the item's due time as flow.lua reads it: "0" (none), Unix
+// milliseconds, or "r" and a delay in milliseconds from the server's clock.
+func (it *produceItem) flowDue() string {
+	switch {
+	case it.due == 0:
+		return "0"
+	case strings.Contains(it.flags, flagRelative):
+		return "r" + strconv.FormatInt(it.due, 10)
+	}
+	return strconv.FormatInt(it.due, 10)
+}
+
+// flowPlace is a flow node's placement for flow.lua (k: the node's shard):
+// its level's stream and notice, its shard's schedule, the wake channel.
+// "" for a node of the default level without a due time, which costs
+// nothing more.
+func (p *Producer[Req, Resp]) flowPlace(k keys.Keys, it *produceItem) string {
+	if it.level == levelNormal && it.due == 0 {
+		return ""
+	}
+	var list []string
+	if it.level != levelNormal {
+		list = append(list, "st", k.LevelStream(levelNames[it.level]), "lv", "+"+levelNames[it.level])
+	}
+	if it.due != 0 {
+		list = append(list, "sch", k.Schedule, "sd", k.ScheduleData)
+	}
+	list = append(list, "wk", k.Wake, "pub", publishCommand(p.sharded))
+	return lengthPrefixed(list)
 }
 
 // runFlow runs flow.lua and turns its reply into the parent's outcome.
@@ -410,7 +489,8 @@ type ChildResult struct {
 	Result []byte
 	// Err is nil when the child succeeded, else what its callers got: a
 	// *RequestError (errors.Is ErrFailed, ErrDeadLettered), ErrCanceled, or
-	// ErrNoResult when it succeeded and its result was not stored.
+	// ErrNoResult when it succeeded and its result was not stored; or
+	// ErrChildPending while it has no outcome yet (Admin.Job).
 	Err error
 }
 
@@ -468,7 +548,7 @@ func parseFlowChildren(h map[string]string, key string) ([]ChildResult, error) {
 		case !ok:
 			c.Err = fmt.Errorf("%w: the flow has no entry for child %q", ErrWrongType, c.ID)
 		case rec == "":
-			c.Err = errChildPending
+			c.Err = ErrChildPending
 		case rec[0] == keys.RecordResult:
 			c.Result = []byte(rec[1:])
 		default:
@@ -479,9 +559,12 @@ func parseFlowChildren(h map[string]string, key string) ([]ChildResult, error) {
 	return out, nil
 }
 
-// errChildPending is a child's error in a flow whose parent runs before the
-// child has an outcome, which a flow never does; Admin shows it.
-var errChildPending = errors.New("streamq: the child has no outcome yet")
+// ErrChildPending is the error of a child without an outcome yet
+// (ChildResult.Err, and so ChildResultOf): Admin.Job shows it for a flow's
+// children still scheduled, queued or running. A parent's handler never
+// sees it (the parent runs once every child has an outcome). Wait for the
+// flow's promise, or look again later.
+var ErrChildPending = errors.New("streamq: the child has no outcome yet")
 
 // messageLink is what a Message reaches its consumer through (Progress,
 // Children); nil in a Message a test built by hand.

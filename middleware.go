@@ -120,6 +120,13 @@ func chainMiddleware(ctx context.Context, mws []Middleware, d *Delivery, inner f
 // it gets nil and the headers of the call's options apply unchanged.
 func (p *Producer[Req, Resp]) intercept(ctx context.Context, ids []string, opts [][]ProduceOption,
 	send func(ctx context.Context, outs []*Outgoing) error) error {
+	return p.interceptQueues(ctx, nil, ids, opts, send)
+}
+
+// interceptQueues is intercept for requests on several queues (a flow):
+// queues[i] is request i's queue (nil: every request is on p's queue).
+func (p *Producer[Req, Resp]) interceptQueues(ctx context.Context, queues, ids []string, opts [][]ProduceOption,
+	send func(ctx context.Context, outs []*Outgoing) error) error {
 	ics := p.opts.Interceptors
 	if len(ics) == 0 {
 		return send(ctx, nil)
@@ -133,7 +140,11 @@ func (p *Producer[Req, Resp]) intercept(ctx context.Context, ids []string, opts 
 				h[k] = v
 			}
 		}
-		outs[i] = &Outgoing{Queue: p.queue, ID: id, Headers: h}
+		q := p.queue
+		if queues != nil {
+			q = queues[i]
+		}
+		outs[i] = &Outgoing{Queue: q, ID: id, Headers: h}
 	}
 	sent := false
 	var chain func(ctx context.Context, i int) error

@@ -270,18 +270,25 @@ func (c *Consumer[Req, Resp]) unclaim()        { c.running.Store(false) }
 // stalled on the connection would hold Run for the client's timeouts, so
 // start stops waiting for it.
 func (c *Consumer[Req, Resp]) start(ctx context.Context) error {
-	ready := make(chan error, 1)
+	type started struct {
+		live []bool
+		err  error
+	}
+	ready := make(chan started, 1)
 	c.background.Add(1)
 	go func() {
 		defer c.background.Done()
-		ready <- c.ensureGroupRetry(ctx)
+		live, err := c.ensureGroupRetry(ctx)
+		ready <- started{live, err}
 	}()
 	var err error
 	select {
-	case err = <-ready:
+	case s := <-ready:
+		c.levelsAtStart, err = s.live, s.err
 	case <-ctx.Done():
 		select {
-		case err = <-ready:
+		case s := <-ready:
+			c.levelsAtStart, err = s.live, s.err
 		default:
 			err = ctx.Err()
 		}

@@ -84,7 +84,7 @@ func TestPriorityStrictDefaultIntervals(t *testing.T) {
 	client := realRedis(t)
 	q := queueName(t)
 	p := newStringProducer(t, client, q)
-	produceLevel(t, p, "h", 30000, PriorityHigh)
+	produceLevel(t, p, "h", 8000, PriorityHigh)
 	produceLevel(t, p, "l", 1000, PriorityLow)
 	var starts atomic.Int64
 	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
@@ -93,5 +93,5 @@ func TestPriorityStrictDefaultIntervals(t *testing.T) {
 	}, &ConsumerOptions{Workers: 2, StrictPriority: true, TrimInterval: -1, Logger: testLogger(t)})
 	require.NoError(t, err)
 	defer runConsumer(t, c)()
-	eventually(t, 20*time.Second, func() bool { return starts.Load() == 31000 }, "stalled")
+	eventually(t, 20*time.Second, func() bool { return starts.Load() == 9000 }, "stalled")
 }

@@ -79,7 +79,10 @@ func newShardPlaces(prefetch, shards int) *shardPlaces {
 
 func (p *shardPlaces) share(shard int) int { return p.max[shard] }
 
-func (p *shardPlaces) reserve(ctx context.Context, shard, limit int) (int, error) {
+// reserve takes up to limit of the shard's places, at most its share among
+// the shard's feeders, waiting until one is free; onWait, when set, runs
+// (without the lock) before it first waits.
+func (p *shardPlaces) reserve(ctx context.Context, shard, limit int, onWait func()) (int, error) {
 	waiting := false
 	for {
 		p.mu.Lock()
@@ -105,6 +108,10 @@ func (p *shardPlaces) reserve(ctx context.Context, shard, limit int) (int, error
 		}
 		wake := p.wake[shard]
 		p.mu.Unlock()
+		if onWait != nil {
+			onWait()
+			onWait = nil
+		}
 		select {
 		case <-wake:
 		case <-ctx.Done():

@@ -347,7 +347,9 @@ func produceLevel(t *testing.T, p *Producer[string, string], prefix string, n in
 // after at most one read-ahead's worth of them (the ring's target: the low
 // requests already read); here it is measured, with the read-ahead at that
 // moment. A level used for the first time while the consumer runs is
-// noticed within ClaimInterval.
+// noticed at once (the produce that creates its stream tells the consumers;
+// TestPriorityFirstHighStartsAtOnce bounds it), within ClaimInterval at
+// worst.
 func TestPriorityHighJumpsBacklog(t *testing.T) {
 	t.Parallel()
 	client := realRedis(t)

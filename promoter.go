@@ -110,9 +110,18 @@ func (r *run[Req, Resp]) promoteLoop(shard int) {
 				// (Re)subscribed: a notice may have been missed meanwhile.
 				reset(0)
 				r.pokeLease()
+				for l := range numLevels {
+					if l != levelNormal {
+						r.signalLevel(l*r.c.nShards + shard)
+					}
+				}
 			case *redis.Message:
 				if isCancelNotice(v.Payload) {
 					r.cancelNotice(shard, v.Payload)
+					continue
+				}
+				if l, ok := levelNotice(v.Payload); ok {
+					r.signalLevel(l*r.c.nShards + shard)
 					continue
 				}
 				due, err := strconv.ParseInt(v.Payload, 10, 64)
@@ -131,7 +140,7 @@ func (r *run[Req, Resp]) promoteLoop(shard int) {
 		}
 		res, err := scripts.Promote.Run(ctx, r.c.client, []string{k.Stream, k.Schedule, k.ScheduleData, k.Retry,
 			k.Stream, k.Stream, k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow])},
-			promoteBatch, startsTTL.Milliseconds()).Int64Slice()
+			promoteBatch, startsTTL.Milliseconds(), "", 0, k.Wake, publishCommand(r.c.sharded)).Int64Slice()
 		if err == nil && len(res) != 3 {
 			err = fmt.Errorf("streamq: promote: unexpected reply of %d elements", len(res))
 		}
@@ -154,6 +163,29 @@ func (r *run[Req, Resp]) promoteLoop(shard int) {
 		default:
 			reset(min(time.Duration(next-base)*time.Millisecond, promoteBackstop))
 		}
+	}
+}
+
+// levelNotice parses a wake notice that a priority level's stream was
+// created ("+high", "+low": see produce.lua) and returns the level.
+func levelNotice(payload string) (int, bool) {
+	if len(payload) < 2 || payload[0] != '+' {
+		return 0, false
+	}
+	for l, name := range levelNames {
+		if name != "" && payload[1:] == name {
+			return l, true
+		}
+	}
+	return 0, false
+}
+
+// signalLevel tells the feeder of stream index v, if it waits for its
+// level's stream (awaitLevel), to look again.
+func (r *run[Req, Resp]) signalLevel(v int) {
+	select {
+	case r.levelWake[v] <- struct{}{}:
+	default:
 	}
 }
 

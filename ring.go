@@ -10,6 +10,7 @@ package streamq
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 // ring is the bounded, ordered prefetch ring. The feeders push slots in
@@ -101,6 +102,11 @@ type ringQueue struct {
 	// qmu held, so either lock reads it; waiting is guarded by qmu.
 	paused  bool
 	waiting int
+	// starting counts the queue's feeders that Run's start presumed
+	// backlogged on several priority levels and that have not read yet
+	// (holdStart): the queue is held until each read, so that its first
+	// take chooses among every level's requests. Guarded by qmu.
+	starting int
 	// pauseRead is set once the queue's pause watcher read its state
 	// (written with mu and qmu held, like paused): until then paused is
 	// assumed (Run's start), and the queue keeps its place among the
@@ -168,67 +174,101 @@ func (r *ring) reserve(ctx context.Context, limit int) (int, error) {
 
 // reserveClass is reserve for the feeder of a class (see classRoom).
 func (r *ring) reserveClass(ctx context.Context, class, limit int) (int, error) {
-	waiting := false // counted in turns
+	var w ringWait
 	for {
-		r.mu.Lock()
-		room := max(0, min(r.free, r.target-r.ahead()))
-		avail := min(room, limit)
-		if r.ahead() > 0 && room < r.minRead() && r.queuedSlots() > 0 {
-			avail = 0 // the workers have entries waiting: read more at once later
-		}
-		// forRoom: what stops the class is the ring's room, so that places
-		// given back would be read (see turns); not its share, its queue's
-		// pause or its batching.
-		forRoom := true
-		if r.qs[class/numLevels].paused {
-			avail, forRoom = 0, false // read nothing a paused queue cannot start
-		}
-		if r.leveled {
-			room, share := r.classRoom(class)
-			avail = min(avail, room)
-			forRoom = forRoom && room > 0
-			if room < share/2 && r.classQueued(class) > 0 {
-				// Backlogged, with its slots waiting for the workers: read
-				// half its share at once later, not one entry per place freed.
-				avail, forRoom = 0, false
-			}
-		}
-		fair := max(1, r.target/r.shards)
-		n := min(avail, fair)
+		n, wake := r.tryReserveClass(class, limit, &w)
 		if n > 0 {
-			r.capped = avail > fair
-		}
-		r.free -= n
-		r.out[class] += n
-		switch {
-		case n > 0 && waiting:
-			r.turns.done(true)
-		case n == 0 && forRoom && !waiting:
-			r.turns.wait()
-			waiting = true
-		case n == 0 && !forRoom && waiting:
-			r.turns.done(false)
-			waiting = false
-		}
-		if n > 0 {
-			if min(r.free, r.target-r.ahead()) > 0 {
-				r.signalLocked() // another feeder may be waiting for the rest
-			}
-			r.mu.Unlock()
 			return n, nil
 		}
-		wake := r.sleep()
-		r.mu.Unlock()
-		select {
-		case <-wake:
-		case <-ctx.Done():
-			if waiting {
-				r.mu.Lock()
-				r.turns.done(false)
-				r.mu.Unlock()
-			}
-			return 0, ctx.Err()
+		if err := r.awaitRoom(ctx, wake, &w); err != nil {
+			return 0, err
 		}
+	}
+}
+
+// ringWait is one reservation's state across its attempts
+// (tryReserveClass): whether it is counted in turns, and whether its queue
+// was paused at the last attempt.
+type ringWait struct {
+	waiting bool
+	paused  bool
+}
+
+// tryReserveClass is one attempt of reserveClass: it takes up to limit
+// places for class, or returns 0 and the channel to wait on before the next
+// attempt (awaitRoom). w carries the reservation's state between attempts.
+func (r *ring) tryReserveClass(class, limit int, w *ringWait) (int, <-chan struct{}) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	room := max(0, min(r.free, r.target-r.ahead()))
+	avail := min(room, limit)
+	if r.ahead() > 0 && room < r.minRead() && r.queuedSlots() > 0 {
+		avail = 0 // the workers have entries waiting: read more at once later
+	}
+	// forRoom: what stops the class is the ring's room, so that places
+	// given back would be read (see turns); not its share, its queue's
+	// pause or its batching.
+	forRoom := true
+	w.paused = r.qs[class/numLevels].paused
+	if w.paused {
+		avail, forRoom = 0, false // read nothing a paused queue cannot start
+	}
+	if r.leveled {
+		room, share := r.classRoom(class)
+		avail = min(avail, room)
+		forRoom = forRoom && room > 0
+		if room < share/2 && r.classQueued(class) > 0 {
+			// Backlogged, with its slots waiting for the workers: read
+			// half its share at once later, not one entry per place freed.
+			avail, forRoom = 0, false
+		}
+	}
+	fair := max(1, r.target/r.shards)
+	n := min(avail, fair)
+	if n > 0 {
+		r.capped = avail > fair
+	}
+	r.free -= n
+	r.out[class] += n
+	switch {
+	case n > 0 && w.waiting:
+		r.turns.done(true)
+		w.waiting = false
+	case n == 0 && forRoom && !w.waiting:
+		r.turns.wait()
+		w.waiting = true
+	case n == 0 && !forRoom && w.waiting:
+		r.turns.done(false)
+		w.waiting = false
+	}
+	if n > 0 {
+		if min(r.free, r.target-r.ahead()) > 0 {
+			r.signalLocked() // another feeder may be waiting for the rest
+		}
+		return n, nil
+	}
+	return 0, r.sleep()
+}
+
+// awaitRoom waits for the signal of wake (from tryReserveClass), or for
+// ctx, which ends the reservation w.
+func (r *ring) awaitRoom(ctx context.Context, wake <-chan struct{}, w *ringWait) error {
+	select {
+	case <-wake:
+		return nil
+	case <-ctx.Done():
+		r.endWait(w)
+		return ctx.Err()
+	}
+}
+
+// endWait ends the reservation w without places.
+func (r *ring) endWait(w *ringWait) {
+	if w.waiting {
+		r.mu.Lock()
+		r.turns.done(false)
+		r.mu.Unlock()
+		w.waiting = false
 	}
 }
 
@@ -452,7 +492,7 @@ func (r *ring) takeable() bool {
 		return true
 	}
 	for i := range r.qs {
-		if q := &r.qs[i]; q.n > 0 && !q.paused && q.waiting == 0 {
+		if q := &r.qs[i]; q.n > 0 && !q.isHeld() {
 			return true
 		}
 	}
@@ -519,7 +559,7 @@ func (r *ring) pickQueue() int {
 	best, total := -1, 0
 	for _, i := range r.qorder {
 		q := &r.qs[i]
-		if q.n == 0 || (!r.closed && (q.paused || q.waiting > 0)) {
+		if q.n == 0 || (!r.closed && q.isHeld()) {
 			continue
 		}
 		if r.qstrict {
@@ -586,7 +626,7 @@ func (r *ring) setPausedState(qi int, paused, read bool) {
 		r.mu.Unlock()
 		return
 	}
-	was := q.paused || q.waiting > 0
+	was := q.isHeld()
 	q.paused = paused
 	if paused {
 		r.paused++
@@ -595,7 +635,7 @@ func (r *ring) setPausedState(qi int, paused, read bool) {
 		r.paused--
 		q.pausing = make(chan struct{})
 	}
-	r.setHeld(was, q.paused || q.waiting > 0)
+	r.setHeld(was, q.isHeld())
 	r.qmu.Unlock()
 	r.signalLocked()
 	r.mu.Unlock()
@@ -644,9 +684,65 @@ func (r *ring) putBack(s *slot) bool {
 func (r *ring) addWaiting(qi, delta int) {
 	r.qmu.Lock()
 	q := &r.qs[qi]
-	was := q.paused || q.waiting > 0
+	was := q.isHeld()
 	q.waiting += delta
-	r.setHeld(was, q.paused || q.waiting > 0)
+	r.setHeld(was, q.isHeld())
+	r.qmu.Unlock()
+}
+
+// isHeld reports whether the queue's slots are not taken now: paused, a
+// worker waits for its rate-limit token, or its first reads are still
+// coming (holdStart). qmu (or, for paused alone, mu) is held.
+func (q *ringQueue) isHeld() bool { return q.paused || q.waiting > 0 || q.starting > 0 }
+
+// maxStartHold bounds holdStart's hold, should a feeder neither read nor
+// wait for places (the hold also ends when one of its feeders must wait for
+// places, which only the workers can free: with fewer places than feeders).
+const maxStartHold = 500 * time.Millisecond
+
+// holdStart counts backlogged the classes whose feeders Run's start
+// presumes backlogged (one entry per feeder: the default level's and those
+// of the levels whose streams exist at Run's start), and, when hold > 0,
+// holds queue qi's slots until hold feeders called startRead (or for
+// maxStartHold). Without it the level whose first read answers first
+// starts first: with weights, normal requests before the high ones; with
+// strict order, the normal level reads before the high level counts as
+// backlogged. (Strict order needs no hold: a lower level reserves nothing
+// while a higher one is backlogged, and holding it would wait for a read
+// that cannot come.) Called before the feeders start.
+func (r *ring) holdStart(qi int, classes []int, hold int) {
+	r.mu.Lock()
+	for _, c := range classes {
+		r.backlog[c]++
+	}
+	r.mu.Unlock()
+	if hold == 0 {
+		return
+	}
+	r.qmu.Lock()
+	q := &r.qs[qi]
+	was := q.isHeld()
+	q.starting += hold
+	r.setHeld(was, q.isHeld())
+	r.qmu.Unlock()
+	time.AfterFunc(maxStartHold, func() { r.endStart(qi, -1) })
+}
+
+// startRead ends one feeder's part of queue qi's start hold (holdStart):
+// its first read of new entries returned, a call of its admitted entries,
+// or a call failed.
+func (r *ring) startRead(qi int) { r.endStart(qi, 1) }
+
+// endStart counts n of queue qi's start reads done (-1: all of them).
+func (r *ring) endStart(qi, n int) {
+	r.qmu.Lock()
+	q := &r.qs[qi]
+	was := q.isHeld()
+	if n < 0 || n > q.starting {
+		n = q.starting
+	}
+	q.starting -= n
+	r.setHeld(was, q.isHeld())
 	r.qmu.Unlock()
 }
 

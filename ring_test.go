@@ -276,3 +276,61 @@ func TestRingPriorityTakes(t *testing.T) {
 		require.InDelta(t, rounds*r.qs[0].weights[levelLow], counts[levelLow], float64(round))
 	})
 }
+
+// TestReservePlacesWaitsForTheRingHoldingNoShardPlaces: a feeder whose
+// level has no room in the ring (its share is out, its slots wait for the
+// workers) waits for the ring without sitting on its shard's places, so
+// another level of the shard, with room in the ring, reads meanwhile. (A
+// feeder that kept its shard's places while it waited starved the shard's
+// other levels until the workers freed room: with every handler busy, a
+// level never read at all.)
+func TestReservePlacesWaitsForTheRingHoldingNoShardPlaces(t *testing.T) {
+	c := &Consumer[string, string]{nShards: 1}
+	rg := newRing(300, 1)
+	rg.addFeeder()
+	rg.addFeeder() // the high and low levels' feeders
+	for l := range numLevels {
+		rg.qs[0].weights[l] = DefaultPriorityWeights[weightIndex[l]]
+		rg.backlog[classOf(0, l)] = 1 // every level backlogged: shares 180, 90, 30
+	}
+	places := newShardPlaces(300, 1)
+	places.addFeeder(0)
+	places.addFeeder(0)
+	r := &run[string, string]{c: c, ring: rg, places: places}
+	ctx := context.Background()
+	// The high level read 100 entries, which wait for the workers: more
+	// than half its share is out, so it reads again only once some start.
+	high, low := levelHigh*c.nShards, levelLow*c.nShards
+	n, err := r.reservePlaces(ctx, high, 100, nil)
+	require.NoError(t, err)
+	require.Equal(t, 100, n)
+	for i := range n {
+		rg.push(&slot{level: levelHigh, entry: Entry{EntryID: fmt.Sprint(i)}})
+	}
+	// Another 100 of the shard's places are held (normal's slots): 100 are free.
+	got, err := places.reserve(ctx, 0, 100, nil)
+	require.NoError(t, err)
+	require.Equal(t, 100, got)
+
+	highCtx, stopHigh := context.WithCancel(ctx)
+	defer stopHigh()
+	highDone := make(chan error, 1)
+	go func() {
+		_, err := r.reservePlaces(highCtx, high, 100, nil)
+		highDone <- err
+	}()
+	// Wait until the high feeder waits for the ring.
+	require.Eventually(t, func() bool {
+		rg.mu.Lock()
+		defer rg.mu.Unlock()
+		return rg.wake != nil
+	}, 5*time.Second, time.Millisecond)
+
+	lowCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	n, err = r.reservePlaces(lowCtx, low, 100, nil)
+	require.NoError(t, err, "the low level found no shard places: the waiting high feeder held them")
+	require.Equal(t, 30, n, "the low level's share of the ring")
+	stopHigh()
+	require.ErrorIs(t, <-highDone, context.Canceled)
+}

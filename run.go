@@ -70,6 +70,16 @@ type run[Req, Resp any] struct {
 	workers    int        // the pool's workers
 	pause      *pauseGate // open while the queue is not paused (watchPause)
 	limiter    *limiter   // nil without RateLimit
+	// levelWake has one channel (capacity 1) per index of Consumer.shards:
+	// the shard's promoter signals a level's channel when a producer created
+	// the level's stream, or when its wake subscription (re)started, and the
+	// level's feeder, waiting for the stream (awaitLevel), looks again.
+	levelWake []chan struct{}
+	// presumed tells, per index of Consumer.shards, whether the feeder
+	// starts counted as backlogged (see startLevels); startHeld, whether
+	// these feeders hold the queue's takes until their first reads.
+	presumed  []bool
+	startHeld bool
 
 	fetches   sync.WaitGroup
 	loops     sync.WaitGroup // leaser, trimmer and heartbeat
@@ -92,7 +102,7 @@ func newRun[Req, Resp any](c *Consumer[Req, Resp], ring *ring, queue, prefetch i
 	for l := range numLevels {
 		q.weights[l] = c.opts.PriorityWeights[weightIndex[l]]
 	}
-	return &run[Req, Resp]{
+	r := &run[Req, Resp]{
 		c:         c,
 		ring:      ring,
 		queue:     queue,
@@ -104,7 +114,58 @@ func newRun[Req, Resp any](c *Consumer[Req, Resp], ring *ring, queue, prefetch i
 		pause:     newPauseGate(),
 		stopLoops: make(chan struct{}),
 		leaseNow:  make(chan struct{}, 1),
+		levelWake: make([]chan struct{}, len(c.shards)),
+		presumed:  make([]bool, len(c.shards)),
 	}
+	for v := range r.levelWake {
+		r.levelWake[v] = make(chan struct{}, 1)
+	}
+	r.startLevels()
+	return r
+}
+
+// startLevels joins the feeders of the priority levels whose streams existed
+// at Run's start (Consumer.findLevels) to the ring and the shards' places
+// before any feeder runs, and presumes them and the default level
+// backlogged until their first reads, holding the queue's takes until then
+// (ring.holdStart): a backlog on several levels starts in level order from
+// the first take. A queue without such a level is unchanged.
+func (r *run[Req, Resp]) startLevels() {
+	c := r.c
+	if r.multi {
+		for v := range c.nShards {
+			r.presumed[v] = true // see newRun
+		}
+	}
+	var classes []int
+	for v, live := range c.levelsAtStart {
+		if !live {
+			continue
+		}
+		r.ring.addFeeder()
+		r.places.addFeeder(c.realShard(v))
+		r.presumed[v] = true
+		classes = append(classes, r.class(v))
+	}
+	if len(classes) == 0 {
+		return
+	}
+	if !r.multi {
+		for v := range c.nShards {
+			r.presumed[v] = true
+			classes = append(classes, r.class(v))
+		}
+	}
+	hold := 0
+	if !c.opts.StrictPriority {
+		for _, p := range r.presumed {
+			if p {
+				hold++
+			}
+		}
+		r.startHeld = true
+	}
+	r.ring.holdStart(r.queue, classes, hold)
 }
 
 // newSoloPool returns the pool of a Consumer's own Run: one queue, with
@@ -229,15 +290,37 @@ func (r *run[Req, Resp]) forget(slots ...*slot) {
 
 // reservePlaces blocks until the shard may hold at least one more entry and
 // takes up to limit places, from the shard's share and from the ring. The
-// feeder pushes at most that many slots and gives back the rest.
-func (r *run[Req, Resp]) reservePlaces(ctx context.Context, shard, limit int) (int, error) {
-	n, err := r.places.reserve(ctx, r.c.realShard(shard), limit)
-	if err != nil {
-		return 0, err
+// feeder pushes at most that many slots and gives back the rest. onWait,
+// when set, runs before the reservation first waits for places (see feed).
+//
+// It never waits for one budget while holding places of the other: when
+// the ring has no room for the shard's class (its level's share is out),
+// the shard's places go back before it waits, so the shard's other levels,
+// whose classes may have room, read meanwhile. (Holding them, a level
+// waiting for its share starved the shard's other levels until workers
+// freed room; with every worker busy, a level could never be read.)
+func (r *run[Req, Resp]) reservePlaces(ctx context.Context, shard, limit int, onWait func()) (int, error) {
+	rs, class := r.c.realShard(shard), r.class(shard)
+	var w ringWait
+	for {
+		n, err := r.places.reserve(ctx, rs, limit, onWait)
+		if err != nil {
+			r.ring.endWait(&w)
+			return 0, err
+		}
+		got, wake := r.ring.tryReserveClass(class, n, &w)
+		r.places.give(rs, n-got)
+		if got > 0 {
+			return got, nil
+		}
+		if onWait != nil && !w.paused {
+			onWait()
+			onWait = nil
+		}
+		if err := r.ring.awaitRoom(ctx, wake, &w); err != nil {
+			return 0, err
+		}
 	}
-	got, err := r.ring.reserveClass(ctx, r.class(shard), n)
-	r.places.give(r.c.realShard(shard), n-got)
-	return got, err
 }
 
 // stepAside runs after a feeder's read of new entries came back empty (its

@@ -150,9 +150,10 @@ func New(opts ...Option) (*Instrumentation, error) {
 }
 
 // Interceptor returns the producer interceptor: a "send {queue}" span per
-// Produce or Enqueue call (PRODUCER), or per ProduceBatch call (CLIENT, with
-// a "create {queue}" PRODUCER span per message), whose context is written
-// into each request's headers.
+// Produce or Enqueue call (PRODUCER), or per ProduceBatch or ProduceFlow
+// call (CLIENT, with a "create {queue}" PRODUCER span per message, named by
+// the message's own queue: a flow's children may be on other queues), whose
+// context is written into each request's headers.
 func (i *Instrumentation) Interceptor() streamq.ProduceInterceptor {
 	return func(ctx context.Context, msgs []*streamq.Outgoing, next func(context.Context) error) error {
 		if len(msgs) == 0 {
@@ -180,12 +181,14 @@ func (i *Instrumentation) Interceptor() streamq.ProduceInterceptor {
 			mctx := ctx
 			if batch {
 				var cs trace.Span
-				mctx, cs = i.tracer.Start(ctx, "create "+queue, trace.WithSpanKind(trace.SpanKindProducer),
+				// A flow's requests may be on several queues: each create
+				// span names its own.
+				mctx, cs = i.tracer.Start(ctx, "create "+m.Queue, trace.WithSpanKind(trace.SpanKindProducer),
 					trace.WithAttributes(
 						semconv.MessagingSystemKey.String(System),
 						semconv.MessagingOperationName("create"),
 						semconv.MessagingOperationTypeCreate,
-						semconv.MessagingDestinationName(queue),
+						semconv.MessagingDestinationName(m.Queue),
 						semconv.MessagingMessageID(m.ID)))
 				creates = append(creates, cs)
 			}

@@ -331,3 +331,69 @@ func TestQueueGauges(t *testing.T) {
 	require.True(t, exported, "streamq.queue.canceled is exported")
 	require.Equal(t, st.Canceled, got["streamq.queue.canceled"])
 }
+
+// TestFlowSpans: a flow is one send span with a create span per request
+// (the parent, and each child with its own queue); every request's handler,
+// the parent's included, reads the context of its own create span, all in
+// the send span's trace.
+func TestFlowSpans(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := client(t, m.Addr())
+	exp, tp := tracing(t)
+	inst, err := streamqotel.New(streamqotel.WithTracerProvider(tp), streamqotel.WithPropagators(propagation.TraceContext{}))
+	require.NoError(t, err)
+	ctx := context.Background()
+	parentQ := streamq.NewQueue[string, string]("flowparent")
+	childQ := streamq.NewQueue[string, string]("flowchild")
+	p, err := parentQ.NewProducer(rdb, &streamq.ProducerOptions{Interceptors: []streamq.ProduceInterceptor{inst.Interceptor()}})
+	require.NoError(t, err)
+	defer p.Close()
+	pr, err := p.ProduceFlow(ctx, "parent", "x", []streamq.Child{
+		streamq.ChildOf(childQ, "c1", "x"), streamq.ChildOf(childQ, "c2", "x", streamq.Priority(streamq.PriorityHigh)),
+	}, nil)
+	require.NoError(t, err)
+	creates := map[string]trace.SpanContext{} // request id -> its create span
+	names := map[string]string{}              // request id -> its create span's name
+	var send tracetest.SpanStub
+	for _, s := range exp.GetSpans() {
+		switch s.Name {
+		case "create flowparent", "create flowchild":
+			for _, a := range s.Attributes {
+				if a.Key == "messaging.message.id" {
+					creates[a.Value.AsString()] = s.SpanContext
+					names[a.Value.AsString()] = s.Name
+				}
+			}
+		case "send flowparent":
+			send = s
+		}
+	}
+	require.Equal(t, map[string]string{"parent": "create flowparent", "c1": "create flowchild", "c2": "create flowchild"}, names,
+		"a create span per request of the flow, named by its queue")
+	require.True(t, send.SpanContext.IsValid())
+	type seen struct {
+		id string
+		sc trace.SpanContext
+	}
+	got := make(chan seen, 3)
+	handler := func(ctx context.Context, msg *streamq.Message[string]) (string, error) {
+		got <- seen{msg.ID, trace.SpanContextFromContext(propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier(msg.Headers)))}
+		return "", nil
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for _, q := range []streamq.Queue[string, string]{parentQ, childQ} {
+		c, err := q.NewConsumer(rdb, handler, nil)
+		require.NoError(t, err)
+		go func() { _ = c.Run(cctx) }()
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer wcancel()
+	_, err = pr.Wait(wctx)
+	require.NoError(t, err)
+	for range 3 {
+		s := <-got
+		require.Equal(t, creates[s.id].SpanID(), s.sc.SpanID(), "%s carries its create span's context", s.id)
+		require.Equal(t, send.SpanContext.TraceID(), s.sc.TraceID(), "%s is in the flow's trace", s.id)
+	}
+}

@@ -138,7 +138,12 @@ func (m *Metrics) Interceptor() streamq.ProduceInterceptor {
 		if err != nil {
 			outcome = "error"
 		}
-		m.produced.WithLabelValues(msgs[0].Queue, outcome).Add(float64(len(msgs)))
+		// A flow's requests may be on several queues: each counts on its own.
+		for i, n := 0, 0; i < len(msgs); i += n {
+			for n = 1; i+n < len(msgs) && msgs[i+n].Queue == msgs[i].Queue; n++ {
+			}
+			m.produced.WithLabelValues(msgs[i].Queue, outcome).Add(float64(n))
+		}
 		return err
 	}
 }

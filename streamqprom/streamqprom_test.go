@@ -307,3 +307,28 @@ func TestCollectorLevels(t *testing.T) {
 		require.NoError(t, <-ran)
 	})
 }
+
+// TestProducedCountsAFlowPerQueue: a flow whose children are on another
+// queue counts each request on its own queue.
+func TestProducedCountsAFlowPerQueue(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	metrics := streamqprom.NewMetrics()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(metrics)
+	parent, child := streamq.NewQueue[int, int]("flowparent"), streamq.NewQueue[int, int]("flowchild")
+	p, err := parent.NewProducer(rdb, &streamq.ProducerOptions{Interceptors: []streamq.ProduceInterceptor{metrics.Interceptor()}})
+	require.NoError(t, err)
+	defer p.Close()
+	_, err = p.ProduceFlow(context.Background(), "p", 0, []streamq.Child{
+		streamq.ChildOf(child, "c1", 1), streamq.ChildOf(child, "c2", 2), streamq.ChildOf(parent, "c3", 3),
+	}, nil)
+	require.NoError(t, err)
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP streamq_jobs_produced_total Requests produced, by outcome: ok, error.
+# TYPE streamq_jobs_produced_total counter
+streamq_jobs_produced_total{outcome="ok",queue="flowchild"} 2
+streamq_jobs_produced_total{outcome="ok",queue="flowparent"} 2
+`), "streamq_jobs_produced_total"))
+}

@@ -22,13 +22,31 @@
 -- ARGV[2]          the root's policy: "f" or "r"
 -- ARGV[3]          the root's request id
 -- ARGV[4]          the root's stream fields, length-prefixed
--- ARGV[5...]       per node below the root, in an order where a parent
+-- ARGV[5]          the root's due time ("0": none; "<ms>": Unix ms of the
+--                  server's clock; "r<ms>": a delay from the server's clock)
+-- ARGV[6]          the root's placement, length-prefixed name/value pairs
+--                  ("" for a request of the default level without a due
+--                  time): "st" the stream of its priority level, "lv" the
+--                  notice a call creating that stream publishes ("+high",
+--                  "+low"), "sch" and "sd" its shard's schedule and data,
+--                  "wk" its shard's wake channel, "pub" "PUBLISH" or
+--                  "SPUBLISH". A parent keeps them in its flow hash for its
+--                  release (flowrelease.lua); a leaf uses them at once.
+-- ARGV[7...]       per node below the root, in an order where a parent
 --                  comes before its children: its parent's index (0: the
 --                  root), queue, request id, payload, kind ("l" a leaf, or
 --                  an inner node's policy "f" / "r"), an inner node's stream
 --                  fields length-prefixed (with its own "pa"; "" for a
---                  leaf), f (a count), then f strings: a
---                  leaf's extra stream fields, name then value
+--                  leaf), its due time and placement (as ARGV[5], ARGV[6]),
+--                  f (a count), then f strings: a leaf's extra stream
+--                  fields, name then value
+--
+-- A leaf with a due time later than the server's clock waits in its shard's
+-- schedule like a delayed request (record "P@<due>", promote.lua appends it
+-- with its "pa"); an inner node or the root with one waits there once
+-- released (flowrelease.lua). A leaf of a priority level is appended to its
+-- level's stream, and the call that creates that stream tells the
+-- consumers on the wake channel (as produce.lua does).
 --
 -- Returns {code, data}: 0 and the root's entry id ("" while it waits) for a
 -- new flow (a parent released at once whose children failed under policy
@@ -39,7 +57,7 @@
 -- <queue>/<id>" for a node in flight outside this call, "DUPLICATE
 -- <queue>/<id>" for an id given twice.
 local ttl = ARGV[1]
-local _, _, flowRelease = flowLib()
+local flowDec, _, flowRelease = flowLib()
 
 local function enc(list)
   local parts = {}
@@ -73,17 +91,18 @@ if pv then
 end
 
 local root = {stream = KEYS[1], rec = KEYS[2], flow = KEYS[3], id = ARGV[3], kind = ARGV[2], e = ARGV[4],
-  kids = {}}
+  due = ARGV[5], place = ARGV[6], kids = {}}
 local nodes = {[0] = root}
 local seen = {[KEYS[2]] = true}
-local a = 5
+local a = 7
 local i = 0
 while a <= #ARGV do
   i = i + 1
   local nd = {stream = KEYS[3 * i + 1], rec = KEYS[3 * i + 2], flow = KEYS[3 * i + 3], queue = ARGV[a + 1],
-    id = ARGV[a + 2], payload = ARGV[a + 3], kind = ARGV[a + 4], e = ARGV[a + 5], kids = {}}
-  local f = tonumber(ARGV[a + 6])
-  nd.fa, nd.fz = a + 7, a + 6 + f
+    id = ARGV[a + 2], payload = ARGV[a + 3], kind = ARGV[a + 4], e = ARGV[a + 5], due = ARGV[a + 6],
+    place = ARGV[a + 7], kids = {}}
+  local f = tonumber(ARGV[a + 8])
+  nd.fa, nd.fz = a + 9, a + 8 + f
   local parent = nodes[tonumber(ARGV[a])]
   a = nd.fz + 1
   if seen[nd.rec] then
@@ -134,6 +153,73 @@ if err then
   return err
 end
 
+-- The server's clock, read only when a node has a due time.
+local now
+local function serverNow()
+  if not now then
+    local t = redis.call("TIME")
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return now
+end
+
+-- placement decodes a node's placement (see ARGV[6]) into a table, and
+-- its due time into Unix ms (nil: none).
+local function placement(nd)
+  local p = {}
+  local list = flowDec(nd.place)
+  for j = 1, #list - 1, 2 do
+    p[list[j]] = list[j + 1]
+  end
+  local due
+  if string.sub(nd.due, 1, 1) == "r" then
+    local d = tonumber(string.sub(nd.due, 2)) or 0
+    if d > 0 then
+      due = serverNow() + d
+    end
+  else
+    due = tonumber(nd.due)
+    if due == 0 then
+      due = nil
+    end
+  end
+  return p, due
+end
+
+-- leaf appends a leaf, or schedules it when it is due later.
+local function leaf(nd, parentFlow)
+  local p, due = placement(nd)
+  if due and due > serverNow() then
+    local fields = {"id", nd.id, "p", nd.payload, "pa", parentFlow}
+    for j = nd.fa, nd.fz do
+      fields[#fields + 1] = ARGV[j]
+    end
+    local member = "r" .. nd.id
+    local head = redis.call("ZRANGE", p.sch, 0, 0, "WITHSCORES")
+    redis.call("ZADD", p.sch, due, member)
+    redis.call("HSET", p.sd, member, enc({nd.rec, "", "0", enc(fields), "", tostring(serverNow())}))
+    redis.call("SET", nd.rec, "P@" .. due, "PX", ttl + due - serverNow())
+    if not head[2] or due < tonumber(head[2]) then
+      redis.call(p.pub, p.wk, tostring(due))
+    end
+    return
+  end
+  local eid
+  if p.st then
+    -- A level's stream: the call that creates it tells the consumers.
+    eid = redis.call("XADD", p.st, "NOMKSTREAM", "*", "id", nd.id, "p", nd.payload, "pa", parentFlow,
+      unpack(ARGV, nd.fa, nd.fz))
+    if not eid then
+      eid = redis.call("XADD", p.st, "*", "id", nd.id, "p", nd.payload, "pa", parentFlow, unpack(ARGV, nd.fa, nd.fz))
+      redis.call(p.pub, p.wk, p.lv)
+    end
+  else
+    eid = redis.call("XADD", nd.stream, "*", "id", nd.id, "p", nd.payload, "pa", parentFlow,
+      unpack(ARGV, nd.fa, nd.fz))
+  end
+  redis.call("SET", nd.rec, "P" .. eid, "PX", ttl)
+end
+
 -- build writes a node's subtree; it returns the node's outcome record when
 -- it has one (done), or nil while it is pending (waiting, or in the stream).
 -- parentFlow is the flow hash of the node's parent (nil for the root).
@@ -142,9 +228,7 @@ local function build(nd, parentFlow)
     return nd.prev
   end
   if nd.kind == "l" then
-    local eid = redis.call("XADD", nd.stream, "*", "id", nd.id, "p", nd.payload, "pa", parentFlow,
-      unpack(ARGV, nd.fa, nd.fz))
-    redis.call("SET", nd.rec, "P" .. eid, "PX", ttl)
+    leaf(nd, parentFlow)
     return nil
   end
   if redis.call("EXISTS", nd.flow) == 1 then
@@ -164,6 +248,22 @@ local function build(nd, parentFlow)
   end
   redis.call("HSET", nd.flow, "id", nd.id, "n", pending, "pol", nd.kind,
     "ttl", ttl, "e", nd.e, "o", enc(order))
+  if nd.place ~= "" then
+    -- Its level and due time, for its release (flowrelease.lua).
+    local p, due = placement(nd)
+    local list = {}
+    for name, v in pairs(p) do
+      list[#list + 1] = name
+      list[#list + 1] = v
+    end
+    if due then
+      list[#list + 1] = "due"
+      list[#list + 1] = tostring(due)
+    end
+    if #list > 0 then
+      redis.call("HSET", nd.flow, unpack(list))
+    end
+  end
   redis.call("SET", nd.rec, "P&", "PX", ttl)
   redis.call("PEXPIRE", nd.flow, ttl)
   if pending > 0 then

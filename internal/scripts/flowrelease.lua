@@ -13,6 +13,15 @@
 --             queue, request id
 --   k:<child record key>   "" while the child has no outcome, then its
 --             outcome record ("R...", "N", "E...", "L...", "C...")
+-- and, only for a parent produced with a priority level or a due time:
+--   st        the stream of the parent's level (else the default level's)
+--   lv        the notice ("+high", "+low") published on wk when the
+--             parent's append creates that stream
+--   due       the parent's due time (Unix ms, server clock): released
+--             before it, the parent waits in the schedule (sch, its data
+--             sd) like a delayed request, and a due time ahead of the
+--             schedule's head is published on wk
+--   wk, pub   the parent shard's wake channel and "PUBLISH" / "SPUBLISH"
 -- The parent's record says "P&" while it waits for its children. Nothing
 -- here raises an error on a key of another type (it counts or appends
 -- nothing instead): complete.lua and cancel.lua have written before.
@@ -60,9 +69,10 @@ local function flowLib()
     if redis.pcall("GET", prec) ~= "P&" then
       return nil
     end
-    local f = redis.call("HMGET", flow, "pol", "ttl", "e", "o")
+    local f = redis.call("HMGET", flow, "pol", "ttl", "e", "o", "st", "lv", "due", "sch", "sd", "wk", "pub")
     local ttl = f[2]
     local fields = flowDec(f[3])
+    local failed = {}
     if f[1] == "f" then
       local o = flowDec(f[4])
       local names = {}
@@ -73,7 +83,6 @@ local function flowLib()
       if #names > 0 then
         vals = redis.call("HMGET", flow, unpack(names))
       end
-      local failed = {}
       for i, v in ipairs(vals) do
         local c = v and string.sub(v, 1, 1)
         if c == "E" or c == "L" or c == "C" then
@@ -86,7 +95,46 @@ local function flowLib()
         fields[#fields + 1] = "a child of the flow failed: " .. table.concat(failed, "; ")
       end
     end
-    local eid = redis.pcall("XADD", pstream, "*", unpack(fields))
+    local due = tonumber(f[7])
+    if due and #failed == 0 then
+      -- At or After: a parent released before its due time waits in the
+      -- schedule (a failed one is failed at once).
+      local t = redis.call("TIME")
+      local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+      if due > now then
+        local head = redis.call("ZRANGE", f[8], 0, 0, "WITHSCORES")
+        local member = "r" .. redis.call("HGET", flow, "id")
+        local parts = {}
+        for i, v in ipairs(fields) do
+          parts[i] = #v .. ":" .. v
+        end
+        local data = {prec, "", "0", table.concat(parts), "", tostring(now)}
+        for i, v in ipairs(data) do
+          data[i] = #v .. ":" .. v
+        end
+        redis.call("ZADD", f[8], due, member)
+        redis.call("HSET", f[9], member, table.concat(data))
+        redis.call("SET", prec, "P@" .. due, "PX", tonumber(ttl) + due - now)
+        redis.call("PEXPIRE", flow, tonumber(ttl) + due - now)
+        if not head[2] or due < tonumber(head[2]) then
+          redis.call(f[11], f[10], tostring(due))
+        end
+        return nil
+      end
+    end
+    local eid
+    if f[5] then
+      -- A level's stream: created by this append, the consumers are told.
+      eid = redis.pcall("XADD", f[5], "NOMKSTREAM", "*", unpack(fields))
+      if not eid then
+        eid = redis.pcall("XADD", f[5], "*", unpack(fields))
+        if type(eid) == "string" then
+          redis.call(f[11], f[10], f[6])
+        end
+      end
+    else
+      eid = redis.pcall("XADD", pstream, "*", unpack(fields))
+    end
     if type(eid) ~= "string" then
       return nil -- the parent's stream key holds another type: not appended
     end

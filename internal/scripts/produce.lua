@@ -39,6 +39,12 @@
 --                    quiet period, the longest wait; Replace: 0, 0)
 -- ARGV[after the items]    the wake channel, then "PUBLISH" or "SPUBLISH"
 --
+-- A call that creates a priority level's stream publishes "+high" or "+low"
+-- on the wake channel once it succeeded, so that consumers start reading the
+-- level at once instead of at their next check (one EXISTS per
+-- ClaimInterval). Appends to a level's stream use XADD NOMKSTREAM, and only
+-- the append that finds no stream runs XADD again: no command more per item.
+--
 -- Returns a flat array of n (code, data) pairs:
 --   0, entry id   appended now ("" when scheduled)
 --   1, entry id   already in flight: the caller attaches to it ("" when it
@@ -182,6 +188,7 @@ local wakeAt
 -- Atomic batches log how to take back each write (Lua does not roll back):
 -- an invalid item undoes them all, newest first, and fails the call.
 local undo
+local newLevels = {} -- notices of the level streams this call created
 local created = {} -- streams this call created (atomic batches only)
 if atomic then
   undo = {}
@@ -569,7 +576,18 @@ for i = 1, n do
       end
     else
       local to = streamOf(flags)
-      local eid = redis.call("XADD", to, "*", "id", id, "p", payload, unpack(ARGV, fa, fz))
+      local eid
+      if to == stream then
+        eid = redis.call("XADD", to, "*", "id", id, "p", payload, unpack(ARGV, fa, fz))
+      else
+        -- A level's stream: NOMKSTREAM costs nothing while it exists; the
+        -- call that creates it tells the consumers (see the end).
+        eid = redis.call("XADD", to, "NOMKSTREAM", "*", "id", id, "p", payload, unpack(ARGV, fa, fz))
+        if not eid then
+          eid = redis.call("XADD", to, "*", "id", id, "p", payload, unpack(ARGV, fa, fz))
+          newLevels[#newLevels + 1] = to == KEYS[n + 4] and "+high" or "+low"
+        end
+      end
       err = claimRecord(key, prev, "P" .. eid, ttl)
       if err then
         redis.call("XDEL", to, eid)
@@ -593,5 +611,8 @@ for i = 1, n do
 end
 if wakeAt then
   redis.call(ARGV[a + 1], ARGV[a], tostring(wakeAt))
+end
+for _, notice in ipairs(newLevels) do
+  redis.call(ARGV[a + 1], ARGV[a], notice)
 end
 return out

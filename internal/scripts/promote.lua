@@ -35,6 +35,11 @@
 -- ARGV[2]      TTL of a start-count hash in milliseconds, refreshed when written
 -- ARGV[3]      RunNow only: the member to append now, whatever its due time
 -- ARGV[4]      RunNow only: TTL of the run-now marker in milliseconds
+--              (the promoter passes "" and 0)
+-- ARGV[5]      optional: the wake channel, where a call that creates a
+--              priority level's stream publishes "+high" or "+low" (as
+--              produce.lua does), so the consumers read the level at once
+-- ARGV[6]      with ARGV[5]: "PUBLISH" or "SPUBLISH"
 --
 -- Returns {jobs moved (appended, or dropped for an outcome), next due time
 -- in Unix ms over both sets or -1 when nothing is scheduled, the server's
@@ -104,7 +109,18 @@ local function promote(member, set)
           end
         end
       end
-      eid = redis.call("XADD", to, "*", unpack(fields))
+      if to == KEYS[1] then
+        eid = redis.call("XADD", to, "*", unpack(fields))
+      else
+        -- NOMKSTREAM costs nothing while the level's stream exists.
+        eid = redis.call("XADD", to, "NOMKSTREAM", "*", unpack(fields))
+        if not eid then
+          eid = redis.call("XADD", to, "*", unpack(fields))
+          if ARGV[5] then
+            redis.call(ARGV[6], ARGV[5], to == KEYS[7] and "+high" or "+low")
+          end
+        end
+      end
       if cur and string.sub(cur, 1, 2) == "P@" then
         redis.call("SET", rec, "P" .. eid, "KEEPTTL")
       end
@@ -117,7 +133,7 @@ local function promote(member, set)
   return eid
 end
 
-if ARGV[3] then
+if ARGV[3] and ARGV[3] ~= "" then
   -- RunNow: one member, due or not.
   local member = ARGV[3]
   local set = false

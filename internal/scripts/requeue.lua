@@ -36,6 +36,9 @@
 -- ARGV[8]   the dead letter's priority level ("high", "low"; "" or absent for the
 --           default level): the new entry's field "pr" (KEYS[1] is then that
 --           level's stream)
+-- ARGV[9]   optional: the wake channel, where a requeue that creates a level's
+--           stream publishes "+high" or "+low" (see produce.lua)
+-- ARGV[10]  with ARGV[9]: "PUBLISH" or "SPUBLISH"
 --
 -- Returns the new entry id (also when the marker says this dead letter was
 -- already requeued), false when the dead letter does not exist, or
@@ -68,7 +71,19 @@ for i = 1, #df - 1, 2 do
     fields[#fields + 1], fields[#fields + 2] = f, df[i + 1]
   end
 end
-local eid = redis.call("XADD", KEYS[1], "*", unpack(fields))
+local eid
+if ARGV[8] and ARGV[8] ~= "" then
+  -- A level's stream: a requeue that creates it tells the consumers (ARGV[9]).
+  eid = redis.call("XADD", KEYS[1], "NOMKSTREAM", "*", unpack(fields))
+  if not eid then
+    eid = redis.call("XADD", KEYS[1], "*", unpack(fields))
+    if ARGV[9] then
+      redis.call(ARGV[10], ARGV[9], "+" .. ARGV[8])
+    end
+  end
+else
+  eid = redis.call("XADD", KEYS[1], "*", unpack(fields))
+end
 redis.call("XDEL", KEYS[2], ARGV[1])
 if ARGV[2] ~= "" and ARGV[7] ~= "0" then
   redis.call("SET", KEYS[3], "P" .. eid, "PX", ARGV[4])
