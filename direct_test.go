@@ -34,7 +34,9 @@ func TestDirectSendReturnsWithinContext(t *testing.T) {
 		})
 		cancel()
 		require.ErrorIs(t, err, context.DeadlineExceeded, name)
-		require.LessOrEqual(t, time.Since(deadline), 100*time.Millisecond, "%s returned late", name)
+		// Stuck on the stall, it would take the 5 s ReadTimeout: the bound
+		// only absorbs scheduling on a loaded machine.
+		require.LessOrEqual(t, time.Since(deadline), 500*time.Millisecond, "%s returned late", name)
 	}
 	px.Resume()
 

@@ -65,7 +65,9 @@ func TestFirstProduceDuringStallReturnsWithinContext(t *testing.T) {
 	px.Stall(time.Minute)
 	defer px.Resume()
 
-	const grace = 100 * time.Millisecond
+	// A call stuck on the stall would take the 5 s ReadTimeout or more; the
+	// grace only absorbs scheduling on a loaded machine.
+	const grace = 500 * time.Millisecond
 	type result struct {
 		err error
 		at  time.Time
@@ -145,7 +147,9 @@ func TestCallsDuringStallReturnWithinContextAndClose(t *testing.T) {
 	px.Stall(time.Minute)
 	defer px.Resume()
 
-	const grace = 100 * time.Millisecond
+	// A call stuck on the stall would take the 5 s ReadTimeout or more; the
+	// grace only absorbs scheduling on a loaded machine (109 ms was seen).
+	const grace = 500 * time.Millisecond
 	// Calls without a deadline, blocked in Redis I/O (the backstop's MGET too).
 	noDeadline := make(chan error, 3)
 	go func() { _, err := p.ProduceBatch(ctx, []Job[string]{{ID: "b1", Request: "x"}}); noDeadline <- err }()
