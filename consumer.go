@@ -43,6 +43,8 @@ type Message[Req any] struct {
 	Deadline time.Time
 	// Priority is the request's priority level (see Priority).
 	Priority PriorityLevel
+	// Key is the request's key (see Key); "" when none.
+	Key string
 
 	// tx is the shard's template (a Consumer's message), or the Tx that Tx
 	// made for a message built by hand.
@@ -308,6 +310,9 @@ func (c *Consumer[Req, Resp]) ensureGroupRetry(ctx context.Context) error {
 			if err == nil {
 				err = c.ensureGroup(ctx, shard)
 			}
+		}
+		if err == nil {
+			err = c.writeKeySettings(ctx)
 		}
 		if err == nil {
 			return nil

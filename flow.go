@@ -190,8 +190,8 @@ func (p *Producer[Req, Resp]) ProduceFlow(ctx context.Context, id string, req Re
 		if err := it.apply(applyProduceOptions(c.opts)); err != nil {
 			return fmt.Errorf("child %q: %w", c.id, err)
 		}
-		if it.due != 0 || it.flags != "" || it.mode != modeNone {
-			return fmt.Errorf("%w: child %q: a flow's child cannot take At, After, RetryFailed, Throttle, Debounce or a Priority other than normal", ErrInvalidOptions, c.id)
+		if it.due != 0 || it.flags != "" || it.mode != modeNone || it.key != "" {
+			return fmt.Errorf("%w: child %q: a flow's child cannot take At, After, RetryFailed, Throttle, Debounce, Key or a Priority other than normal", ErrInvalidOptions, c.id)
 		}
 		ck, err := p.childKeys(c.queue, c.id)
 		if err != nil {

@@ -582,6 +582,12 @@ if not fanout and n > 0 and redis.call("EXISTS", KEYS[3]) == 0 then
   end
 end
 
+-- Keyed entries give back their slots and waiting keys take their turns
+-- (fair.lua): one EXISTS for a shard without keyed entries.
+if not fanout and #ids > 0 then
+  fairRelease(fairBase(KEYS[1]), ids, 1, #ids)
+end
+
 if txApply then
   failed = failed + txApply(firstAck) -- the history counts these as failed too
 end

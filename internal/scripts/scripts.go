@@ -5,6 +5,7 @@ package scripts
 
 import (
 	_ "embed"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -62,12 +63,14 @@ var (
 	cancelRetrySrc string
 	//go:embed purge.lua
 	purgeSrc string
+	//go:embed fair.lua
+	fairSrc string
 )
 
 // The scripts. Run uses EVALSHA and falls back to EVAL when the server lacks the script.
 var (
-	Produce  = redis.NewScript(produceSrc)
-	Complete = redis.NewScript(flowReleaseSrc + completeSrc)
+	Produce  = redis.NewScript(withFair(produceSrc))
+	Complete = redis.NewScript(flowReleaseSrc + fairSrc + completeSrc)
 	Claim    = redis.NewScript(claimSrc)
 	Lease    = redis.NewScript(leaseSrc)
 	Trim     = redis.NewScript(trimSrc)
@@ -83,8 +86,8 @@ var (
 	RateLimit = redis.NewScript(rateLimitSrc)
 	// Periodic records a periodic job's last and next slot.
 	Periodic = redis.NewScript(periodicSrc)
-	Promote  = redis.NewScript(promoteSrc)
-	Retry    = redis.NewScript(retrySrc)
+	Promote  = redis.NewScript(fairSrc + promoteSrc)
+	Retry    = redis.NewScript(fairSrc + retrySrc)
 	Cancel   = redis.NewScript(flowReleaseSrc + cancelSrc)
 	// Jobs reads one shard's part of an Admin.Jobs page.
 	Jobs = redis.NewScript(jobsSrc)
@@ -99,3 +102,16 @@ var (
 	// Purge deletes a dead-letter stream and counts it, in one step.
 	Purge = redis.NewScript(purgeSrc)
 )
+
+// fairMarker is the line of produce.lua where fair.lua's functions go: after
+// the one-job path, which never meets a keyed item, so that path runs
+// exactly as it did before keys existed.
+const fairMarker = "-- fair.lua goes here\n"
+
+// withFair puts fair.lua at src's marker.
+func withFair(src string) string {
+	if !strings.Contains(src, fairMarker) {
+		panic("scripts: produce.lua lost its fair.lua marker")
+	}
+	return strings.Replace(src, fairMarker, fairSrc, 1)
+}

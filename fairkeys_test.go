@@ -1,0 +1,215 @@
+package streamq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+)
+
+// fairKeysLeft lists the fair-queuing keys of queue q that exist.
+func fairKeysLeft(t *testing.T, client *redis.Client, q string) []string {
+	t.Helper()
+	ks, err := client.Keys(context.Background(), "streamq:{"+q+"}:keys:*").Result()
+	require.NoError(t, err)
+	sort.Strings(ks)
+	return ks
+}
+
+// TestFairKeysRunEveryJobAndLeaveNothing: keyed jobs produced every way
+// (Produce, Enqueue, Send, ProduceBatch, delayed, retried) run once each,
+// their handlers see their key, their callers get their results, and once
+// the queue drains no fair-queuing key is left in Redis.
+func TestFairKeysRunEveryJobAndLeaveNothing(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		p := newStringProducer(t, client, q)
+		var mu sync.Mutex
+		keyOf := map[string]string{}
+		runs := map[string]int{}
+		opts := fastOpts(t, "fair", 5*time.Second)
+		opts.Workers = 4
+		opts.KeyWindow = 3
+		opts.KeyLimit = 2
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+			mu.Lock()
+			keyOf[m.ID] = m.Key
+			runs[m.ID]++
+			n := runs[m.ID]
+			mu.Unlock()
+			if m.ID == "retry" && n == 1 {
+				return "", RetryAfter(errors.New("again"), 10*time.Millisecond)
+			}
+			return "r:" + m.Payload, nil
+		}, opts)
+		require.NoError(t, err)
+		var promises []*Promise[string]
+		want := map[string]string{}
+		for i := range 12 {
+			id, key := fmt.Sprint("p", i), fmt.Sprint("k", i%3)
+			want[id] = key
+			promises = append(promises, mustProduce(t, p, id, id, Key(key)))
+		}
+		jobs := []Job[string]{}
+		for i := range 6 {
+			id, key := fmt.Sprint("b", i), fmt.Sprint("k", i%2)
+			want[id] = key
+			jobs = append(jobs, Job[string]{ID: id, Request: id, Options: []ProduceOption{Key(key)}})
+		}
+		bp, err := p.ProduceBatch(ctx, jobs)
+		require.NoError(t, err)
+		promises = append(promises, bp...)
+		require.NoError(t, p.Enqueue(ctx, "e", "e", Key("k9")))
+		want["e"] = "k9"
+		require.NoError(t, p.Send(ctx, "s", "s", Key("k9")))
+		want["s"] = "k9"
+		promises = append(promises, mustProduce(t, p, "later", "later", Key("k1"), After(50*time.Millisecond)))
+		want["later"] = "k1"
+		promises = append(promises, mustProduce(t, p, "retry", "retry", Key("k0")))
+		want["retry"] = "k0"
+		promises = append(promises, mustProduce(t, p, "plain", "plain"))
+		want["plain"] = ""
+		runConsumer(t, c)
+		for _, pr := range promises {
+			v, err := pr.Wait(waitCtx(t, 20*time.Second))
+			require.NoError(t, err)
+			require.Equal(t, "r:"+pr.ID(), v)
+		}
+		eventually(t, 10*time.Second, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(runs) == len(want)
+		}, "not every job ran")
+		require.NoError(t, p.Flush(ctx))
+		mu.Lock()
+		for id, key := range want {
+			require.Equal(t, key, keyOf[id], "the key of %s", id)
+			n := 1
+			if id == "retry" {
+				n = 2
+			}
+			require.Equal(t, n, runs[id], "runs of %s", id)
+		}
+		mu.Unlock()
+		eventually(t, 5*time.Second, func() bool { return len(fairKeysLeft(t, client, q)) == 1 },
+			"fair-queuing keys left after the drain: %v", fairKeysLeft(t, client, q))
+		require.Equal(t, []string{"streamq:{" + q + "}:keys:cfg"}, fairKeysLeft(t, client, q), "only the settings stay")
+	})
+}
+
+// TestFairKeysInvalid: keys follow the rules of ids, and combinations that
+// keyed jobs do not support are refused before anything is sent.
+func TestFairKeysInvalid(t *testing.T) {
+	client, _ := miniRedis(t)
+	p := newStringProducer(t, client, queueName(t))
+	ctx := context.Background()
+	for name, opts := range map[string][]ProduceOption{
+		"empty":    {Key("")},
+		"long":     {Key(string(make([]byte, MaxKeyLen+1)))},
+		"priority": {Key("a"), Priority(PriorityHigh)},
+		"throttle": {Key("a"), Throttle(time.Second)},
+	} {
+		_, err := p.Produce(ctx, "x", "x", opts...)
+		require.ErrorIs(t, err, ErrInvalidOptions, name)
+	}
+	_, err := NewConsumer(client, queueName(t), func(ctx context.Context, m *Message[string]) (string, error) { return "", nil },
+		&ConsumerOptions{KeyLimit: -1})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+}
+
+// TestFairKeysRoundRobin: with one worker and a window of one, a key's
+// backlog and other keys' jobs start in turns: after the backlog's first
+// jobs, every later key's job starts within one turn of the keys.
+func TestFairKeysRoundRobin(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		q := queueName(t)
+		p := newStringProducer(t, client, q)
+		// The window the consumer will store, stored before the jobs come.
+		require.NoError(t, client.HSet(context.Background(), "streamq:{"+q+"}:keys:cfg", "window", 1).Err())
+		for i := range 20 {
+			mustProduce(t, p, fmt.Sprint("a", i), "x", Key("A")).Release()
+		}
+		for _, k := range []string{"B", "C", "D"} {
+			for i := range 3 {
+				mustProduce(t, p, fmt.Sprint(k, i), "x", Key(k)).Release()
+			}
+		}
+		var mu sync.Mutex
+		var order []string
+		opts := fastOpts(t, "rr", 5*time.Second)
+		opts.KeyWindow = 1
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+			mu.Lock()
+			order = append(order, m.Key)
+			mu.Unlock()
+			return "", nil
+		}, opts)
+		require.NoError(t, err)
+		runConsumer(t, c)
+		eventually(t, 10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(order) == 29 }, "not every job ran")
+		mu.Lock()
+		defer mu.Unlock()
+		got := ""
+		for _, k := range order {
+			got += k
+		}
+		// The first A was appended at once (the window was free); then the
+		// keys take turns in the order they first waited.
+		require.Equal(t, "AABCDABCDABCD"+"AAAAAAAAAAAAAAAA", got)
+	})
+}
+
+// TestFairKeysLimitParksKey: a key at its limit waits outside the stream
+// while other keys run (no head-of-line blocking), and its slots come back
+// with its outcomes.
+func TestFairKeysLimitParksKey(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		q := queueName(t)
+		p := newStringProducer(t, client, q)
+		release := make(chan struct{})
+		var running, most atomic.Int64
+		var others atomic.Int64
+		opts := fastOpts(t, "limit", 5*time.Second)
+		opts.Workers = 6
+		opts.KeyLimit = 2
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+			if m.Key != "slow" {
+				others.Add(1)
+				return "", nil
+			}
+			n := running.Add(1)
+			for {
+				old := most.Load()
+				if n <= old || most.CompareAndSwap(old, n) {
+					break
+				}
+			}
+			<-release
+			running.Add(-1)
+			return "", nil
+		}, opts)
+		require.NoError(t, err)
+		runConsumer(t, c)
+		<-c.Ready() // KeyLimit is stored
+		for i := range 6 {
+			mustProduce(t, p, fmt.Sprint("slow", i), "x", Key("slow")).Release()
+		}
+		eventually(t, 10*time.Second, func() bool { return running.Load() == 2 }, "the slow key did not start")
+		for i := range 20 {
+			mustProduce(t, p, fmt.Sprint("fast", i), "x", Key(fmt.Sprint("f", i%4))).Release()
+		}
+		eventually(t, 10*time.Second, func() bool { return others.Load() == 20 }, "other keys were blocked by a key at its limit")
+		require.Equal(t, int64(2), running.Load())
+		close(release)
+		eventually(t, 10*time.Second, func() bool { return len(fairKeysLeft(t, client, q)) == 1 }, "the slow key never drained")
+		require.Equal(t, int64(2), most.Load(), "at most KeyLimit handlers of one key at once")
+	})
+}
