@@ -213,3 +213,51 @@ func TestFairKeysLimitParksKey(t *testing.T) {
 		require.Equal(t, int64(2), most.Load(), "at most KeyLimit handlers of one key at once")
 	})
 }
+
+// TestFairKeysAdmin: an operator sees the keys with the most waiting jobs
+// and one key by name, pauses a key (its jobs wait, other keys run) and
+// resumes it, and raises a key's limit.
+func TestFairKeysAdmin(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		p := newStringProducer(t, client, q)
+		a, err := NewAdmin(client, q, nil)
+		require.NoError(t, err)
+		require.NoError(t, a.PauseKey(ctx, "big"))
+		for i := range 30 {
+			mustProduce(t, p, fmt.Sprint("big", i), "x", Key("big")).Release()
+		}
+		for i := range 3 {
+			mustProduce(t, p, fmt.Sprint("small", i), "x", Key("small")).Release()
+		}
+		top, err := a.TopKeys(ctx, 1)
+		require.NoError(t, err)
+		require.Equal(t, []KeyStat{{Key: "big", Waiting: 30, Paused: true, Weight: 1}}, top)
+		small, err := a.KeyStats(ctx, "small")
+		require.NoError(t, err)
+		require.Equal(t, KeyStat{Key: "small", Running: 3, Weight: 1}, small, "a key with free slots appends at once")
+		var bigRuns, smallRuns atomic.Int64
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+			if m.Key == "big" {
+				bigRuns.Add(1)
+			} else {
+				smallRuns.Add(1)
+			}
+			return "", nil
+		}, fastOpts(t, "admin", 5*time.Second))
+		require.NoError(t, err)
+		runConsumer(t, c)
+		eventually(t, 10*time.Second, func() bool { return smallRuns.Load() == 3 }, "the other key did not run")
+		require.Zero(t, bigRuns.Load(), "a paused key's jobs wait")
+		require.NoError(t, a.SetKeyLimit(ctx, "big", 5))
+		require.NoError(t, a.ResumeKey(ctx, "big"))
+		eventually(t, 10*time.Second, func() bool { return bigRuns.Load() == 30 }, "the resumed key did not drain")
+		st, err := a.KeyStats(ctx, "big")
+		require.NoError(t, err)
+		require.Equal(t, KeyStat{Key: "big", Limit: 5, Weight: 1}, st)
+		top, err = a.TopKeys(ctx, 10)
+		require.NoError(t, err)
+		require.Empty(t, top, "a drained key is not stored")
+	})
+}

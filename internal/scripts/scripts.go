@@ -65,6 +65,8 @@ var (
 	purgeSrc string
 	//go:embed fair.lua
 	fairSrc string
+	//go:embed fairadmin.lua
+	fairAdminSrc string
 )
 
 // The scripts. Run uses EVALSHA and falls back to EVAL when the server lacks the script.
@@ -101,6 +103,8 @@ var (
 	CancelRetry = redis.NewScript(cancelRetrySrc)
 	// Purge deletes a dead-letter stream and counts it, in one step.
 	Purge = redis.NewScript(purgeSrc)
+	// FairAdmin reads and changes one shard's keys (fair queuing by key).
+	FairAdmin = redis.NewScript(fairSrc + fairAdminSrc)
 )
 
 // fairMarker is the line of produce.lua where fair.lua's functions go: after
