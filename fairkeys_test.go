@@ -261,3 +261,80 @@ func TestFairKeysAdmin(t *testing.T) {
 		require.Empty(t, top, "a drained key is not stored")
 	})
 }
+
+// TestFairKeysBacklogDoesNotDelayOtherKeys: key A has a backlog of 50,000
+// jobs, then keys B..K get 10 jobs each; 8 workers. The j-th job of a key
+// (j = 1..10) starts after at most j·(K−1) + W + Workers starts of other
+// jobs, K = 11 keys with work, W = the window (DefaultKeyWindow): its key
+// takes a turn on every K−1 releases, and once in the stream it waits
+// behind at most the window's other jobs (and what the workers hold).
+// The worst case in starts and milliseconds is logged.
+func TestFairKeysBacklogDoesNotDelayOtherKeys(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	p := newStringProducer(t, client, q)
+	const backlog, perKey, workers = 50000, 10, 8
+	others := []string{"B", "C", "D", "E", "F", "G", "H", "I", "J", "K"}
+	for start := 0; start < backlog; start += 500 {
+		batch := make([]Job[string], 0, 500)
+		for i := start; i < start+500; i++ {
+			batch = append(batch, Job[string]{ID: fmt.Sprint("a", i), Request: "x", Options: []ProduceOption{Key("A")}})
+		}
+		_, err := p.ProduceBatch(ctx, batch)
+		require.NoError(t, err)
+	}
+	var starts atomic.Int64
+	var mu sync.Mutex
+	startedAt := map[string]int64{}
+	startedTime := map[string]time.Time{}
+	opts := fastOpts(t, "fairness", 10*time.Second)
+	opts.Workers = workers
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		n := starts.Add(1)
+		if m.Key != "A" {
+			mu.Lock()
+			startedAt[m.ID], startedTime[m.ID] = n, time.Now()
+			mu.Unlock()
+		}
+		return "", nil
+	}, opts)
+	require.NoError(t, err)
+	runConsumer(t, c)
+	eventually(t, 20*time.Second, func() bool { return starts.Load() >= 2000 }, "the backlog never started")
+	// Each job's starts and time are counted from right before its produce.
+	before := map[string]int64{}
+	at := map[string]time.Time{}
+	var prs []*Promise[string]
+	for j := range perKey {
+		for _, k := range others {
+			id := fmt.Sprint(k, j)
+			before[id], at[id] = starts.Load(), time.Now()
+			prs = append(prs, mustProduce(t, p, id, "x", Key(k)))
+		}
+	}
+	for _, pr := range prs {
+		_, err := pr.Wait(waitCtx(t, 30*time.Second))
+		require.NoError(t, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	keysWithWork := int64(len(others) + 1)
+	worstStarts, worstMs, worstSlack := int64(0), time.Duration(0), int64(1<<62)
+	for j := range perKey {
+		bound := int64(j+1)*(keysWithWork-1) + DefaultKeyWindow + workers
+		for _, k := range others {
+			id := fmt.Sprint(k, j)
+			after := startedAt[id] - before[id] - 1
+			require.LessOrEqual(t, after, bound, "job %d of key %s started after %d other starts", j+1, k, after)
+			worstStarts = max(worstStarts, after)
+			worstSlack = min(worstSlack, bound-after)
+			worstMs = max(worstMs, startedTime[id].Sub(at[id]))
+		}
+	}
+	require.Less(t, starts.Load(), int64(backlog), "the other keys did not wait for the backlog")
+	t.Logf("A: %d jobs of backlog, B..K: %d jobs each, %d workers, window %d: the worst job of B..K started after %d other starts "+
+		"(its bound: j*(K-1)+W+Workers, closest %d under it) and %v after its produce; %d of A's backlog had started",
+		backlog, perKey, workers, DefaultKeyWindow, worstStarts, worstSlack, worstMs.Round(time.Millisecond), starts.Load()-int64(len(others)*perKey))
+}
