@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
-	"strings"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -17,7 +14,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamq/streamq/internal/redistest"
-	"github.com/streamq/streamq/internal/scripts"
 )
 
 // fairKeysLeft lists the fair-queuing keys of queue q that exist.
@@ -384,31 +380,16 @@ func TestFairKeysScale(t *testing.T) {
 		opts.Workers = 8
 		opts.DiscardResults = true
 		opts.ResultTTL = time.Millisecond
-		if w, _ := strconv.Atoi(os.Getenv("FAIRW")); w > 0 && keyed {
-			require.NoError(t, client.HSet(ctx, "streamq:{"+q+"}:keys:cfg", "window", w).Err())
-			_, err := scripts.FairAdmin.Run(ctx, client, []string{streamKey(q)}, "window", w).Result()
-			require.NoError(t, err)
-		}
 		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
 			done.Add(1)
 			return "", nil
 		}, opts)
 		require.NoError(t, err)
-		client.ConfigResetStat(ctx)
 		at := time.Now()
 		stop := runConsumer(t, c)
 		eventually(t, 120*time.Second, func() bool { return done.Load() == nkeys*perKey }, "the queue did not drain")
 		took := time.Since(at)
-		if os.Getenv("FAIRW") != "" {
-			info := client.Info(ctx, "commandstats").Val()
-			for _, l := range strings.Split(info, "\n") {
-				if strings.Contains(l, "calls=") {
-					t.Logf("keyed=%v %s", keyed, strings.TrimSpace(l))
-				}
-			}
-		}
 		stop()
-		client.Del(ctx, "streamq:{"+q+"}:keys:cfg")
 		eventually(t, 10*time.Second, func() bool { return len(fairKeysLeft(t, client, q)) == 0 }, "keyed state left: %v", fairKeysLeft(t, client, q))
 		// The records expire (ResultTTL 1 ms): wait until only the stream
 		// and its bookkeeping remain.

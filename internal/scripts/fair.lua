@@ -103,22 +103,27 @@ local function fairAppend(base, key, el)
   for j = 4, #d do
     fields[#fields + 1] = d[j]
   end
-  local cur = false
-  if rec ~= "" then
-    cur = redis.pcall("GET", rec)
-    if type(cur) == "table" then
-      cur = false -- another program's key: run the job, leave the key
-    elseif cur and string.sub(cur, 1, 1) ~= "P" then
-      return false
-    end
-  end
   if count > 0 then
     fields[#fields + 1] = "n"
     fields[#fields + 1] = tostring(count)
   end
-  local eid = redis.call("XADD", base .. "stream", "*", unpack(fields))
-  if cur and string.sub(cur, 1, 2) == "P%" then
-    redis.call("SET", rec, "P" .. eid, "KEEPTTL")
+  local stream = base .. "stream"
+  local eid = redis.call("XADD", stream, "*", unpack(fields))
+  if rec ~= "" then
+    -- One command for the record: "P<entry id>" (its TTL kept), put back
+    -- when it held an outcome (the job is dropped) or removed when it had
+    -- expired; a key of another type is left alone (SET GET fails on it,
+    -- writing nothing) and the job runs.
+    local old = redis.pcall("SET", rec, "P" .. eid, "KEEPTTL", "GET")
+    if type(old) ~= "table" then
+      if not old then
+        redis.call("DEL", rec)
+      elseif string.sub(old, 1, 1) ~= "P" then
+        redis.call("SET", rec, old, "KEEPTTL")
+        redis.call("XDEL", stream, eid)
+        return false
+      end
+    end
   end
   if count > 0 and starts ~= "" then
     redis.call("HSET", starts, eid, count)
@@ -132,16 +137,22 @@ end
 -- free slots; it returns how many it appended.
 local function fairPump(base)
   local window, limit, on = fairConf(base)
-  local ready, parked = base .. "keys:ready", base .. "keys:parked"
+  local ready = base .. "keys:ready"
   local room = window - redis.call("HLEN", base .. "keys:slots")
   local moved = 0
   while room > 0 do
-    local key = redis.call("LPOP", ready)
+    -- The key whose turn it is moves to the end of the ring at once (one
+    -- command); it leaves the ring below when it has nothing left or may
+    -- not append.
+    local key = redis.call("LMOVE", ready, ready, "LEFT", "RIGHT")
     if not key then
       break
     end
     local lim, paused, w = fairKeyConf(base, key, limit, on)
-    local run = tonumber(redis.call("HGET", base .. "keys:running", key)) or 0
+    local run = 0
+    if lim > 0 then
+      run = tonumber(redis.call("HGET", base .. "keys:running", key)) or 0
+    end
     local q = base .. "keys:q:" .. key
     local take = math.min(w, room)
     if lim > 0 then
@@ -161,12 +172,11 @@ local function fairPump(base)
         take, room, run, moved = take - 1, room - 1, run + 1, moved + 1
       end
     end
-    if left and redis.call("EXISTS", q) == 1 then
-      if paused or (lim > 0 and run >= lim) then
-        redis.call("SADD", parked, key)
-      else
-        redis.call("RPUSH", ready, key)
-      end
+    if not (left and redis.call("EXISTS", q) == 1) then
+      redis.call("RPOP", ready) -- nothing waits any more
+    elseif paused or (lim > 0 and run >= lim) then
+      redis.call("RPOP", ready)
+      redis.call("SADD", base .. "keys:parked", key)
     end
   end
   return moved
@@ -226,6 +236,7 @@ local function fairRelease(base, eids, from, to)
     return
   end
   local running, parked, ready = base .. "keys:running", base .. "keys:parked", base .. "keys:ready"
+  local anyParked = redis.call("EXISTS", parked) == 1
   for i = from, to do
     local eid = eids[i]
     local key = redis.call("HGET", slots, eid)
@@ -234,7 +245,7 @@ local function fairRelease(base, eids, from, to)
       if redis.call("HINCRBY", running, key, -1) <= 0 then
         redis.call("HDEL", running, key)
       end
-      if redis.call("SREM", parked, key) == 1 then
+      if anyParked and redis.call("SREM", parked, key) == 1 then
         redis.call("RPUSH", ready, key)
       end
     end
