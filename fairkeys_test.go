@@ -255,6 +255,10 @@ func TestFairKeysAdmin(t *testing.T) {
 		require.NoError(t, a.SetKeyLimit(ctx, "big", 5))
 		require.NoError(t, a.ResumeKey(ctx, "big"))
 		eventually(t, 10*time.Second, func() bool { return bigRuns.Load() == 30 }, "the resumed key did not drain")
+		eventually(t, 10*time.Second, func() bool {
+			st, err := a.KeyStats(ctx, "big")
+			return err == nil && st.Running == 0
+		}, "the slots of the drained key did not come back")
 		st, err := a.KeyStats(ctx, "big")
 		require.NoError(t, err)
 		require.Equal(t, KeyStat{Key: "big", Limit: 5, Weight: 1}, st)
@@ -404,4 +408,48 @@ func TestFairKeysScale(t *testing.T) {
 	t.Logf("50,000 jobs, 8 workers: without keys %v (%.0f jobs/s), %d keys x %d jobs %v (%.0f jobs/s): %.2fx; used_memory: %d before, %d after the plain drain, %d after the keyed drain",
 		plain.Round(time.Millisecond), float64(nkeys*perKey)/plain.Seconds(), nkeys, perKey, keyed.Round(time.Millisecond),
 		float64(nkeys*perKey)/keyed.Seconds(), ratio, base, plainMem, keyedMem)
+}
+
+// TestFairKeysCancelAndForget: cancelling or forgetting a keyed job waiting
+// for its key's turn drops it, and forgetting one queued in the stream gives
+// back its slot; Admin.Job reports a waiting one as queued.
+func TestFairKeysCancelAndForget(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		p := newStringProducer(t, client, q)
+		a, err := NewAdmin(client, q, nil)
+		require.NoError(t, err)
+		mustProduce(t, p, "queued", "x", Key("k")).Release() // appended at once
+		require.NoError(t, a.PauseKey(ctx, "k"))
+		mustProduce(t, p, "waiting", "x", Key("k")).Release()
+		mustProduce(t, p, "forgotten", "x", Key("k")).Release()
+		mustProduce(t, p, "runs", "x", Key("k")).Release()
+		info, err := a.Job(ctx, "waiting")
+		require.NoError(t, err)
+		require.Equal(t, JobQueued, info.State)
+		require.NoError(t, a.Cancel(ctx, "waiting"))
+		require.NoError(t, a.Forget(ctx, "queued", false))
+		err = a.Forget(ctx, "forgotten", false)
+		require.NoError(t, err)
+		st, err := a.KeyStats(ctx, "k")
+		require.NoError(t, err)
+		require.Equal(t, int64(0), st.Running, "the forgotten entry's slot is back")
+		var mu sync.Mutex
+		var ran []string
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+			mu.Lock()
+			ran = append(ran, m.ID)
+			mu.Unlock()
+			return "", nil
+		}, fastOpts(t, "cancel", 5*time.Second))
+		require.NoError(t, err)
+		runConsumer(t, c)
+		require.NoError(t, a.ResumeKey(ctx, "k"))
+		eventually(t, 10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(ran) == 1 }, "the last job did not run")
+		eventually(t, 5*time.Second, func() bool { return len(fairKeysLeft(t, client, q)) == 0 }, "keyed state left: %v", fairKeysLeft(t, client, q))
+		mu.Lock()
+		defer mu.Unlock()
+		require.Equal(t, []string{"runs"}, ran)
+	})
 }

@@ -62,7 +62,7 @@ if string.sub(cur, 1, 1) == "C" then
   return {2, cur}
 end
 local queued = false
-if string.sub(cur, 1, 2) ~= "P@" and cur ~= "P&" then
+if string.sub(cur, 1, 2) ~= "P@" and cur ~= "P&" and cur ~= "P%" then
   if ARGV[7] ~= "q" or string.sub(cur, 1, 1) ~= "P" then
     return {1, cur}
   end
@@ -107,6 +107,7 @@ end
 redis.call("HINCRBY", KEYS[4], "canceled", 1)
 if queued then
   redis.call("XDEL", KEYS[6], queued)
+  fairRelease(fairBase(KEYS[6]), {queued}, 1, 1) -- a keyed entry's slot (fair.lua)
 else
   local member = "r" .. ARGV[1]
   redis.call("ZREM", KEYS[2], member)

@@ -110,19 +110,20 @@ local function fairAppend(base, key, el)
   local stream = base .. "stream"
   local eid = redis.call("XADD", stream, "*", unpack(fields))
   if rec ~= "" then
-    -- One command for the record: "P<entry id>" (its TTL kept), put back
-    -- when it held an outcome (the job is dropped) or removed when it had
-    -- expired; a key of another type is left alone (SET GET fails on it,
-    -- writing nothing) and the job runs.
+    -- One command for the record: "P<entry id>" (its TTL kept). A record
+    -- that held an outcome (cancelled while waiting) is put back, and one
+    -- that was gone (forgotten, or expired: its callers were told it was
+    -- lost) removed again: the job is dropped. A key of another type is
+    -- left alone (SET GET fails on it, writing nothing) and the job runs.
     local old = redis.pcall("SET", rec, "P" .. eid, "KEEPTTL", "GET")
-    if type(old) ~= "table" then
-      if not old then
-        redis.call("DEL", rec)
-      elseif string.sub(old, 1, 1) ~= "P" then
+    if type(old) ~= "table" and (not old or string.sub(old, 1, 1) ~= "P") then
+      if old then
         redis.call("SET", rec, old, "KEEPTTL")
-        redis.call("XDEL", stream, eid)
-        return false
+      else
+        redis.call("DEL", rec)
       end
+      redis.call("XDEL", stream, eid)
+      return false
     end
   end
   if count > 0 and starts ~= "" then

@@ -83,14 +83,14 @@ var (
 	Release  = redis.NewScript(releaseSrc)
 	Adopt    = redis.NewScript(adoptSrc)
 	Job      = redis.NewScript(entryStreamSrc + jobSrc)
-	Forget   = redis.NewScript(entryStreamSrc + forgetSrc)
+	Forget   = redis.NewScript(entryStreamSrc + fairSrc + forgetSrc)
 	// RateLimit takes tokens of a shared rate limit (GCRA on the server's clock).
 	RateLimit = redis.NewScript(rateLimitSrc)
 	// Periodic records a periodic job's last and next slot.
 	Periodic = redis.NewScript(periodicSrc)
 	Promote  = redis.NewScript(fairSrc + promoteSrc)
 	Retry    = redis.NewScript(fairSrc + retrySrc)
-	Cancel   = redis.NewScript(flowReleaseSrc + cancelSrc)
+	Cancel   = redis.NewScript(flowReleaseSrc + fairSrc + cancelSrc)
 	// Jobs reads one shard's part of an Admin.Jobs page.
 	Jobs = redis.NewScript(jobsSrc)
 	// Flow produces a parent with its children (flowrelease.lua in front).
