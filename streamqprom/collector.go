@@ -110,7 +110,7 @@ type Collector struct {
 	stats    []streamq.Stats
 	statsOK  []bool
 	history  []*streamq.HistoryPoint // the last complete minute; nil when unread
-	keys     [][]streamq.KeyStat         // WithTopKeys: each queue's top keys
+	keys     [][]streamq.KeyStat     // WithTopKeys: each queue's top keys
 	hasReads bool
 }
 
