@@ -229,19 +229,21 @@ local function fairWait(base, key, el, undo)
 end
 
 -- fairRelease gives back the slots of the entries in eids (those that hold
--- one) and appends waiting jobs in their place. A shard without slots costs
--- one EXISTS.
+-- one) and appends waiting jobs in their place; it returns entry id -> key
+-- of the released slots, or nil. A shard without slots costs one EXISTS.
 local function fairRelease(base, eids, from, to)
   local slots = base .. "keys:slots"
   if redis.call("EXISTS", slots) == 0 then
-    return
+    return nil
   end
+  local released = {}
   local running, parked, ready = base .. "keys:running", base .. "keys:parked", base .. "keys:ready"
   local anyParked = redis.call("EXISTS", parked) == 1
   for i = from, to do
     local eid = eids[i]
     local key = redis.call("HGET", slots, eid)
     if key then
+      released[eid] = key
       redis.call("HDEL", slots, eid)
       if redis.call("HINCRBY", running, key, -1) <= 0 then
         redis.call("HDEL", running, key)
@@ -252,6 +254,7 @@ local function fairRelease(base, eids, from, to)
     end
   end
   fairPump(base)
+  return released
 end
 
 -- fairKeyOf returns the value of field "k" among fields (name, value, ...)

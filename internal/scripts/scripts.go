@@ -77,7 +77,7 @@ var (
 	Lease    = redis.NewScript(leaseSrc)
 	Trim     = redis.NewScript(trimSrc)
 	Prune    = redis.NewScript(pruneSrc)
-	Requeue  = redis.NewScript(requeueSrc)
+	Requeue  = redis.NewScript(fairSrc + requeueSrc)
 	Resume   = redis.NewScript(resumeSrc)
 	Charge   = redis.NewScript(chargeSrc)
 	Release  = redis.NewScript(releaseSrc)
