@@ -111,6 +111,7 @@ func (a *Admin) ResumeKey(ctx context.Context, key string) error {
 // one lets no more in until the key's running jobs fall below it. A nil
 // ctx panics.
 func (a *Admin) SetKeyLimit(ctx context.Context, key string, n int) error {
+	mustContext(ctx, "Admin.SetKeyLimit")
 	if n < 0 {
 		return fmt.Errorf("%w: SetKeyLimit(%q, %d): the limit must be 0 (none) or more", ErrInvalidOptions, key, n)
 	}
@@ -120,6 +121,7 @@ func (a *Admin) SetKeyLimit(ctx context.Context, key string, n int) error {
 // SetKeyWeight sets how many jobs key appends per turn (w >= 1; 1, the
 // default, is plain round robin). A nil ctx panics.
 func (a *Admin) SetKeyWeight(ctx context.Context, key string, w int) error {
+	mustContext(ctx, "Admin.SetKeyWeight")
 	if w < 1 {
 		return fmt.Errorf("%w: SetKeyWeight(%q, %d): the weight must be at least 1", ErrInvalidOptions, key, w)
 	}
