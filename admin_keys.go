@@ -128,6 +128,23 @@ func (a *Admin) SetKeyWeight(ctx context.Context, key string, w int) error {
 	return a.changeKey(ctx, "Admin.SetKeyWeight", "weight", key, w)
 }
 
+// SetKeyDefaults stores the queue's default limit per key (limit; 0: none)
+// and its window (window; 0: DefaultKeyWindow) on every shard, as a
+// consumer with ConsumerOptions.KeyLimit and KeyWindow does when it starts.
+// Store them before producing keyed jobs that must respect them: a job
+// appended to the stream before a limit was stored holds a slot but was not
+// held back by the limit. A nil ctx panics.
+func (a *Admin) SetKeyDefaults(ctx context.Context, limit, window int) error {
+	mustContext(ctx, "Admin.SetKeyDefaults")
+	if limit < 0 || window < 0 {
+		return fmt.Errorf("%w: SetKeyDefaults(%d, %d): the limit and window must be 0 (the default) or more", ErrInvalidOptions, limit, window)
+	}
+	if err := a.eachKeyShard(ctx, "deflimit", nil, limit); err != nil {
+		return err
+	}
+	return a.eachKeyShard(ctx, "window", nil, window)
+}
+
 func (a *Admin) changeKey(ctx context.Context, name, op, key string, args ...any) error {
 	mustContext(ctx, name)
 	if err := validateKey(key); err != nil {

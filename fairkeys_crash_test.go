@@ -120,7 +120,9 @@ func TestFairKeysLimitAcrossProcesses(t *testing.T) {
 			const jobs, nkeys, limit = 5000, 20, 2
 			// The limit is stored before the jobs come (the consumers store
 			// it too when they start).
-			require.NoError(t, client.HSet(ctx, "streamq:{"+q+"}:keys:cfg", "limit", limit).Err())
+			a, err := NewAdmin(client, q, nil)
+			require.NoError(t, err)
+			require.NoError(t, a.SetKeyDefaults(ctx, limit, 0))
 			p := newStringProducer(t, client, q)
 			ids := make([]string, jobs)
 			var prs []*Promise[string]

@@ -134,8 +134,10 @@ func TestFairKeysRoundRobin(t *testing.T) {
 	backends(t, func(t *testing.T, client *redis.Client) {
 		q := queueName(t)
 		p := newStringProducer(t, client, q)
-		// The window the consumer will store, stored before the jobs come.
-		require.NoError(t, client.HSet(context.Background(), "streamq:{"+q+"}:keys:cfg", "window", 1).Err())
+		// The window, stored before the jobs come.
+		a, err := NewAdmin(client, q, nil)
+		require.NoError(t, err)
+		require.NoError(t, a.SetKeyDefaults(context.Background(), 0, 1))
 		for i := range 20 {
 			mustProduce(t, p, fmt.Sprint("a", i), "x", Key("A")).Release()
 		}

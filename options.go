@@ -318,8 +318,10 @@ type ConsumerOptions struct {
 	// another consumer claims and finishes them. A key at its limit leaves
 	// its jobs waiting outside the stream, and other keys' jobs run. Run
 	// stores it in Redis (it applies to every consumer of the queue; the
-	// last one stored wins); Admin.SetKeyLimit overrides it per key. 0 (the
-	// default) stores nothing: no limit unless one was stored before.
+	// last one stored wins), and it holds back the jobs appended from then
+	// on: store it with Admin.SetKeyDefaults before producing when the
+	// first jobs must respect it. Admin.SetKeyLimit overrides it per key. 0
+	// (the default) stores nothing: no limit unless one was stored before.
 	KeyLimit int
 
 	// KeyWindow is the most keyed jobs the queue's consumers hold at once

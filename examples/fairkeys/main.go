@@ -56,22 +56,15 @@ func run() error {
 		return queue.NewConsumer(client, consumerHandler(&mu, &order, running, &most),
 			&streamq.ConsumerOptions{Workers: 4, KeyLimit: 2, KeyWindow: 8, Logger: quiet})
 	}
-	// A consumer stores KeyLimit and KeyWindow when it starts: start one
-	// and stop it, so the burst below is produced under those settings,
-	// then run another once everything is produced.
-	first, err := newConsumer()
+	// The limit and window are stored before the burst is produced (a
+	// consumer stores its KeyLimit and KeyWindow too when it starts).
+	admin, err := queue.NewAdmin(client, nil)
 	if err != nil {
 		return err
 	}
-	firstCtx, stopFirst := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- first.Run(firstCtx) }()
-	<-first.Ready()
-	stopFirst()
-	if err := <-done; err != nil {
+	if err := admin.SetKeyDefaults(ctx, 2, 8); err != nil {
 		return err
 	}
-
 	producer, err := queue.NewProducer(client, &streamq.ProducerOptions{Logger: quiet})
 	if err != nil {
 		return err
@@ -93,10 +86,6 @@ func run() error {
 		}
 	}
 	if err := producer.Flush(ctx); err != nil {
-		return err
-	}
-	admin, err := queue.NewAdmin(client, nil)
-	if err != nil {
 		return err
 	}
 	top, err := admin.TopKeys(ctx, 3)

@@ -11,6 +11,7 @@
 --   "limit" key n  the key's own limit (0: the shard's default again)
 --   "weight" key w the key's weight (1: the default)
 --   "window" w   the shard's window (0: the default)
+--   "deflimit" n the shard's default limit per key (0: none)
 -- Changes return how many waiting jobs they let in at once.
 local base = fairBase(KEYS[1])
 local cfg = base .. "keys:cfg"
@@ -69,11 +70,18 @@ elseif op == "weight" then
   else
     redis.call("HDEL", cfg, "w:" .. key)
   end
-elseif op == "window" then
+elseif op == "window" or op == "deflimit" then
+  local field = op == "window" and "window" or "limit"
   if tonumber(ARGV[2]) > 0 then
-    redis.call("HSET", cfg, "window", ARGV[2])
+    redis.call("HSET", cfg, field, ARGV[2])
   else
-    redis.call("HDEL", cfg, "window")
+    redis.call("HDEL", cfg, field)
+  end
+  -- A raised default may let parked keys in: each takes its turn again
+  -- (the pump parks again those still at their limit).
+  for _, k in ipairs(redis.call("SMEMBERS", base .. "keys:parked")) do
+    redis.call("SREM", base .. "keys:parked", k)
+    redis.call("RPUSH", base .. "keys:ready", k)
   end
   return fairPump(base)
 else
