@@ -182,6 +182,10 @@ func (a *Admin) Job(ctx context.Context, id string) (JobInfo, error) {
 			info.State = JobWaiting
 			break
 		}
+		if value == "%" {
+			info.State = JobQueued // waiting for its key's turn (Key)
+			break
+		}
 		if due, ok := strings.CutPrefix(value, "@"); ok {
 			// Scheduled: a delayed request or a retry waiting for its back-off.
 			info.State = JobScheduled

@@ -338,6 +338,8 @@ type produceItem struct {
 	// and modeA, modeB its numbers in milliseconds (see modeArgs).
 	mode         byte
 	modeA, modeB int64
+	// key is the request's key (Key; "" for none), also in fields.
+	key string
 	// call is the waiters' call the Produce caller holds (nil for Enqueue,
 	// Send, batches, flows); runProduce moves it to a new run's call when a
 	// mode's new run replaced the id's stored outcome.
@@ -396,7 +398,7 @@ func (it *produceItem) apply(s produceSettings) error {
 			it.fields = append(it.fields, keys.FieldPriority, levelNames[l])
 		}
 	}
-	return nil
+	return it.applyKey(s)
 }
 
 // size is what the item weighs against MaxBatchBytes and MaxPendingBytes.
@@ -454,6 +456,9 @@ func (p *Producer[Req, Resp]) runProduce(ctx context.Context, client redis.Scrip
 	}
 	if moded {
 		args[1] = args[1].(string) + "M" // each item carries its mode; the mode keys come last
+	}
+	if anyKeyed(items) {
+		args[1] = args[1].(string) + keyedCall // keyed items take their key's turn (fair.lua)
 	}
 	for _, it := range items {
 		keys = append(keys, k.Record(it.id))

@@ -84,6 +84,50 @@ func clusterSuite(t *testing.T, c *redistest.Cluster, client redis.UniversalClie
 		t.Parallel()
 		testClusterReplace(t, client)
 	})
+	t.Run("Keyed", func(t *testing.T) {
+		t.Parallel()
+		testClusterKeyed(t, client)
+	})
+}
+
+// testClusterKeyed: keyed jobs on a queue sharded over every master take
+// their keys' turns and limit on each shard (the scripts touch only keys of
+// their shard's slot), every job runs once, and no keyed state is left.
+func testClusterKeyed(t *testing.T, client redis.UniversalClient) {
+	ctx := context.Background()
+	q := queueName(t)
+	p, err := NewProducer[string, string](client, q, &ProducerOptions{Shards: clusterShards, Logger: testLogger(t)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	rc := newRunCounter()
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		rc.add(m.ID)
+		return m.Key, nil
+	}, &ConsumerOptions{Shards: clusterShards, Workers: 4, KeyLimit: 1, KeyWindow: 2, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, c)
+	<-c.Ready()
+	var prs []*Promise[string]
+	for i := range 60 {
+		pr, err := p.Produce(ctx, fmt.Sprint("j", i), "x", Key(fmt.Sprint("k", i%3)))
+		require.NoError(t, err)
+		prs = append(prs, pr)
+	}
+	for i, pr := range prs {
+		v, err := pr.Wait(waitCtx(t, 30*time.Second))
+		require.NoError(t, err)
+		require.Equal(t, fmt.Sprint("k", i%3), v)
+	}
+	a, err := NewAdmin(client, q, &AdminOptions{})
+	require.NoError(t, err)
+	eventually(t, 10*time.Second, func() bool {
+		top, err := a.TopKeys(ctx, 10)
+		return err == nil && len(top) == 0
+	}, "keys left with jobs")
+	runs := rc.snapshot()
+	for i := range 60 {
+		require.Equal(t, 1, runs[fmt.Sprint("j", i)], "runs of j%d", i)
+	}
 }
 
 // testClusterMulti: a MultiConsumer over three queues on a cluster, one of

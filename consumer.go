@@ -43,6 +43,8 @@ type Message[Req any] struct {
 	Deadline time.Time
 	// Priority is the request's priority level (see Priority).
 	Priority PriorityLevel
+	// Key is the request's key (see Key); "" when none.
+	Key string
 
 	// tx is the shard's template (a Consumer's message), or the Tx that Tx
 	// made for a message built by hand.
@@ -317,6 +319,9 @@ func (c *Consumer[Req, Resp]) ensureGroupRetry(ctx context.Context) ([]bool, err
 		}
 		if err == nil {
 			live, err = c.findLevels(ctx)
+		}
+		if err == nil {
+			err = c.writeKeySettings(ctx)
 		}
 		if err == nil {
 			return live, nil

@@ -170,7 +170,7 @@ func (p *Producer[Req, Resp]) ProduceFlow(ctx context.Context, id string, req Re
 }
 
 // flowRefused is the options a flow's node cannot take.
-const flowRefused = "a flow's parent or child cannot take RetryFailed, Throttle, Debounce or Replace"
+const flowRefused = "a flow's parent or child cannot take RetryFailed, Throttle, Debounce, Replace or Key"
 
 // produceFlow is ProduceFlow inside the interceptors: outs, when set, holds
 // each node's headers (index 0 the parent, then as ProduceFlow lists them).
@@ -190,7 +190,7 @@ func (p *Producer[Req, Resp]) produceFlow(ctx context.Context, id string, req Re
 	if err != nil {
 		return nil, err
 	}
-	if strings.Contains(parent.flags, flagRetryFailed) || parent.mode != modeNone {
+	if strings.Contains(parent.flags, flagRetryFailed) || parent.mode != modeNone || parent.key != "" {
 		return nil, fmt.Errorf("%w: %s", ErrInvalidOptions, flowRefused)
 	}
 	if err := p.ensureSubscribed(ctx); err != nil {
@@ -238,7 +238,7 @@ func (p *Producer[Req, Resp]) produceFlow(ctx context.Context, id string, req Re
 		if err := it.apply(settings); err != nil {
 			return fmt.Errorf("child %q: %w", c.id, err)
 		}
-		if strings.Contains(it.flags, flagRetryFailed) || it.mode != modeNone {
+		if strings.Contains(it.flags, flagRetryFailed) || it.mode != modeNone || it.key != "" {
 			return fmt.Errorf("%w: child %q: %s", ErrInvalidOptions, c.id, flowRefused)
 		}
 		ck, err := p.childKeys(c.queue, c.id)

@@ -199,6 +199,8 @@ type messageMeta struct {
 	// flowFailed is a flow parent's failure when a child failed under
 	// FailOnChildFailure (field "ff"): recorded without running the handler.
 	flowFailed string
+	// key is the request's key (field "k", Key), or "".
+	key string
 }
 
 // parseMeta reads the optional fields of an entry. Entries written without
@@ -210,6 +212,7 @@ func parseMeta(values map[string]any, readAt time.Time) messageMeta {
 		m.parent, _ = values[keys.FieldParent].(string)
 		m.flow = values[keys.FieldFlow] != nil
 		m.flowFailed, _ = values[keys.FieldFlowFailed].(string)
+		m.key, _ = values[keys.FieldKey].(string)
 	}
 	if h, ok := values[keys.FieldHeaders].(string); ok && h != "" {
 		var hs map[string]string

@@ -310,6 +310,28 @@ type ConsumerOptions struct {
 	// MaxCompleteBatchLimit (10,000). Defaults to DefaultMaxCompleteBatch (256).
 	MaxCompleteBatch int
 
+	// KeyLimit is the most handlers of one key (see Key) that run at once,
+	// across every consumer and process of the queue (per shard with
+	// Shards > 1). It is enforced in Redis: a keyed job enters the stream
+	// only with a slot of its key, and the slot is given back with its
+	// outcome or retry, so a crashed consumer's jobs keep their slots until
+	// another consumer claims and finishes them. A key at its limit leaves
+	// its jobs waiting outside the stream, and other keys' jobs run. Run
+	// stores it in Redis (it applies to every consumer of the queue; the
+	// last one stored wins), and it holds back the jobs appended from then
+	// on: store it with Admin.SetKeyDefaults before producing when the
+	// first jobs must respect it. Admin.SetKeyLimit overrides it per key. 0
+	// (the default) stores nothing: no limit unless one was stored before.
+	KeyLimit int
+
+	// KeyWindow is the most keyed jobs the queue's consumers hold at once
+	// per shard (read ahead, waiting in the stream or running): the bound on
+	// how far a keyed job can be behind other keys' jobs once its turn came.
+	// Keep it at least the workers of every consumer of the queue, or they
+	// idle. Run stores it in Redis like KeyLimit. 0 (the default) stores
+	// nothing: DefaultKeyWindow (128) unless another was stored.
+	KeyWindow int
+
 	// FailFast makes Run return the first error it meets at start
 	// (connecting, checking the server, creating the consumer groups)
 	// instead of logging it and trying again until Redis answers. Use it when
@@ -466,6 +488,8 @@ func (o *ConsumerOptions) resolve() error {
 		atMost("MaxCompleteBatch", o.MaxCompleteBatch, MaxCompleteBatchLimit, "MaxCompleteBatchLimit",
 			"the completion queue holds two batches, and Redis blocks other clients while it records one"),
 		trimErr,
+		atLeastInt("KeyLimit", o.KeyLimit, 0, "0 (no limit)"),
+		atLeastInt("KeyWindow", o.KeyWindow, 0, "0 (the default)"),
 		atLeast("ConsumerIdleTimeout", o.ConsumerIdleTimeout, time.Second),
 		positive("DeadLetterMaxLen", o.DeadLetterMaxLen),
 		shardCount(o.Shards),

@@ -34,6 +34,9 @@ type produceSettings struct {
 	// (modeNone: none), with its durations.
 	mode         byte
 	modeA, modeB time.Duration
+	// key is set by Key (fairkeys.go); used when keySet.
+	key    string
+	keySet bool
 }
 
 // RetryFailed lets the request run again when its id's stored outcome is a

@@ -104,7 +104,7 @@ func (r *run[Req, Resp]) process(s *slot, flush func()) (owed bool) {
 	hctx, stop := r.bound(ctx, s.meta.deadline)
 	msg := &Message[Req]{ID: s.entry.ID, EntryID: s.entry.EntryID, Payload: req, Deliveries: s.entry.Deliveries,
 		Headers: s.meta.headers, ProducedAt: entryTime(s.entry.EntryID), ReadAt: s.meta.readAt, StartedAt: time.Now(),
-		Deadline: s.meta.deadline, Priority: levelValue[s.level], tx: r.c.tx[s.shard], st: &s.msg, link: r, shard: s.shard, flow: s.meta.flow}
+		Deadline: s.meta.deadline, Priority: levelValue[s.level], Key: s.meta.key, tx: r.c.tx[s.shard], st: &s.msg, link: r, shard: s.shard, flow: s.meta.flow}
 	resp, err := r.call(hctx, s, msg)
 	tx, reported := s.msg.finish() // tx: nil unless the handler staged writes
 	s.reported = reported

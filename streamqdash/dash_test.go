@@ -323,6 +323,38 @@ func TestActions(t *testing.T) {
 	require.Zero(t, s.DeadLetters)
 	require.EqualValues(t, 2, s.Length, "bad-1 and bad-3 requeued")
 
+	// Fair queuing by key: the queue page lists the keys with the most
+	// waiting jobs, finds one key, and pauses and resumes a key.
+	kp, err := streamq.NewProducer[string, string](client, "orders", &streamq.ProducerOptions{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	require.NoError(t, admin.PauseKey(ctx, "tenant-a"))
+	for _, id := range []string{"ka-1", "ka-2"} {
+		_, err = kp.Produce(ctx, id, "x", streamq.Key("tenant-a"))
+		require.NoError(t, err)
+	}
+	_, err = kp.Produce(ctx, "kb-1", "x", streamq.Key("tenant-b"))
+	require.NoError(t, err)
+	require.NoError(t, kp.Close())
+	_, body, _ = b.get("queue?q=orders")
+	require.Contains(t, body, `<tr><td>tenant-a</td><td>2</td><td>0</td>`)
+	require.Contains(t, body, `<tr><td>tenant-b</td><td>0</td><td>1</td>`)
+	_, body, _ = b.get("queue?q=orders&key=tenant-b")
+	require.NotContains(t, body, `<tr><td>tenant-a</td>`)
+	code, _, _ = b.post(url.Values{"q": {"orders"}, "op": {"resume-key"}, "key": {"tenant-a"}, "csrf": {form.Get("csrf")}}, nil)
+	require.Equal(t, http.StatusSeeOther, code)
+	ks, err := admin.KeyStats(ctx, "tenant-a")
+	require.NoError(t, err)
+	require.Equal(t, streamq.KeyStat{Key: "tenant-a", Running: 2, Weight: 1}, ks, "resumed: its jobs entered the stream")
+	code, _, _ = b.post(url.Values{"q": {"orders"}, "op": {"pause-key"}, "key": {"tenant-a"}, "csrf": {form.Get("csrf")}}, nil)
+	require.Equal(t, http.StatusSeeOther, code)
+	ks, err = admin.KeyStats(ctx, "tenant-a")
+	require.NoError(t, err)
+	require.True(t, ks.Paused)
+	require.NoError(t, admin.ResumeKey(ctx, "tenant-a"))
+	for _, id := range []string{"ka-1", "ka-2", "kb-1"} {
+		require.NoError(t, admin.Forget(ctx, id, true))
+	}
+
 	// Cancel and run now, one or a selection; the way back keeps the tab.
 	p, err := streamq.NewProducer[string, string](client, "orders", &streamq.ProducerOptions{Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)

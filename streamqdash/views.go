@@ -190,6 +190,21 @@ func (h *Handler) queue(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
+	// Fair queuing by key: the keys with the most waiting jobs, or the key
+	// searched for (?key=).
+	var keys []streamq.KeyStat
+	search := r.URL.Query().Get("key")
+	if search != "" {
+		k, err := a.KeyStats(ctx, search)
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		keys = []streamq.KeyStat{k}
+	} else if keys, err = a.TopKeys(ctx, topKeys); err != nil {
+		h.fail(w, r, err)
+		return
+	}
 	pg := h.page(w, r, "Queue "+q.Queue)
 	read.List.CSRF = pg.CSRF
 	list, digest, err := h.renderList(read.List)
@@ -208,8 +223,13 @@ func (h *Handler) queue(w http.ResponseWriter, r *http.Request) {
 		Digest    string
 		Done      string
 		Group     string // whose dead letters: "" for the answering group
-	}{pg, q.Queue, read.Summary, read.Stats, cs, read.List, list, digest, doneMessage(r.URL.Query()), q.Group})
+		Keys      []streamq.KeyStat
+		KeySearch string
+	}{pg, q.Queue, read.Summary, read.Stats, cs, read.List, list, digest, doneMessage(r.URL.Query()), q.Group, keys, search})
 }
+
+// topKeys is how many keys the queue page lists (fair queuing by key).
+const topKeys = 10
 
 // doneMessage says what the action before a redirect did (fixed texts
 // filled with numbers, never text from the URL).
@@ -250,6 +270,10 @@ func doneMessage(v url.Values) string {
 		return "Paused: consumers start no handler until resumed."
 	case "resume":
 		return "Resumed."
+	case "pause-key":
+		return "Paused the key: its waiting jobs stay out of the stream until resumed."
+	case "resume-key":
+		return "Resumed the key."
 	case "gone":
 		return "That dead letter was gone already."
 	case "inflight":
@@ -569,6 +593,10 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 		err = a.Pause(ctx)
 	case "resume":
 		err = a.Resume(ctx)
+	case "pause-key":
+		err = a.PauseKey(ctx, r.PostFormValue("key"))
+	case "resume-key":
+		err = a.ResumeKey(ctx, r.PostFormValue("key"))
 	default:
 		err = fmt.Errorf("%w: unknown action %q", errBadRequest, op)
 	}

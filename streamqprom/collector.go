@@ -45,6 +45,13 @@ type CollectorOption func(*Collector)
 // by the next scrapes, so that frequent scrapes (several Prometheus
 // servers, say) cost Redis one read per interval. 0 reads at every scrape.
 // Defaults to DefaultCacheInterval (5s).
+// WithTopKeys exports the waiting and running jobs of each queue's n keys
+// with the most waiting jobs (fair queuing by key, Admin.TopKeys), one
+// script call per shard and scrape. Default 0: no key gauges, and no call.
+func WithTopKeys(n int) CollectorOption {
+	return func(c *Collector) { c.topKeys = max(n, 0) }
+}
+
 func WithCacheInterval(d time.Duration) CollectorOption {
 	return func(c *Collector) { c.cacheInterval = d }
 }
@@ -76,6 +83,8 @@ func WithScrapeTimeout(d time.Duration) CollectorOption {
 //	streamq_failed_last_minute{queue}                      failed attempts of the last complete minute
 //	streamq_scrape_errors_total{queue}                     failed Admin.Stats or Admin.History reads
 //	streamq_scrape_duration_seconds                        time the last read took
+//	streamq_key_waiting_jobs{queue,key}                    with WithTopKeys(n): the n keys with the most
+//	streamq_key_running_jobs{queue,key}                    waiting jobs (Admin.TopKeys), waiting and running
 //
 // The level gauges ("high", "normal", "low") are exported only while the
 // queue uses priority levels (Stats.Levels is not nil).
@@ -90,6 +99,8 @@ type Collector struct {
 	pending, lag, consumers, oldest, groupDead      *prometheus.Desc
 	processed, failed                               *prometheus.Desc
 	levelEntries, levelPending                      *prometheus.Desc
+	keyWaiting, keyRunning                          *prometheus.Desc
+	topKeys                                         int
 	scrapeDuration                                  *prometheus.Desc
 	errors                                          *prometheus.CounterVec
 
@@ -99,6 +110,7 @@ type Collector struct {
 	stats    []streamq.Stats
 	statsOK  []bool
 	history  []*streamq.HistoryPoint // the last complete minute; nil when unread
+	keys     [][]streamq.KeyStat     // WithTopKeys: each queue's top keys
 	hasReads bool
 }
 
@@ -129,6 +141,9 @@ func NewCollector(admins []*streamq.Admin, opts ...CollectorOption) *Collector {
 	ql := []string{"queue", "priority"}
 	c.levelEntries = prometheus.NewDesc("streamq_level_entries", "Entries in the streams of the priority level (exported while the queue uses levels).", ql, nil)
 	c.levelPending = prometheus.NewDesc("streamq_level_pending_entries", "Entries of the priority level delivered to a group and not yet acknowledged, over the groups.", ql, nil)
+	qk := []string{"queue", "key"}
+	c.keyWaiting = prometheus.NewDesc("streamq_key_waiting_jobs", "Jobs of the key waiting for its turn (fair queuing; the top keys by waiting jobs, WithTopKeys).", qk, nil)
+	c.keyRunning = prometheus.NewDesc("streamq_key_running_jobs", "Jobs of the key in the stream, read ahead or running (its slots; the top keys, WithTopKeys).", qk, nil)
 	c.scrapeDuration = prometheus.NewDesc("streamq_scrape_duration_seconds", "Time the last read of the queues' statistics took.", nil, nil)
 	c.errors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "streamq_scrape_errors_total",
 		Help: "Reads of a queue's statistics that failed."}, q)
@@ -141,7 +156,7 @@ func NewCollector(admins []*streamq.Admin, opts ...CollectorOption) *Collector {
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.queueEntries, c.scheduled, c.paused, c.dead, c.canceled, c.pending, c.lag,
-		c.consumers, c.oldest, c.groupDead, c.processed, c.failed, c.levelEntries, c.levelPending, c.scrapeDuration} {
+		c.consumers, c.oldest, c.groupDead, c.processed, c.failed, c.levelEntries, c.levelPending, c.keyWaiting, c.keyRunning, c.scrapeDuration} {
 		ch <- d
 	}
 	c.errors.Describe(ch)
@@ -150,7 +165,16 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	stats, ok, hist, took := c.read()
+	c.mu.Lock()
+	keys := c.keys
+	c.mu.Unlock()
 	for i, a := range c.admins {
+		if i < len(keys) {
+			for _, k := range keys[i] {
+				ch <- prometheus.MustNewConstMetric(c.keyWaiting, prometheus.GaugeValue, float64(k.Waiting), a.Queue(), k.Key)
+				ch <- prometheus.MustNewConstMetric(c.keyRunning, prometheus.GaugeValue, float64(k.Running), a.Queue(), k.Key)
+			}
+		}
 		if h := hist[i]; h != nil {
 			ch <- prometheus.MustNewConstMetric(c.processed, prometheus.GaugeValue, float64(h.Processed), a.Queue())
 			ch <- prometheus.MustNewConstMetric(c.failed, prometheus.GaugeValue, float64(h.Failed), a.Queue())
@@ -203,6 +227,7 @@ func (c *Collector) read() ([]streamq.Stats, []bool, []*streamq.HistoryPoint, ti
 	stats := make([]streamq.Stats, len(c.admins))
 	ok := make([]bool, len(c.admins))
 	hist := make([]*streamq.HistoryPoint, len(c.admins))
+	keys := make([][]streamq.KeyStat, len(c.admins))
 	var wg sync.WaitGroup
 	for i, a := range c.admins {
 		wg.Go(func() {
@@ -219,9 +244,15 @@ func (c *Collector) read() ([]streamq.Stats, []bool, []*streamq.HistoryPoint, ti
 				return
 			}
 			hist[i] = &h[0]
+			if c.topKeys > 0 {
+				if keys[i], err = a.TopKeys(ctx, c.topKeys); err != nil {
+					c.errors.WithLabelValues(a.Queue()).Inc()
+				}
+			}
 		})
 	}
 	wg.Wait()
+	c.keys = keys
 	c.stats, c.statsOK, c.history, c.readAt, c.took, c.hasReads = stats, ok, hist, time.Now(), time.Since(start), true
 	return stats, ok, hist, c.took
 }

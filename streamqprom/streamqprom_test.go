@@ -332,3 +332,39 @@ streamq_jobs_produced_total{outcome="ok",queue="flowchild"} 2
 streamq_jobs_produced_total{outcome="ok",queue="flowparent"} 2
 `), "streamq_jobs_produced_total"))
 }
+
+// TestCollectorTopKeys: with WithTopKeys, the keys with the most waiting
+// jobs are exported with their waiting and running jobs; without it, no key
+// gauge is.
+func TestCollectorTopKeys(t *testing.T) {
+	backends(t, func(t *testing.T, rdb *redis.Client) {
+		ctx := context.Background()
+		a, err := streamq.NewAdmin(rdb, "keyed", nil)
+		require.NoError(t, err)
+		require.NoError(t, a.PauseKey(ctx, "big"))
+		p, err := streamq.NewProducer[int, int](rdb, "keyed", nil)
+		require.NoError(t, err)
+		defer p.Close()
+		for i := range 4 {
+			require.NoError(t, p.Enqueue(ctx, fmt.Sprint("b", i), i, streamq.Key("big")))
+		}
+		require.NoError(t, p.Enqueue(ctx, "s", 1, streamq.Key("small")))
+		want := `# HELP streamq_key_running_jobs Jobs of the key in the stream, read ahead or running (its slots; the top keys, WithTopKeys).
+# TYPE streamq_key_running_jobs gauge
+streamq_key_running_jobs{key="big",queue="keyed"} 0
+streamq_key_running_jobs{key="small",queue="keyed"} 1
+# HELP streamq_key_waiting_jobs Jobs of the key waiting for its turn (fair queuing; the top keys by waiting jobs, WithTopKeys).
+# TYPE streamq_key_waiting_jobs gauge
+streamq_key_waiting_jobs{key="big",queue="keyed"} 4
+streamq_key_waiting_jobs{key="small",queue="keyed"} 0
+`
+		reg := prometheus.NewPedanticRegistry()
+		require.NoError(t, reg.Register(streamqprom.NewCollector([]*streamq.Admin{a}, streamqprom.WithTopKeys(5))))
+		require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want), "streamq_key_waiting_jobs", "streamq_key_running_jobs"))
+		plain := prometheus.NewPedanticRegistry()
+		require.NoError(t, plain.Register(streamqprom.NewCollector([]*streamq.Admin{a})))
+		n, err := testutil.GatherAndCount(plain, "streamq_key_waiting_jobs")
+		require.NoError(t, err)
+		require.Zero(t, n)
+	})
+}

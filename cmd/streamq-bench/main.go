@@ -69,6 +69,13 @@
 //	            "baseline" (a hand-written debounce, produce side only: HSET +
 //	            ZADD per call in one pipeline). Latency: one call. Ratio:
 //	            debounce/baseline calls/s.
+//	fair        fair queuing by key: n jobs appended, then drained, without
+//	            keys ("streamq-nokey") and over n/5 keys of 5 jobs each
+//	            ("streamq-keyed"); a note gives keyed/nokey jobs/s and
+//	            used_memory after each drain. Then key A gets a backlog of n
+//	            jobs and keys B..K 10 jobs each: a note gives the worst start
+//	            of B..K's jobs (other starts after its produce, ms) beside
+//	            the bound j*(K-1)+KeyWindow+workers. No go-redis baseline.
 //	all         every scenario above, in that order.
 //
 // Without -redis host:port the program starts its own redis-server on a free
@@ -166,6 +173,7 @@ var scenarios = []scenario{
 	{"flow", 50_000, runFlow},
 	{"multi", 90_000, runMulti},
 	{"dedupmodes", 20_000, runDedupModes},
+	{"fair", 50_000, runFair},
 }
 
 func main() {
@@ -177,7 +185,7 @@ func main() {
 
 func run() error {
 	var cfg config
-	flag.StringVar(&cfg.scenario, "scenario", "all", "throughput, few, rpc, latency, prefetch, batch, drain, fairness, delayed, flow, multi, dedupmodes or all")
+	flag.StringVar(&cfg.scenario, "scenario", "all", "throughput, few, rpc, latency, prefetch, batch, drain, fairness, delayed, flow, multi, dedupmodes, fair or all")
 	flag.StringVar(&cfg.redisAddr, "redis", "", "host:port of a Redis to use; empty starts a private redis-server")
 	flag.IntVar(&cfg.n, "n", 0, "jobs per measured run; 0 uses each scenario's default (throughput 200000, few 30000, rpc 100000, latency 2000, prefetch 500, batch 200000, drain 200000, fairness 60, delayed 20000, flow 50000, multi 90000, dedupmodes 20000)")
 	flag.IntVar(&cfg.producers, "producers", 4, "producers (each with its own client, like separate processes)")
@@ -211,7 +219,7 @@ func run() error {
 		}
 	}
 	if len(chosen) == 0 {
-		return fmt.Errorf("unknown -scenario %q: use throughput, few, rpc, latency, prefetch, batch, drain, fairness, delayed, flow, multi, dedupmodes or all", cfg.scenario)
+		return fmt.Errorf("unknown -scenario %q: use throughput, few, rpc, latency, prefetch, batch, drain, fairness, delayed, flow, multi, dedupmodes, fair or all", cfg.scenario)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)

@@ -369,6 +369,13 @@ func (p *printer) result(r Result) {
 	}
 }
 
+// note prints a line of figures that fit no row (tables only).
+func (p *printer) note(format string, args ...any) {
+	if !p.json {
+		fmt.Fprintf(p.w, format+"\n", args...)
+	}
+}
+
 func (p *printer) ratio(r Ratio) {
 	if p.json {
 		p.line(r)

@@ -245,6 +245,23 @@ func TestCLISession(t *testing.T) {
 	require.False(t, st.Paused)
 	s.golden("pause-unknown-queue", ExitNotFound, "pause", "ordrs")
 
+	// Fair queuing by key: a paused key's jobs wait and are listed first.
+	require.NoError(t, mustAdmin(t, client, "emails").PauseKey(ctx, "tenant-a"))
+	kp, err := streamq.NewProducer[string, string](client, "emails", &streamq.ProducerOptions{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	for i := range 3 {
+		_, err = kp.Produce(ctx, fmt.Sprint("keyed-a", i), "hi", streamq.Key("tenant-a"))
+		require.NoError(t, err)
+	}
+	_, err = kp.Produce(ctx, "keyed-b", "hi", streamq.Key("tenant-b"))
+	require.NoError(t, err)
+	require.NoError(t, kp.Close())
+	s.golden("keys-ls", 0, "keys", "ls", "emails")
+	s.golden("keys-ls-one-json", 0, "keys", "ls", "emails", "tenant-b", "--json")
+	s.golden("keys-resume", 0, "keys", "resume", "emails", "tenant-a")
+	s.golden("keys-ls-resumed", 0, "keys", "ls", "emails", "--limit", "1")
+	s.golden("keys-pause-unknown-queue", ExitNotFound, "keys", "pause", "ordrs", "tenant-a")
+
 	s.golden("stats-unknown-queue", ExitNotFound, "stats", "ordrs")
 	s.golden("unknown-command", ExitUsage, "stat", "orders")
 	s.golden("missing-subcommand", ExitUsage, "dlq")

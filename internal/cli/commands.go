@@ -164,6 +164,22 @@ nothing.`,
 			help: `Removes the stream entries every consumer group has acknowledged, as the
 consumers' periodic trim does; never an entry a group still needs.`,
 			run: trim},
+		{name: "keys ls", args: "<queue> [<key>]", summary: "keys with the most waiting jobs, or one key (fair queuing)", read: true,
+			help: `Lists the keys of a queue's keyed jobs (Key) with the most jobs waiting for
+their turn, then the most in the stream or running, --limit of them; with a
+key, that key only. A key with nothing waiting or running is stored nowhere
+and not listed. RUNNING counts the key's slots (its jobs in the stream, read
+ahead or running), at most LIMIT per shard (0: none).`,
+			flags: func(fs *flag.FlagSet, o *opts) {
+				fs.Int64Var(&o.limit, "limit", 20, "keys to show")
+			}, run: keysList},
+		{name: "keys pause", args: "<queue> <key>", summary: "stop one key's jobs from starting (fair queuing)",
+			help: `Pauses one key: its waiting jobs stay outside the stream until 'streamq keys
+resume', and new ones wait too; its jobs already in the stream or running go
+on, and other keys are not affected.`,
+			run: keysPause},
+		{name: "keys resume", args: "<queue> <key>", summary: "let a paused key's jobs start again",
+			run: keysResume},
 		{name: "version", summary: "print the version", run: version},
 	}
 }
@@ -755,5 +771,74 @@ func setPaused(ctx context.Context, r *runner, paused bool) error {
 		return err
 	}
 	fmt.Fprintf(r.stdout, "resumed %s\n", r.args[0])
+	return nil
+}
+
+// keysList lists the keys with the most waiting jobs, or one key.
+func keysList(ctx context.Context, r *runner) error {
+	if len(r.args) == 2 {
+		r.args, r.o.id = r.args[:1], r.args[1]
+	}
+	a, ctx, cancel, err := r.onQueue(ctx, 1, "<queue> [<key>]")
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	if _, err := a.Stats(ctx); err != nil { // ErrNotFound for a misspelled queue
+		return err
+	}
+	var list []streamq.KeyStat
+	if r.o.id != "" {
+		s, err := a.KeyStats(ctx, r.o.id)
+		if err != nil {
+			return err
+		}
+		list = []streamq.KeyStat{s}
+	} else if list, err = a.TopKeys(ctx, int(r.o.limit)); err != nil {
+		return err
+	}
+	if r.o.json {
+		if list == nil {
+			list = []streamq.KeyStat{}
+		}
+		return r.printJSON(list)
+	}
+	if len(list) == 0 {
+		fmt.Fprintln(r.stdout, "no key has jobs waiting or running")
+		return nil
+	}
+	tw := r.table()
+	fmt.Fprintln(tw, "KEY\tWAITING\tRUNNING\tLIMIT\tWEIGHT\tPAUSED")
+	for _, k := range list {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%v\n", k.Key, k.Waiting, k.Running, k.Limit, k.Weight, k.Paused)
+	}
+	return tw.Flush()
+}
+
+func keysPause(ctx context.Context, r *runner) error { return setKeyPaused(ctx, r, true) }
+
+func keysResume(ctx context.Context, r *runner) error { return setKeyPaused(ctx, r, false) }
+
+// setKeyPaused pauses or resumes one key of a queue that exists.
+func setKeyPaused(ctx context.Context, r *runner, paused bool) error {
+	a, ctx, cancel, err := r.onQueue(ctx, 2, "<queue> <key>")
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	if _, err := a.Stats(ctx); err != nil {
+		return err
+	}
+	if paused {
+		if err := a.PauseKey(ctx, r.args[1]); err != nil {
+			return err
+		}
+		fmt.Fprintf(r.stdout, "paused key %s of %s ('streamq keys resume %s %s' undoes it)\n", r.args[1], r.args[0], r.args[0], r.args[1])
+		return nil
+	}
+	if err := a.ResumeKey(ctx, r.args[1]); err != nil {
+		return err
+	}
+	fmt.Fprintf(r.stdout, "resumed key %s of %s\n", r.args[1], r.args[0])
 	return nil
 }

@@ -32,6 +32,9 @@ const (
 	// FieldFlowFailed is a flow parent's whose children failed (policy
 	// FailOnChildFailure): its failure.
 	FieldFlowFailed = "ff"
+	// FieldKey is a keyed request's key (streamq.Key): fair queuing and
+	// per-key limits (see internal/scripts/fair.lua).
+	FieldKey = "k"
 )
 
 // Fields of a dead letter (complete.lua writes them), besides FieldID,

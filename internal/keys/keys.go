@@ -87,6 +87,29 @@ func buildTagged(base string) Keys {
 	}
 }
 
+// The keys of fair queuing by key (see internal/scripts/fair.lua), each
+// absent while empty: KeyQueue(k) lists key k's waiting jobs; KeysReady the
+// keys with waiting jobs that may append, in turn order; KeysParked those at
+// their limit or paused; KeySlots maps each appended keyed entry to its key;
+// KeysRunning counts each key's slots; KeysConfig holds the window, the
+// default limit and the per-key settings.
+func (k Keys) KeyQueue(key string) string { return k.base + "keys:q:" + key }
+
+// KeysReady is the list of keys that may append, in turn order.
+func (k Keys) KeysReady() string { return k.base + "keys:ready" }
+
+// KeysParked is the set of keys with waiting jobs that may not append now.
+func (k Keys) KeysParked() string { return k.base + "keys:parked" }
+
+// KeySlots is the hash entry id -> key of the appended keyed entries.
+func (k Keys) KeySlots() string { return k.base + "keys:slots" }
+
+// KeysRunning is the hash key -> slots.
+func (k Keys) KeysRunning() string { return k.base + "keys:running" }
+
+// KeysConfig is the hash of the shard's fair-queuing settings.
+func (k Keys) KeysConfig() string { return k.base + "keys:cfg" }
+
 // LevelStream returns the stream of priority level name ("high", "low") of
 // the queue: the Stream name followed by ":" and the level's name. The
 // default level's entries are in Stream itself, so a queue that never uses

@@ -91,7 +91,7 @@ local queued = false
 local streams = {KEYS[6], KEYS[10], KEYS[11]}
 local level, holder = 0, ""
 local fields = {}
-if string.sub(cur, 1, 2) ~= "P@" and cur ~= "P&" then
+if string.sub(cur, 1, 2) ~= "P@" and cur ~= "P&" and cur ~= "P%" then
   local mode = ARGV[7]
   if (mode ~= "q" and mode ~= "a") or string.sub(cur, 1, 1) ~= "P" then
     return {1, cur}
@@ -159,6 +159,7 @@ if queued then
   if KEYS[9] ~= KEYS[6] then
     redis.call("HDEL", KEYS[9], queued)
   end
+  fairRelease(fairBase(KEYS[6]), {queued}, 1, 1) -- a keyed entry's slot (fair.lua)
 else
   local member = "r" .. ARGV[1]
   redis.call("ZREM", KEYS[2], member)

@@ -582,6 +582,13 @@ if not fanout and n > 0 and redis.call("EXISTS", KEYS[3]) == 0 then
   end
 end
 
+-- Keyed entries give back their slots and waiting keys take their turns
+-- (fair.lua): one EXISTS for a shard without keyed entries.
+local keyOf -- entry id -> key of the released slots (dead letters keep it)
+if not fanout and #ids > 0 then
+  keyOf = fairRelease(fairBase(KEYS[1]), ids, 1, #ids)
+end
+
 if txApply then
   failed = failed + txApply(firstAck) -- the history counts these as failed too
 end
@@ -606,6 +613,9 @@ local function deadLetter(i)
     "deliveries", ARGV[b + 5], "consumer", ARGV[6], "at", ARGV[7]}
   if deadLevel then
     fields[15], fields[16] = "pr", deadLevel
+  end
+  if keyOf and keyOf[eid] then
+    fields[#fields + 1], fields[#fields + 2] = "k", keyOf[eid] -- Requeue keeps the key
   end
   if extra and extra[i] then
     -- A flow's parent or child keeps its flow fields ("pa", "fp", "ff"),

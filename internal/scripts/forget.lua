@@ -38,7 +38,9 @@ if string.sub(rec, 1, 2) == "P@" then
   redis.call("ZREM", KEYS[4], member)
   redis.call("ZREM", KEYS[6], member)
   redis.call("HDEL", KEYS[5], member)
-elseif rec == "P&" then
+elseif rec == "P&" or rec == "P%" then
+  -- "P%": waiting for its key's turn (fair.lua), which drops a job whose
+  -- record is gone.
   -- A flow's parent waiting for its children: no entry yet (the flow hash
   -- expires; a child's completion finds the record gone and appends nothing).
 elseif string.sub(rec, 1, 1) == "P" then
@@ -53,6 +55,7 @@ elseif string.sub(rec, 1, 1) == "P" then
   end
   redis.call("XDEL", stream, eid)
   redis.call("HDEL", KEYS[3], eid)
+  fairRelease(fairBase(stream), {eid}, 1, 1) -- a keyed entry's slot (fair.lua)
 end
 redis.call("DEL", KEYS[1])
 if KEYS[9] then

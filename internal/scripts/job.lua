@@ -53,6 +53,10 @@ local ttl = redis.call("PTTL", KEYS[1])
 if string.sub(rec, 1, 1) ~= "P" then
   return reply({rec, ttl, 0, false, false, false, false, false})
 end
+if rec == "P%" then
+  -- Waiting for its key's turn (fair.lua): not in a stream yet.
+  return {rec, ttl, 0, false, false, false, false, false}
+end
 if string.sub(rec, 2, 2) == "@" then
   local raw = redis.call("HGET", KEYS[5], member)
   local present = 0

@@ -22,7 +22,12 @@
 -- ARGV[2]          "1": all or nothing (a batch); "0": items are independent;
 --                  followed by "L" when level streams follow the schedule's
 --                  keys (an item of another priority level than the default),
---                  then "M" when the items carry a flow-control mode
+--                  then "M" when the items carry a flow-control mode,
+--                  then "K" when items may carry a key (stream field "k"):
+--                  such an item appends at once only when fair.lua's
+--                  fairMayAppend says so (taking a slot of its key), else it
+--                  waits in its key's list with its record "P%" (code 0,
+--                  entry id "")
 -- ARGV[3...]       the items, one after another, each as:
 --                    request id, payload, due time (Unix ms of the server's
 --                    clock; "0": now), flags (single letters: "r", the due
@@ -105,7 +110,7 @@ if #KEYS == 4 and ARGV[2] == "0" and ARGV[5] == "0" then
         return {2, prev}
       end
       c = string.sub(prev, 2, 2)
-      return {1, (c == "@" or c == "&") and "" or string.match(prev, "^P([^+]*)")}
+      return {1, (c == "@" or c == "&" or c == "%") and "" or string.match(prev, "^P([^+]*)")}
     end
   end
   local eid = redis.call("XADD", KEYS[1], "*", "id", ARGV[3], "p", ARGV[4], unpack(ARGV, 8, 7 + tonumber(ARGV[7])))
@@ -124,10 +129,13 @@ if #KEYS == 4 and ARGV[2] == "0" and ARGV[5] == "0" then
   return {0, eid}
 end
 
+-- fair.lua goes here
 local ttl = tonumber(ARGV[1])
 local atomic = string.sub(ARGV[2], 1, 1) == "1"
 local leveled = string.find(ARGV[2], "L", 2, true) ~= nil
 local moded = string.find(ARGV[2], "M", 2, true) ~= nil
+-- "K": items may carry a key (field "k"): see fair.lua.
+local fairShard = string.find(ARGV[2], "K", 2, true) ~= nil and fairBase(KEYS[1])
 local n = #KEYS - 3
 if leveled then
   n = n - 2
@@ -436,7 +444,7 @@ local function flowControl(i, key, id, payload, flags, fa, fz, mode, ma, mb, due
   if mode == "t" then
     if c == "P" then
       c = string.sub(cur, 2, 2)
-      return 1, (c == "@" or c == "&") and "" or string.match(cur, "^P([^+]*)")
+      return 1, (c == "@" or c == "&" or c == "%") and "" or string.match(cur, "^P([^+]*)")
     end
     local mkey = KEYS[#KEYS - n + i]
     if redis.call("EXISTS", mkey) == 1 then
@@ -476,7 +484,7 @@ local function flowControl(i, key, id, payload, flags, fa, fz, mode, ma, mb, due
       end
     end
     c = string.sub(cur, 2, 2)
-    return 1, (c == "@" or c == "&") and "" or string.match(cur, "^P([^+]*)")
+    return 1, (c == "@" or c == "&" or c == "%") and "" or string.match(cur, "^P([^+]*)")
   end
   local due = serverNow() + math.min(ma, mb)
   local err = claimRecord(key, cur, "P@" .. due, ttl + due - serverNow())
@@ -528,10 +536,10 @@ for i = 1, n do
     -- A known id, whatever its due time: in flight, or completed (a stored
     -- failure is replaced instead with flag "f", RetryFailed).
     if string.sub(prev, 1, 1) == "P" then
-      -- "P@<due>" scheduled, "P&" a flow's parent waiting for its children:
-      -- no entry yet.
+      -- "P@<due>" scheduled, "P&" a flow's parent waiting for its children,
+      -- "P%" waiting for its key's turn: no entry yet.
       local c = string.sub(prev, 2, 2)
-      out[o + 1], out[o + 2] = 1, (c == "@" or c == "&") and "" or string.match(prev, "^P([^+]*)")
+      out[o + 1], out[o + 2] = 1, (c == "@" or c == "&" or c == "%") and "" or string.match(prev, "^P([^+]*)")
     else
       out[o + 1], out[o + 2] = 2, prev
     end
@@ -575,29 +583,53 @@ for i = 1, n do
         out[o + 1], out[o + 2] = 0, ""
       end
     else
-      local to = streamOf(flags)
-      local eid
-      if to == stream then
-        eid = redis.call("XADD", to, "*", "id", id, "p", payload, unpack(ARGV, fa, fz))
+      local fk = fairShard and fairKeyOf(ARGV, fa, fz)
+      if fk and not fairMayAppend(fairShard, fk) then
+        -- A keyed job that waits for its key's turn (fair.lua): record "P%".
+        err = claimRecord(key, prev, "P%", ttl)
+        if err then
+          notWrongType(err)
+        else
+          local el = {key, "", "0", "id", id, "p", payload}
+          for j = fa, fz do
+            el[#el + 1] = ARGV[j]
+          end
+          fairWait(fairShard, fk, fairEnc(el), undo)
+          written[key] = ""
+          out[o + 1], out[o + 2] = 0, ""
+        end
       else
-        -- A level's stream: NOMKSTREAM costs nothing while it exists; the
-        -- call that creates it tells the consumers (see the end).
-        eid = redis.call("XADD", to, "NOMKSTREAM", "*", "id", id, "p", payload, unpack(ARGV, fa, fz))
-        if not eid then
+        local to = streamOf(flags)
+        local eid
+        if to == stream then
           eid = redis.call("XADD", to, "*", "id", id, "p", payload, unpack(ARGV, fa, fz))
-          newLevels[#newLevels + 1] = to == KEYS[n + 4] and "+high" or "+low"
+        else
+          -- A level's stream: NOMKSTREAM costs nothing while it exists; the
+          -- call that creates it tells the consumers (see the end).
+          eid = redis.call("XADD", to, "NOMKSTREAM", "*", "id", id, "p", payload, unpack(ARGV, fa, fz))
+          if not eid then
+            eid = redis.call("XADD", to, "*", "id", id, "p", payload, unpack(ARGV, fa, fz))
+            newLevels[#newLevels + 1] = to == KEYS[n + 4] and "+high" or "+low"
+          end
         end
-      end
-      err = claimRecord(key, prev, "P" .. eid, ttl)
-      if err then
-        redis.call("XDEL", to, eid)
-        notWrongType(err)
-      else
-        if undo then
-          undo[#undo + 1] = {"XDEL", to, eid}
+        err = claimRecord(key, prev, "P" .. eid, ttl)
+        if err then
+          redis.call("XDEL", to, eid)
+          notWrongType(err)
+        else
+          if undo then
+            undo[#undo + 1] = {"XDEL", to, eid}
+          end
+          if fk then
+            fairTake(fairShard, fk, eid)
+            if undo then
+              undo[#undo + 1] = {"HDEL", fairShard .. "keys:slots", eid}
+              undo[#undo + 1] = {"HINCRBY", fairShard .. "keys:running", fk, -1}
+            end
+          end
+          written[key] = eid
+          out[o + 1], out[o + 2] = 0, eid
         end
-        written[key] = eid
-        out[o + 1], out[o + 2] = 0, eid
       end
     end
     if err then

@@ -21,6 +21,12 @@
 --
 -- The first write is ZREM, which is not refused under maxmemory.
 --
+-- A job whose fields hold "k" (a key) goes to its key's turn instead
+-- (fair.lua): appended now with a slot when its key may append, else into
+-- its key's list, its record "P%" (RunNow then answers {1, ""}). Every
+-- periodic call also lets waiting keys take their turns while slots are
+-- free (a backstop: releases normally do it).
+--
 -- KEYS[1]      the stream
 -- KEYS[2]      the schedule (sorted set)
 -- KEYS[3]      the schedule's data (hash)
@@ -94,7 +100,24 @@ local function promote(member, set)
         run = false -- the request already has its outcome
       end
     end
-    if run then
+    local fk = run and fairKeyOf(fields, 1, #fields)
+    if fk then
+      -- A keyed job goes to its key's turn (fair.lua), like a new one.
+      if cur and string.sub(cur, 1, 2) == "P@" then
+        redis.call("SET", rec, "P%", "KEEPTTL")
+      end
+      local el = {rec, starts, tostring(count)}
+      for j = 1, #fields do
+        el[#el + 1] = fields[j]
+      end
+      local base = fairBase(KEYS[1])
+      if fairMayAppend(base, fk) then
+        eid = fairAppend(base, fk, fairEnc(el))
+      else
+        fairWait(base, fk, fairEnc(el))
+        eid = ""
+      end
+    elseif run then
       if count > 0 then
         fields[#fields + 1] = "n"
         fields[#fields + 1] = tostring(count)
@@ -168,7 +191,9 @@ if ARGV[3] and ARGV[3] ~= "" then
   if not eid then
     return {2, rec or ""}
   end
-  redis.call("SET", KEYS[5], eid, "PX", ARGV[4])
+  if eid ~= "" then
+    redis.call("SET", KEYS[5], eid, "PX", ARGV[4])
+  end
   return {1, eid}
 end
 
@@ -184,6 +209,13 @@ for _, set in ipairs({KEYS[2], KEYS[4]}) do
       appended = appended + 1
     end
   end
+end
+
+-- The backstop of keyed jobs (fair.lua): waiting keys take their turns
+-- when slots are free (they normally do when a slot is released).
+local fb = fairBase(KEYS[1])
+if fb and redis.call("EXISTS", fb .. "keys:ready") == 1 then
+  fairPump(fb)
 end
 
 local nextDue = -1

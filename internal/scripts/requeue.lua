@@ -67,9 +67,30 @@ end
 local df = dead[1][2]
 for i = 1, #df - 1, 2 do
   local f = df[i]
-  if f == "pa" or f == "fp" or f == "ff" then
+  if f == "pa" or f == "fp" or f == "ff" or f == "k" then
     fields[#fields + 1], fields[#fields + 2] = f, df[i + 1]
   end
+end
+-- A keyed request takes its key's turn (fair.lua): appended now with a
+-- slot, or waiting in its key's list with its record "P%" (reply "").
+local fk = fairKeyOf(fields, 1, #fields)
+local fb = fk and fairBase(KEYS[1])
+if fk and not fairMayAppend(fb, fk) then
+  local rec = ""
+  if ARGV[2] ~= "" and ARGV[7] ~= "0" then
+    rec = KEYS[3]
+  end
+  local el = {rec, "", "0"}
+  for i = 1, #fields do
+    el[#el + 1] = fields[i]
+  end
+  fairWait(fb, fk, fairEnc(el))
+  redis.call("XDEL", KEYS[2], ARGV[1])
+  if rec ~= "" then
+    redis.call("SET", rec, "P%", "PX", ARGV[4])
+  end
+  redis.call("SET", KEYS[4], "", "PX", ARGV[5])
+  return ""
 end
 local eid
 if ARGV[8] and ARGV[8] ~= "" then
@@ -83,6 +104,9 @@ if ARGV[8] and ARGV[8] ~= "" then
   end
 else
   eid = redis.call("XADD", KEYS[1], "*", unpack(fields))
+end
+if fk then
+  fairTake(fb, fk, eid)
 end
 redis.call("XDEL", KEYS[2], ARGV[1])
 if ARGV[2] ~= "" and ARGV[7] ~= "0" then

@@ -228,4 +228,9 @@ if scheduled > 0 then
     redis.call("PEXPIRE", hist, 90000000)
   end
 end
+-- Keyed entries give back their slots (fair.lua); the retry takes its
+-- key's turn again when promoted.
+if not fanout and #acked > 0 then
+  fairRelease(fairBase(stream), acked, 1, #acked)
+end
 return out

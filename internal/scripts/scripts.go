@@ -5,6 +5,7 @@ package scripts
 
 import (
 	_ "embed"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -62,30 +63,34 @@ var (
 	cancelRetrySrc string
 	//go:embed purge.lua
 	purgeSrc string
+	//go:embed fair.lua
+	fairSrc string
+	//go:embed fairadmin.lua
+	fairAdminSrc string
 )
 
 // The scripts. Run uses EVALSHA and falls back to EVAL when the server lacks the script.
 var (
-	Produce  = redis.NewScript(produceSrc)
-	Complete = redis.NewScript(flowReleaseSrc + completeSrc)
+	Produce  = redis.NewScript(withFair(produceSrc))
+	Complete = redis.NewScript(flowReleaseSrc + fairSrc + completeSrc)
 	Claim    = redis.NewScript(claimSrc)
 	Lease    = redis.NewScript(leaseSrc)
 	Trim     = redis.NewScript(trimSrc)
 	Prune    = redis.NewScript(pruneSrc)
-	Requeue  = redis.NewScript(requeueSrc)
+	Requeue  = redis.NewScript(fairSrc + requeueSrc)
 	Resume   = redis.NewScript(resumeSrc)
 	Charge   = redis.NewScript(chargeSrc)
 	Release  = redis.NewScript(releaseSrc)
 	Adopt    = redis.NewScript(adoptSrc)
 	Job      = redis.NewScript(entryStreamSrc + jobSrc)
-	Forget   = redis.NewScript(entryStreamSrc + forgetSrc)
+	Forget   = redis.NewScript(entryStreamSrc + fairSrc + forgetSrc)
 	// RateLimit takes tokens of a shared rate limit (GCRA on the server's clock).
 	RateLimit = redis.NewScript(rateLimitSrc)
 	// Periodic records a periodic job's last and next slot.
 	Periodic = redis.NewScript(periodicSrc)
-	Promote  = redis.NewScript(promoteSrc)
-	Retry    = redis.NewScript(retrySrc)
-	Cancel   = redis.NewScript(flowReleaseSrc + cancelSrc)
+	Promote  = redis.NewScript(fairSrc + promoteSrc)
+	Retry    = redis.NewScript(fairSrc + retrySrc)
+	Cancel   = redis.NewScript(flowReleaseSrc + fairSrc + cancelSrc)
 	// Jobs reads one shard's part of an Admin.Jobs page.
 	Jobs = redis.NewScript(jobsSrc)
 	// Flow produces a parent with its children (flowrelease.lua in front).
@@ -98,4 +103,19 @@ var (
 	CancelRetry = redis.NewScript(cancelRetrySrc)
 	// Purge deletes a dead-letter stream and counts it, in one step.
 	Purge = redis.NewScript(purgeSrc)
+	// FairAdmin reads and changes one shard's keys (fair queuing by key).
+	FairAdmin = redis.NewScript(fairSrc + fairAdminSrc)
 )
+
+// fairMarker is the line of produce.lua where fair.lua's functions go: after
+// the one-job path, which never meets a keyed item, so that path runs
+// exactly as it did before keys existed.
+const fairMarker = "-- fair.lua goes here\n"
+
+// withFair puts fair.lua at src's marker.
+func withFair(src string) string {
+	if !strings.Contains(src, fairMarker) {
+		panic("scripts: produce.lua lost its fair.lua marker")
+	}
+	return strings.Replace(src, fairMarker, fairSrc, 1)
+}

@@ -1,0 +1,222 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/streamq/streamq"
+)
+
+// fairPerKey is how many jobs each key gets in the fair scenario's keyed run.
+const fairPerKey = 5
+
+// runFair compares draining n jobs without keys ("streamq-nokey") with the
+// same n jobs over n/5 keys of 5 jobs each ("streamq-keyed"): the jobs are
+// appended first (ProduceBatch of 500), then the consumers drain them; only
+// the drain is measured. A note line gives keyed/nokey jobs/s and Redis's
+// used_memory after each drain (records expire at once: ResultTTL 1 ms).
+// Then the fairness figure: key A gets a backlog of n jobs, keys B..K 10
+// jobs each once A's jobs run; the note gives the worst start of B..K's jobs
+// in other jobs' starts after its produce and in ms, beside its bound
+// j·(K−1) + KeyWindow + workers.
+func runFair(ctx context.Context, e *env, n int) error {
+	nokey, memNokey, err := fairDrain(ctx, e, n, false)
+	if err != nil {
+		return err
+	}
+	e.out.result(nokey)
+	keyed, memKeyed, err := fairDrain(ctx, e, n, true)
+	if err != nil {
+		return err
+	}
+	e.out.result(keyed)
+	e.out.note("fair       keyed/nokey jobs/s = %.2f (%d keys x %d jobs); used_memory after the drain: nokey %d, keyed %d bytes",
+		keyed.JobsPerSec/nokey.JobsPerSec, n/fairPerKey, fairPerKey, memNokey, memKeyed)
+	return fairBacklog(ctx, e, n)
+}
+
+// fairProduce appends n jobs (keyed: key i/fairPerKey... spread i%keys).
+func fairProduce(ctx context.Context, p *streamq.Producer[job, struct{}], n int, key func(i int) string, pad string) error {
+	batch := make([]streamq.Job[job], 0, 500)
+	for i := range n {
+		j := streamq.Job[job]{ID: jobID(i), Request: job{Seq: i, T: time.Now().UnixNano(), Pad: pad}}
+		if key != nil {
+			j.Options = []streamq.ProduceOption{streamq.Key(key(i))}
+		}
+		batch = append(batch, j)
+		if len(batch) == cap(batch) || i == n-1 {
+			prs, err := p.ProduceBatch(ctx, batch)
+			if err != nil {
+				return fmt.Errorf("ProduceBatch: %w", err)
+			}
+			for _, pr := range prs {
+				pr.Release()
+			}
+			batch = batch[:0]
+		}
+	}
+	return nil
+}
+
+// fairDrain appends n jobs (keyed or not), then measures their drain.
+func fairDrain(ctx context.Context, e *env, n int, keyed bool) (Result, int64, error) {
+	system := "streamq-nokey"
+	var key func(int) string
+	if keyed {
+		system = "streamq-keyed"
+		keys := max(n/fairPerKey, 1)
+		key = func(i int) string { return "key" + strconv.Itoa(i%keys) }
+	}
+	q := e.queue("fair", system)
+	cl := e.client(0)
+	defer cl.Close()
+	p, err := streamq.NewProducer[job, struct{}](cl, q, &streamq.ProducerOptions{Logger: e.log})
+	if err != nil {
+		return Result{}, 0, err
+	}
+	defer p.Close()
+	if err := fairProduce(ctx, p, n, key, padFor(e.cfg.payload)); err != nil {
+		return Result{}, 0, err
+	}
+	t := newTracker(n)
+	var herr handlerErrors
+	handler := func(_ context.Context, m *streamq.Message[job]) (struct{}, error) {
+		if err := t.mark(m.Payload.Seq, 0); err != nil {
+			herr.add(err)
+		}
+		return struct{}{}, nil
+	}
+	m := e.meter()
+	if err := m.start(ctx); err != nil {
+		return Result{}, 0, err
+	}
+	cs, err := startConsumers(ctx, e, q, handler, consumerOpts(e, streamq.ConsumerOptions{DiscardResults: true, ResultTTL: time.Millisecond}))
+	if err != nil {
+		return Result{}, 0, err
+	}
+	if err := finish(ctx, e, m, t, streamKey(q), streamq.DefaultGroup); err != nil {
+		_ = cs.stop()
+		return Result{}, 0, err
+	}
+	if err := cs.stop(); err != nil {
+		return Result{}, 0, err
+	}
+	if err := firstErr(herr.err(), t.verify("streamq fair "+system)); err != nil {
+		return Result{}, 0, err
+	}
+	left, err := e.admin.Keys(ctx, "streamq:{"+q+"}:keys:*").Result()
+	if err != nil {
+		return Result{}, 0, err
+	}
+	if len(left) > 0 {
+		return Result{}, 0, fmt.Errorf("keyed state left after the drain: %v", left)
+	}
+	_ = e.admin.Del(ctx, streamKey(q)).Err()
+	time.Sleep(200 * time.Millisecond) // the records expire (ResultTTL 1 ms)
+	mem, err := usedMemoryOf(ctx, e)
+	if err != nil {
+		return Result{}, 0, err
+	}
+	return m.result("fair", system, n, "", nil), mem, nil
+}
+
+// fairBacklog measures how long other keys' jobs wait behind one key's
+// backlog of n jobs.
+func fairBacklog(ctx context.Context, e *env, n int) error {
+	q := e.queue("fair", "backlog")
+	cl := e.client(0)
+	defer cl.Close()
+	p, err := streamq.NewProducer[job, struct{}](cl, q, &streamq.ProducerOptions{Logger: e.log})
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	pad := padFor(e.cfg.payload)
+	if err := fairProduce(ctx, p, n, func(int) string { return "A" }, pad); err != nil {
+		return err
+	}
+	var mu sync.Mutex
+	starts := int64(0)
+	startedAt := map[string]int64{}
+	startedTime := map[string]time.Time{}
+	handler := func(_ context.Context, m *streamq.Message[job]) (struct{}, error) {
+		mu.Lock()
+		starts++
+		if m.Key != "A" {
+			startedAt[m.ID], startedTime[m.ID] = starts, time.Now()
+		}
+		mu.Unlock()
+		return struct{}{}, nil
+	}
+	cs, err := startConsumers(ctx, e, q, handler, consumerOpts(e, streamq.ConsumerOptions{DiscardResults: true}))
+	if err != nil {
+		return err
+	}
+	defer cs.stop()
+	count := func() int64 { mu.Lock(); defer mu.Unlock(); return starts }
+	for count() < int64(min(n/10, 2000)) {
+		time.Sleep(time.Millisecond)
+	}
+	others := strings.Split("B C D E F G H I J K", " ")
+	const perKey = 10
+	before, at := map[string]int64{}, map[string]time.Time{}
+	var prs []*streamq.Promise[struct{}]
+	for j := range perKey {
+		for _, k := range others {
+			id := fmt.Sprint(k, "-", j)
+			before[id], at[id] = count(), time.Now()
+			pr, err := p.Produce(ctx, id, job{Seq: -1, Pad: pad}, streamq.Key(k))
+			if err != nil {
+				return err
+			}
+			prs = append(prs, pr)
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for _, pr := range prs {
+		if _, err := pr.Wait(wctx); err != nil {
+			return fmt.Errorf("a job of B..K: %w", err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	worst, worstMs, over := int64(0), time.Duration(0), 0
+	for j := range perKey {
+		bound := int64(j+1)*int64(len(others)) + streamq.DefaultKeyWindow + int64(e.cfg.workers)
+		for _, k := range others {
+			id := fmt.Sprint(k, "-", j)
+			after := startedAt[id] - before[id] - 1
+			worst = max(worst, after)
+			worstMs = max(worstMs, startedTime[id].Sub(at[id]))
+			if after > bound {
+				over++
+			}
+		}
+	}
+	e.out.note("fair       backlog of %d jobs of key A, 10 jobs of each of keys B..K, %d workers: the worst B..K job started after %d other starts and %v (bound j*(K-1)+W+workers: %d..%d; %d over it)",
+		n, e.cfg.workers, worst, worstMs.Round(time.Millisecond), int64(len(others))+streamq.DefaultKeyWindow+int64(e.cfg.workers),
+		int64(perKey*len(others))+streamq.DefaultKeyWindow+int64(e.cfg.workers), over)
+	if over > 0 {
+		return fmt.Errorf("%d jobs of B..K started later than the bound", over)
+	}
+	return nil
+}
+
+// usedMemoryOf reads INFO memory's used_memory.
+func usedMemoryOf(ctx context.Context, e *env) (int64, error) {
+	info, err := e.admin.Info(ctx, "memory").Result()
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
+			return strconv.ParseInt(v, 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("INFO memory has no used_memory")
+}

@@ -1,0 +1,103 @@
+package streamq
+
+// Fair queuing by key: the Key produce option, the consumer's settings in
+// Redis. The policy itself runs in Redis (internal/scripts/fair.lua): keyed
+// jobs wait in their key's list and take turns into the stream, each
+// appended entry holding a slot of its key until its outcome.
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/streamq/streamq/internal/keys"
+)
+
+// DefaultKeyWindow is the most keyed jobs a shard lets its consumers hold at
+// once (read ahead, waiting in the stream or running): see
+// ConsumerOptions.KeyWindow.
+const DefaultKeyWindow = 128
+
+// MaxKeyLen is the longest key Key accepts (the same as MaxIDLen).
+const MaxKeyLen = MaxIDLen
+
+// Key puts the request in key k's share of the queue: fair queuing by key.
+// Consumers serve the keys that have work in turn, so one key's backlog
+// never delays another key's job by more than about one job per other
+// active key plus the window (ConsumerOptions.KeyWindow); and
+// ConsumerOptions.KeyLimit (or Admin.SetKeyLimit) bounds how many of one
+// key's handlers run at once across every consumer. Retries, delayed
+// requests, RunNow and Requeue keep the key. A key follows the rules of
+// ids (non-empty, at most MaxKeyLen bytes); it cannot be combined with a
+// Priority other than PriorityNormal, with Throttle or Debounce, or on a
+// flow's child (ErrInvalidOptions). Default: no key (plain FIFO).
+func Key(k string) ProduceOption {
+	return func(s *produceSettings) { s.key, s.keySet = k, true }
+}
+
+// validateKey checks a key as validateID checks an id.
+func validateKey(k string) error {
+	if k == "" {
+		return fmt.Errorf("%w: Key(\"\"): the key is empty", ErrInvalidOptions)
+	}
+	if len(k) > MaxKeyLen {
+		return fmt.Errorf("%w: Key: the key is %d bytes, the limit is MaxKeyLen=%d", ErrInvalidOptions, len(k), MaxKeyLen)
+	}
+	return nil
+}
+
+// applyKey copies the Key option into the item: field "k" (produce.lua
+// takes keyed items apart when the call says "K").
+func (it *produceItem) applyKey(s produceSettings) error {
+	if !s.keySet {
+		return nil
+	}
+	if err := validateKey(s.key); err != nil {
+		return err
+	}
+	if it.level != levelNormal {
+		return fmt.Errorf("%w: Key cannot be combined with Priority(%v): keyed jobs take turns on the normal level", ErrInvalidOptions, levelValue[it.level])
+	}
+	if it.mode != modeNone {
+		return fmt.Errorf("%w: Key cannot be combined with Throttle or Debounce", ErrInvalidOptions)
+	}
+	it.key = s.key
+	it.fields = append(it.fields, keys.FieldKey, s.key)
+	return nil
+}
+
+// keyedCall is the marker runProduce adds to produce.lua's ARGV[2] when an
+// item of the call has a key.
+const keyedCall = "K"
+
+// anyKeyed reports whether an item of the call has a key.
+func anyKeyed(items []*produceItem) bool {
+	for _, it := range items {
+		if it.key != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// writeKeySettings stores the consumer's KeyWindow and KeyLimit in each
+// shard's settings hash, only those set: a consumer that sets neither
+// writes nothing.
+func (c *Consumer[Req, Resp]) writeKeySettings(ctx context.Context) error {
+	o := &c.opts
+	if o.KeyWindow == 0 && o.KeyLimit == 0 {
+		return nil
+	}
+	var vals []any
+	if o.KeyWindow > 0 {
+		vals = append(vals, "window", o.KeyWindow)
+	}
+	if o.KeyLimit > 0 {
+		vals = append(vals, "limit", o.KeyLimit)
+	}
+	for shard := range c.nShards {
+		if err := c.client.HSet(ctx, c.shards[shard].KeysConfig(), vals...).Err(); err != nil {
+			return fmt.Errorf("streamq: store the key settings of %s: %w", c.queue, err)
+		}
+	}
+	return nil
+}

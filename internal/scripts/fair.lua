@@ -1,0 +1,269 @@
+-- fair.lua: fair queuing by key, shared by produce.lua, complete.lua,
+-- retry.lua, promote.lua, requeue.lua and fairadmin.lua (prepended to each).
+--
+-- A request produced with a key (entry field "k") does not go to the stream
+-- while its key has jobs waiting, the queue's window is full or the key is at
+-- its limit: it waits in its key's list. Keys with waiting jobs take turns
+-- (a list used as a ring); each turn appends up to the key's weight of its
+-- jobs to the shard's default-level stream, where consumers read them like
+-- any entry. An appended keyed entry holds a slot of its key until its
+-- outcome (complete.lua) or retry (retry.lua) releases it, in the same step
+-- that acknowledges it; a crashed consumer's entries keep their slots until
+-- another consumer claims and finishes them. So the number of slots of a key
+-- bounds how many of its handlers run at once, and a key at its limit has no
+-- entry in any consumer's ring.
+--
+-- Keys of a shard (base "streamq:{Q}:"), each absent while empty:
+--   keys:q:<key>   list: the key's waiting jobs, oldest first, each
+--                  length-prefixed strings: record key ("" for none),
+--                  start-count key ("" for none), start count, stream fields
+--   keys:ready     list: the keys with waiting jobs that may append, in
+--                  turn order (a key is in ready or parked, never both,
+--                  exactly while its list exists)
+--   keys:parked    set: the keys with waiting jobs that may not append now
+--                  (at their limit, or paused)
+--   keys:slots     hash: entry id -> key, the keyed entries appended and not
+--                  yet released
+--   keys:running   hash: key -> its slots
+--   keys:cfg       hash, optional: "window" (the most slots of the shard,
+--                  default 128), "limit" (the most slots of a key, 0 or
+--                  absent: no limit), and per key "l:<key>" (its limit),
+--                  "p:<key>" ("1": paused), "w:<key>" (its weight, default 1)
+local fairDefaultWindow = 128
+local fairStartsTTL = 604800000 -- a start-count hash lives 7 days (promote.lua)
+
+-- fairBase returns the prefix of a shard's keys from one of its stream names.
+local function fairBase(stream)
+  return string.match(stream, "^(.*}:)stream")
+end
+
+local function fairEnc(list)
+  local parts = {}
+  for i, v in ipairs(list) do
+    parts[i] = #v .. ":" .. v
+  end
+  return table.concat(parts)
+end
+
+local function fairDec(s)
+  local out = {}
+  local pos = 1
+  while pos <= #s do
+    local colon = string.find(s, ":", pos, true)
+    local len = tonumber(string.sub(s, pos, colon - 1))
+    out[#out + 1] = string.sub(s, colon + 1, colon + len)
+    pos = colon + 1 + len
+  end
+  return out
+end
+
+-- The shard's settings, read once per call: window, default limit, and
+-- whether the settings hash exists (per-key settings are read only then).
+local fairCfg
+local function fairConf(base)
+  if fairCfg == nil then
+    local c = base .. "keys:cfg"
+    if redis.call("EXISTS", c) == 1 then
+      local v = redis.call("HMGET", c, "window", "limit")
+      fairCfg = {tonumber(v[1]) or fairDefaultWindow, tonumber(v[2]) or 0}
+    else
+      fairCfg = false
+    end
+  end
+  if fairCfg then
+    return fairCfg[1], fairCfg[2], true
+  end
+  return fairDefaultWindow, 0, false
+end
+
+-- fairKeyConf returns a key's limit (0: none), whether it is paused, and
+-- its weight.
+local function fairKeyConf(base, key, limit, on)
+  if not on then
+    return limit, false, 1
+  end
+  local v = redis.call("HMGET", base .. "keys:cfg", "l:" .. key, "p:" .. key, "w:" .. key)
+  return tonumber(v[1]) or limit, v[2] == "1", math.max(1, tonumber(v[3]) or 1)
+end
+
+-- fairTake gives entry eid a slot of key.
+local function fairTake(base, key, eid)
+  redis.call("HSET", base .. "keys:slots", eid, key)
+  redis.call("HINCRBY", base .. "keys:running", key, 1)
+end
+
+-- fairAppend appends one waiting job of key (its encoded element) to the
+-- stream with a slot, and returns its entry id; false when the job was
+-- dropped because its request already has an outcome (cancelled, or another
+-- copy finished).
+local function fairAppend(base, key, el)
+  local d = fairDec(el)
+  local rec, starts, count = d[1], d[2], tonumber(d[3]) or 0
+  local fields = {}
+  for j = 4, #d do
+    fields[#fields + 1] = d[j]
+  end
+  if count > 0 then
+    fields[#fields + 1] = "n"
+    fields[#fields + 1] = tostring(count)
+  end
+  local stream = base .. "stream"
+  local eid = redis.call("XADD", stream, "*", unpack(fields))
+  if rec ~= "" then
+    -- One command for the record: "P<entry id>" (its TTL kept). A record
+    -- that held an outcome (cancelled while waiting) is put back, and one
+    -- that was gone (forgotten, or expired: its callers were told it was
+    -- lost) removed again: the job is dropped. A key of another type is
+    -- left alone (SET GET fails on it, writing nothing) and the job runs.
+    local old = redis.pcall("SET", rec, "P" .. eid, "KEEPTTL", "GET")
+    if type(old) ~= "table" and (not old or string.sub(old, 1, 1) ~= "P") then
+      if old then
+        redis.call("SET", rec, old, "KEEPTTL")
+      else
+        redis.call("DEL", rec)
+      end
+      redis.call("XDEL", stream, eid)
+      return false
+    end
+  end
+  if count > 0 and starts ~= "" then
+    redis.call("HSET", starts, eid, count)
+    redis.call("PEXPIRE", starts, fairStartsTTL)
+  end
+  fairTake(base, key, eid)
+  return eid
+end
+
+-- fairPump appends waiting jobs, key by key in turn, while the shard has
+-- free slots; it returns how many it appended.
+local function fairPump(base)
+  local window, limit, on = fairConf(base)
+  local ready = base .. "keys:ready"
+  local room = window - redis.call("HLEN", base .. "keys:slots")
+  local moved = 0
+  while room > 0 do
+    -- The key whose turn it is moves to the end of the ring at once (one
+    -- command); it leaves the ring below when it has nothing left or may
+    -- not append.
+    local key = redis.call("LMOVE", ready, ready, "LEFT", "RIGHT")
+    if not key then
+      break
+    end
+    local lim, paused, w = fairKeyConf(base, key, limit, on)
+    local run = 0
+    if lim > 0 then
+      run = tonumber(redis.call("HGET", base .. "keys:running", key)) or 0
+    end
+    local q = base .. "keys:q:" .. key
+    local take = math.min(w, room)
+    if lim > 0 then
+      take = math.min(take, lim - run)
+    end
+    if paused then
+      take = 0
+    end
+    local left = true
+    while take > 0 do
+      local el = redis.call("LPOP", q)
+      if not el then
+        left = false
+        break
+      end
+      if fairAppend(base, key, el) then
+        take, room, run, moved = take - 1, room - 1, run + 1, moved + 1
+      end
+    end
+    if not (left and redis.call("EXISTS", q) == 1) then
+      redis.call("RPOP", ready) -- nothing waits any more
+    elseif paused or (lim > 0 and run >= lim) then
+      redis.call("RPOP", ready)
+      redis.call("SADD", base .. "keys:parked", key)
+    end
+  end
+  return moved
+end
+
+-- fairMayAppend says whether a new job of key appends at once: the key has
+-- nothing waiting, is neither paused nor at its limit, and the shard has a
+-- free slot.
+local function fairMayAppend(base, key)
+  local window, limit, on = fairConf(base)
+  if redis.call("EXISTS", base .. "keys:q:" .. key) == 1 then
+    return false
+  end
+  local lim, paused = fairKeyConf(base, key, limit, on)
+  if paused then
+    return false
+  end
+  if lim > 0 and (tonumber(redis.call("HGET", base .. "keys:running", key)) or 0) >= lim then
+    return false
+  end
+  return redis.call("HLEN", base .. "keys:slots") < window
+end
+
+-- fairWait puts a job at the end of its key's list (element: see the
+-- header); a key that had nothing waiting takes its turn at the end of the
+-- ring, or is parked. undo, when set, gets how to take it back (newest
+-- last).
+local function fairWait(base, key, el, undo)
+  local q = base .. "keys:q:" .. key
+  if redis.call("RPUSH", q, el) == 1 then
+    local window, limit, on = fairConf(base)
+    local lim, paused = fairKeyConf(base, key, limit, on)
+    local run = tonumber(redis.call("HGET", base .. "keys:running", key)) or 0
+    if paused or (lim > 0 and run >= lim) then
+      redis.call("SADD", base .. "keys:parked", key)
+      if undo then
+        undo[#undo + 1] = {"SREM", base .. "keys:parked", key}
+      end
+    else
+      redis.call("RPUSH", base .. "keys:ready", key)
+      if undo then
+        undo[#undo + 1] = {"RPOP", base .. "keys:ready"}
+      end
+    end
+  end
+  if undo then
+    undo[#undo + 1] = {"RPOP", q}
+  end
+end
+
+-- fairRelease gives back the slots of the entries in eids (those that hold
+-- one) and appends waiting jobs in their place; it returns entry id -> key
+-- of the released slots, or nil. A shard without slots costs one EXISTS.
+local function fairRelease(base, eids, from, to)
+  local slots = base .. "keys:slots"
+  if redis.call("EXISTS", slots) == 0 then
+    return nil
+  end
+  local released = {}
+  local running, parked, ready = base .. "keys:running", base .. "keys:parked", base .. "keys:ready"
+  local anyParked = redis.call("EXISTS", parked) == 1
+  for i = from, to do
+    local eid = eids[i]
+    local key = redis.call("HGET", slots, eid)
+    if key then
+      released[eid] = key
+      redis.call("HDEL", slots, eid)
+      if redis.call("HINCRBY", running, key, -1) <= 0 then
+        redis.call("HDEL", running, key)
+      end
+      if anyParked and redis.call("SREM", parked, key) == 1 then
+        redis.call("RPUSH", ready, key)
+      end
+    end
+  end
+  fairPump(base)
+  return released
+end
+
+-- fairKeyOf returns the value of field "k" among fields (name, value, ...)
+-- from index a to z, or nil.
+local function fairKeyOf(fields, a, z)
+  for j = a, z - 1, 2 do
+    if fields[j] == "k" then
+      return fields[j + 1]
+    end
+  end
+  return nil
+end

@@ -1,0 +1,94 @@
+-- fairadmin.lua: read or change one shard's keys (fair.lua in front).
+--
+-- KEYS[1]      the shard's default-level stream (the other names follow it)
+-- ARGV[1]      the operation:
+--   "top" n      the n keys with the most waiting jobs (then the most slots)
+--                among the keys that have any: {key, waiting, running,
+--                paused, limit, weight} per key, flat
+--   "get" key    that key's {key, waiting, running, paused, limit, weight}
+--   "pause" key  the key appends nothing more until "resume"
+--   "resume" key
+--   "limit" key n  the key's own limit (0: the shard's default again)
+--   "weight" key w the key's weight (1: the default)
+--   "window" w   the shard's window (0: the default)
+--   "deflimit" n the shard's default limit per key (0: none)
+-- Changes return how many waiting jobs they let in at once.
+local base = fairBase(KEYS[1])
+local cfg = base .. "keys:cfg"
+local op = ARGV[1]
+
+local function stat(key)
+  local window, limit, on = fairConf(base)
+  local lim, paused, w = fairKeyConf(base, key, limit, on)
+  return {key, redis.call("LLEN", base .. "keys:q:" .. key),
+    tonumber(redis.call("HGET", base .. "keys:running", key)) or 0, paused and 1 or 0, lim, w}
+end
+
+if op == "get" then
+  return stat(ARGV[2])
+end
+if op == "top" then
+  local seen, list = {}, {}
+  local function add(k)
+    if not seen[k] then
+      seen[k] = true
+      list[#list + 1] = stat(k)
+    end
+  end
+  for _, k in ipairs(redis.call("LRANGE", base .. "keys:ready", 0, -1)) do add(k) end
+  for _, k in ipairs(redis.call("SMEMBERS", base .. "keys:parked")) do add(k) end
+  for _, k in ipairs(redis.call("HKEYS", base .. "keys:running")) do add(k) end
+  table.sort(list, function(a, b)
+    if a[2] ~= b[2] then return a[2] > b[2] end
+    if a[3] ~= b[3] then return a[3] > b[3] end
+    return a[1] < b[1]
+  end)
+  local out = {}
+  for i = 1, math.min(tonumber(ARGV[2]), #list) do
+    for j = 1, 6 do
+      out[#out + 1] = list[i][j]
+    end
+  end
+  return out
+end
+
+local key = ARGV[2]
+if op == "pause" then
+  redis.call("HSET", cfg, "p:" .. key, "1")
+  return 0
+elseif op == "resume" then
+  redis.call("HDEL", cfg, "p:" .. key)
+elseif op == "limit" then
+  if tonumber(ARGV[3]) > 0 then
+    redis.call("HSET", cfg, "l:" .. key, ARGV[3])
+  else
+    redis.call("HDEL", cfg, "l:" .. key)
+  end
+elseif op == "weight" then
+  if tonumber(ARGV[3]) > 1 then
+    redis.call("HSET", cfg, "w:" .. key, ARGV[3])
+  else
+    redis.call("HDEL", cfg, "w:" .. key)
+  end
+elseif op == "window" or op == "deflimit" then
+  local field = op == "window" and "window" or "limit"
+  if tonumber(ARGV[2]) > 0 then
+    redis.call("HSET", cfg, field, ARGV[2])
+  else
+    redis.call("HDEL", cfg, field)
+  end
+  -- A raised default may let parked keys in: each takes its turn again
+  -- (the pump parks again those still at their limit).
+  for _, k in ipairs(redis.call("SMEMBERS", base .. "keys:parked")) do
+    redis.call("SREM", base .. "keys:parked", k)
+    redis.call("RPUSH", base .. "keys:ready", k)
+  end
+  return fairPump(base)
+else
+  return redis.error_reply("fairadmin: unknown operation " .. tostring(op))
+end
+-- A parked key may append again: it takes its turn at the end of the ring.
+if redis.call("SREM", base .. "keys:parked", key) == 1 then
+  redis.call("RPUSH", base .. "keys:ready", key)
+end
+return fairPump(base)
