@@ -99,6 +99,16 @@ type JobInfo struct {
 	// running request (see Priority); PriorityNormal, omitted in JSON, for
 	// the default level and for a request in any other state.
 	Priority PriorityLevel `json:"priority,omitempty"`
+	// Payload is the request's encoded payload while it is in flight: the
+	// stream entry's (queued, running) or the one a scheduled request or a
+	// waiting retry keeps; nil once completed (the entry is gone; a dead
+	// letter keeps it, see Admin.DeadLetter) and when a Fetcher supplies it.
+	// Base64 in JSON.
+	Payload []byte `json:"payload,omitempty"`
+	// Finished is when a completed request's outcome was recorded, known
+	// while the list of completed requests holds it
+	// (ConsumerOptions.Retention); zero otherwise.
+	Finished time.Time `json:"finished,omitzero"`
 }
 
 // Job looks up a request id: whether it is scheduled (until when), a retry
@@ -125,11 +135,11 @@ func (a *Admin) Job(ctx context.Context, id string) (JobInfo, error) {
 	info.Shard = keys.ShardOf(id, len(shards))
 	k := shards[info.Shard]
 	res, err := scripts.Job.Run(ctx, a.client, []string{k.Record(id), k.Stream, k.Starts(t.group), k.Schedule, k.ScheduleData, k.Retry,
-		k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow])}, t.group, id).Slice()
+		k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow]), k.Completed}, t.group, id).Slice()
 	if err != nil {
 		return info, fmt.Errorf("streamq: look up %q in %s: %w", id, a.queue, err)
 	}
-	if len(res) != 8 {
+	if len(res) != 10 {
 		return info, fmt.Errorf("streamq: look up %q in %s: unexpected reply %v", id, a.queue, res)
 	}
 	rec, ok := res[0].(string)
@@ -143,6 +153,14 @@ func (a *Admin) Job(ctx context.Context, id string) (JobInfo, error) {
 	}
 	if lvl, ok := res[7].(string); ok {
 		info.Priority = levelNamed(lvl)
+	}
+	if p, ok := res[8].(string); ok {
+		info.Payload = []byte(p)
+	}
+	if done, ok := res[9].(string); ok {
+		if us, err := strconv.ParseFloat(done, 64); err == nil {
+			info.Finished = time.UnixMilli(int64(us) / 1000)
+		}
 	}
 	code, value := rec[:1], rec[1:]
 	switch code {

@@ -50,6 +50,12 @@ type Keys struct {
 	// internal/scripts/cancel.lua). A hash rather than one string per total,
 	// so a total added later needs no new command in a least-privilege ACL.
 	Counts string
+	// Completed is the sorted set of the shard's recently completed requests,
+	// kept only when the consumers set ConsumerOptions.Retention: member the
+	// outcome's code ('R', 'E', 'L'), then 'i' and the request id (or 'e'
+	// and the entry id of an entry without one); score the completion time
+	// in Unix microseconds, made unique per shard (see complete.lua).
+	Completed string
 
 	base         string // up to and including the hash tag and its ':'
 	recordPrefix string
@@ -81,6 +87,7 @@ func buildTagged(base string) Keys {
 		Wake:         base + "wake",
 		Fanout:       base + "fanout",
 		Counts:       base + "counts",
+		Completed:    base + "completed",
 		base:         base,
 		recordPrefix: base + "id:",
 		startsPrefix: base + "starts:",

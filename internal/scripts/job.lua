@@ -10,12 +10,17 @@
 -- KEYS[6]  the shard's retry set (sorted set)
 -- KEYS[7]  optional: the stream of priority level "high" of the shard
 -- KEYS[8]  optional: the stream of priority level "low" of the shard
+-- KEYS[9]  optional: the shard's list of completed requests (keys.Completed)
 -- ARGV[1]  consumer group
 -- ARGV[2]  the request id (its member in the schedule is "r" .. id)
 --
 -- Returns {record or false, record PTTL in ms, present 0/1/2, holder
 -- consumer or false, holder idle ms or false, starts or false, last error or
--- false, priority level ("high", "low") or false}. The rest are read only while the request is in flight: for
+-- false, priority level ("high", "low") or false, payload or false, completion
+-- score or false}. The payload is the stream entry's (queued, running) or the
+-- one a scheduled request or retry keeps in its data; the completion score
+-- (microseconds) is the request's in the list of completed requests, when
+-- that list is kept and still holds it. The rest are read only while the request is in flight: for
 -- "P<entry id>", present says the entry is in the stream; for "P@<due>"
 -- (scheduled), present is 1 when the request is in the schedule (a delayed
 -- request), 2 when it is in the retry set, or in the schedule with a
@@ -30,11 +35,19 @@
 local member = "r" .. ARGV[2]
 local rec = redis.call("GET", KEYS[1])
 if not rec then
-  return {false, -2, 0, false, false, false, false, false}
+  return {false, -2, 0, false, false, false, false, false, false, false}
 end
 local ttl = redis.call("PTTL", KEYS[1])
 if string.sub(rec, 1, 1) ~= "P" then
-  return {rec, ttl, 0, false, false, false, false, false}
+  local done = false
+  if KEYS[9] then
+    local code = string.sub(rec, 1, 1)
+    if code == "N" then
+      code = "R"
+    end
+    done = redis.call("ZSCORE", KEYS[9], code .. "i" .. ARGV[2]) or false
+  end
+  return {rec, ttl, 0, false, false, false, false, false, false, done}
 end
 if string.sub(rec, 2, 2) == "@" then
   local raw = redis.call("HGET", KEYS[5], member)
@@ -44,10 +57,10 @@ if string.sub(rec, 2, 2) == "@" then
   elseif redis.call("ZSCORE", KEYS[4], member) then
     present = 1
   end
-  local starts, lastErr, level = false, false, false
-  -- level reads field "pr" from a job's stream fields (themselves
-  -- length-prefixed, name then value), as promote.lua does.
-  local function levelOf(s)
+  local starts, lastErr, level, payload = false, false, false, false
+  -- fieldOf reads a field ("pr", "p") from a job's stream fields
+  -- (themselves length-prefixed, name then value), as promote.lua does.
+  local function fieldOf(s, want)
     local pos, name = 1, nil
     while pos <= #s do
       local colon = string.find(s, ":", pos, true)
@@ -59,7 +72,7 @@ if string.sub(rec, 2, 2) == "@" then
       if name == nil then
         name = v
       else
-        if name == "pr" then
+        if name == want then
           return v
         end
         name = nil
@@ -87,23 +100,31 @@ if string.sub(rec, 2, 2) == "@" then
       elseif i == 3 then
         starts = string.sub(raw, colon + 1, colon + len)
       elseif i == 4 then
-        level = levelOf(string.sub(raw, colon + 1, colon + len))
+        local fields = string.sub(raw, colon + 1, colon + len)
+        level, payload = fieldOf(fields, "pr"), fieldOf(fields, "p")
       elseif i == 5 then
         lastErr = string.sub(raw, colon + 1, colon + len)
       end
       pos = colon + 1 + len
     end
   end
-  return {rec, ttl, present, false, false, starts, lastErr, level}
+  return {rec, ttl, present, false, false, starts, lastErr, level, payload, false}
 end
 if rec == "P&" then
-  return {rec, ttl, 0, false, false, false, false, false} -- a flow's parent waiting for its children
+  return {rec, ttl, 0, false, false, false, false, false, false, false} -- a flow's parent waiting for its children
 end
 local eid = string.sub(rec, 2)
 local stream = entryStream(eid, ARGV[2])
-local present = 0
-if #redis.call("XRANGE", stream, eid, eid, "COUNT", 1) > 0 then
+local present, payload = 0, false
+local entry = redis.call("XRANGE", stream, eid, eid, "COUNT", 1)
+if #entry > 0 then
   present = 1
+  local f = entry[1][2]
+  for i = 1, #f, 2 do
+    if f[i] == "p" then
+      payload = f[i + 1]
+    end
+  end
 end
 local holder, idle = false, false
 local ok, p = pcall(redis.call, "XPENDING", stream, ARGV[1], eid, eid, 1)
@@ -117,4 +138,4 @@ if stream == KEYS[7] then
 elseif stream == KEYS[8] then
   level = "low"
 end
-return {rec, ttl, present, holder, idle, starts, false, level}
+return {rec, ttl, present, holder, idle, starts, false, level, payload, false}
