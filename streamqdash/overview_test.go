@@ -1,0 +1,111 @@
+package streamqdash
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamq/streamq"
+	"github.com/streamq/streamq/internal/redistest"
+)
+
+// TestOverviewLatencyAndFanoutDeadLetters: the overview (page and
+// api/stats) shows how long the oldest unread job has waited, and the dead
+// letters of the fan-out groups next to the answering group's; the queue
+// page's tabs count the answering group's jobs, and its dead-letter tab of
+// the fan-out group that group's.
+func TestOverviewLatencyAndFanoutDeadLetters(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	ctx := context.Background()
+	log := slog.New(slog.DiscardHandler)
+	run := func(c *streamq.Consumer[string, string]) func() {
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- c.Run(rctx) }()
+		return func() { cancel(); require.NoError(t, <-done) }
+	}
+	// The answering group exists (a consumer ran), then stops.
+	answer, err := streamq.NewConsumer(client, "mail", func(ctx context.Context, m *streamq.Message[string]) (string, error) {
+		return "sent", nil
+	}, &streamq.ConsumerOptions{Name: "mailer", ReadBlock: 20 * time.Millisecond, Logger: log})
+	require.NoError(t, err)
+	admin, err := streamq.NewAdmin(client, "mail", nil)
+	require.NoError(t, err)
+	stop := run(answer)
+	require.Eventually(t, func() bool {
+		s, err := admin.Stats(ctx)
+		return err == nil && len(s.Groups) == 1 && s.Groups[0].Answering
+	}, 10*time.Second, 10*time.Millisecond)
+	stop()
+	// A fan-out group that dead-letters every job.
+	audit, err := streamq.NewConsumer(client, "mail", func(ctx context.Context, m *streamq.Message[string]) (string, error) {
+		return "", streamq.Permanent(errors.New("audit store down"))
+	}, &streamq.ConsumerOptions{Name: "auditor", Group: "audit", Fanout: true, ReadBlock: 20 * time.Millisecond, Logger: log})
+	require.NoError(t, err)
+	stop = run(audit)
+	defer stop()
+	p, err := streamq.NewProducer[any, string](client, "mail", &streamq.ProducerOptions{Logger: log})
+	require.NoError(t, err)
+	defer p.Close()
+	for _, id := range []string{"m-1", "m-2"} {
+		require.NoError(t, p.Enqueue(ctx, id, "hello"))
+	}
+	require.Eventually(t, func() bool {
+		s, err := admin.Stats(ctx)
+		if err != nil {
+			return false
+		}
+		for _, g := range s.Groups {
+			if g.Name == "audit" && g.DeadLetters == 2 {
+				return true
+			}
+		}
+		return false
+	}, 10*time.Second, 10*time.Millisecond)
+
+	h, err := New(client, &Options{Logger: log})
+	require.NoError(t, err)
+	b := newBrowser(t, mount(t, h))
+	// Some time passes while the jobs wait for the answering group.
+	require.Eventually(t, func() bool {
+		code, body, _ := b.get("api/stats")
+		require.Equal(t, http.StatusOK, code)
+		var st statsResponse
+		require.NoError(t, json.Unmarshal([]byte(body), &st))
+		require.Len(t, st.Queues, 1)
+		q := st.Queues[0]
+		require.EqualValues(t, 2, q.FanoutDeadLetters)
+		require.EqualValues(t, 0, q.DeadLetters)
+		require.EqualValues(t, 2, q.Tabs["queued"], "the answering group's lag")
+		return q.Latency >= 1000
+	}, 10*time.Second, 50*time.Millisecond)
+	code, body, _ := b.get("")
+	require.Equal(t, http.StatusOK, code)
+	require.Regexp(t, `<td data-f="latency">\d+s</td>`, body)
+	require.Contains(t, body, `data-f="fanout_dead_letters">2</a>`)
+
+	code, body, _ = b.get("queue?q=mail&tab=queued")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `id="count-queued" data-f="tab_queued">2<`)
+	require.Contains(t, body, `id="count-dead" data-f="tab_dead">0<`)
+	require.Contains(t, body, `href="queue?q=mail&amp;group=audit">2</a>`, "the group's dead letters link to its list")
+	code, body, _ = b.get("queue?q=mail&group=audit")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `id="count-dead" data-f="tab_dead">2<`)
+	require.Equal(t, 2, strings.Count(body, `<tr data-id="m-`), "the group's two dead letters listed")
+
+	// The job page of a queued job: its payload indented.
+	require.NoError(t, p.Enqueue(ctx, "m-3", map[string]any{"to": "a@example.com", "n": 1}))
+	code, body, _ = b.get("job?q=mail&id=m-3")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `id="job-state">queued<`)
+	require.Contains(t, body, "{\n  &#34;n&#34;: 1,\n  &#34;to&#34;: &#34;a@example.com&#34;\n}")
+}
