@@ -96,6 +96,9 @@ record of the id (never produced, expired, or forgotten).`,
   running    held by a consumer (in its handler or read ahead), with the
              time since it read or renewed the entry
   dead       dead letters, newest first (--group for a fan-out group's)
+  completed  recently completed requests, newest first, with their outcome:
+             the list consumers keep with ConsumerOptions.Retention (empty
+             without); --id is not taken ('streamq job' shows one)
 --limit at a time; the line under the table gives the cursors of the next
 and the previous page (--cursor). --id keeps one request id; --error keeps
 retrying and dead jobs whose last error contains the text (a filtered page
@@ -604,7 +607,7 @@ func job(ctx context.Context, r *runner) error {
 		return err
 	}
 	if r.o.json {
-		j.Enqueued, j.Due = j.Enqueued.UTC(), j.Due.UTC()
+		j.Enqueued, j.Due, j.Finished = j.Enqueued.UTC(), j.Due.UTC(), j.Finished.UTC()
 		return r.printJSON(j)
 	}
 	tw := r.table()
@@ -624,6 +627,9 @@ func job(ctx context.Context, r *runner) error {
 	}
 	if j.State == streamq.JobRunning {
 		fmt.Fprintf(tw, "consumer\t%s\nlease renewed\t%s ago\n", j.Consumer, fmtDuration(j.Idle))
+	}
+	if !j.Finished.IsZero() {
+		fmt.Fprintf(tw, "finished\t%s\n", when(j.Finished))
 	}
 	switch {
 	case len(j.Result) > 0 && utf8.Valid(j.Result):
