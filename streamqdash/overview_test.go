@@ -109,3 +109,40 @@ func TestOverviewLatencyAndFanoutDeadLetters(t *testing.T) {
 	require.Contains(t, body, `id="job-state">queued<`)
 	require.Contains(t, body, "{\n  &#34;n&#34;: 1,\n  &#34;to&#34;: &#34;a@example.com&#34;\n}")
 }
+
+// TestJobPageFlowChildren: the page of a flow's parent waiting for its
+// children lists them with their outcomes, each id linking to its own page
+// when its queue is shown; a child's page shows its payload.
+func TestJobPageFlowChildren(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	ctx := context.Background()
+	log := slog.New(slog.DiscardHandler)
+	p, err := streamq.NewProducer[string, string](client, "reports", &streamq.ProducerOptions{Logger: log})
+	require.NoError(t, err)
+	defer p.Close()
+	_, err = p.ProduceFlow(ctx, "report-1", "summary", []streamq.Child{
+		streamq.RawChild("parts", "part-1", []byte(`{"page":1}`)),
+		streamq.RawChild("parts", "part-2", []byte(`{"page":2}`)),
+	}, nil)
+	require.NoError(t, err)
+	// Queue "parts" is shown once a producer or consumer of its own used it.
+	parts, err := streamq.NewProducer[string, string](client, "parts", &streamq.ProducerOptions{Logger: log})
+	require.NoError(t, err)
+	defer parts.Close()
+	require.NoError(t, parts.Enqueue(ctx, "other", "x"))
+	h, err := New(client, &Options{Logger: log})
+	require.NoError(t, err)
+	b := newBrowser(t, mount(t, h))
+	code, body, _ := b.get("job?q=reports&id=report-1")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, `id="job-state">waiting<`)
+	require.Contains(t, body, `<a class="id" href="job?q=parts&amp;id=part-1"`)
+	require.Contains(t, body, `<a class="id" href="job?q=parts&amp;id=part-2"`)
+	require.Contains(t, body, "the child has no outcome yet")
+	require.NotContains(t, body, "not kept once completed", "a waiting parent is not completed")
+	code, body, _ = b.get("job?q=parts&id=part-2")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, `id="job-state">queued<`)
+	require.Contains(t, body, "{\n  &#34;page&#34;: 2\n}")
+}
