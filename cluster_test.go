@@ -80,6 +80,10 @@ func clusterSuite(t *testing.T, c *redistest.Cluster, client redis.UniversalClie
 		t.Parallel()
 		testClusterMulti(t, client)
 	})
+	t.Run("Retention", func(t *testing.T) {
+		t.Parallel()
+		testClusterRetention(t, client)
+	})
 }
 
 // testClusterMulti: a MultiConsumer over three queues on a cluster, one of

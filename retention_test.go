@@ -371,3 +371,47 @@ func TestAdminOldestQueuedAgeAndPayload(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, s.Groups[0].OldestQueuedAge)
 }
+
+// testClusterRetention: on a cluster, the completed list of a queue sharded
+// over every master is kept per shard (each on its node) and Admin.Completed
+// pages over all of them (one pipeline split by slot): every job once.
+func testClusterRetention(t *testing.T, client redis.UniversalClient) {
+	ctx := context.Background()
+	q := queueName(t)
+	p, err := NewProducer[string, string](client, q, &ProducerOptions{Shards: clusterShards, Logger: testLogger(t)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	const n = 30
+	for i := range n {
+		require.NoError(t, p.Enqueue(ctx, fmt.Sprintf("job-%d", i), "x"))
+	}
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		return "ok", nil
+	}, &ConsumerOptions{Shards: clusterShards, ReadBlock: 20 * time.Millisecond, Retention: &Retention{MaxCount: 100}, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, c)
+	admin, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	eventually(t, 20*time.Second, func() bool {
+		s, err := admin.Stats(ctx)
+		return err == nil && s.Completed == n
+	}, "not every job listed")
+	seen := map[string]bool{}
+	for cursor := ""; ; {
+		page, err := admin.Completed(ctx, cursor, 7)
+		require.NoError(t, err)
+		require.EqualValues(t, n, page.Total)
+		for _, j := range page.Jobs {
+			require.False(t, seen[j.ID], "listed twice: %s", j.ID)
+			seen[j.ID] = true
+			require.Equal(t, JobSucceeded, j.State)
+		}
+		if cursor = page.Next; cursor == "" {
+			break
+		}
+	}
+	require.Len(t, seen, n)
+	info, err := admin.Job(ctx, "job-7")
+	require.NoError(t, err)
+	require.False(t, info.Finished.IsZero())
+}
