@@ -42,21 +42,24 @@ func (d *DeadLetter) UnmarshalJSON(b []byte) error {
 // jobInfoJSON is JobInfo without its methods.
 type jobInfoJSON JobInfo
 
-// MarshalJSON encodes the job with its result in base64 ("result", absent
-// when there is none), plus "result_text" when the result is valid UTF-8.
+// MarshalJSON encodes the job with its result and payload in base64
+// ("result", "payload", absent when there is none), plus "result_text" and
+// "payload_text" when they are valid UTF-8.
 func (j JobInfo) MarshalJSON() ([]byte, error) {
 	return json.Marshal(struct {
 		jobInfoJSON
-		ResultText *string `json:"result_text,omitempty"`
-	}{jobInfoJSON(j), resultText(j.Result)})
+		ResultText  *string `json:"result_text,omitempty"`
+		PayloadText *string `json:"payload_text,omitempty"`
+	}{jobInfoJSON(j), resultText(j.Result), utf8Text(j.Payload)})
 }
 
-// UnmarshalJSON decodes what MarshalJSON encodes ("result_text" is ignored:
-// "result" holds the bytes).
+// UnmarshalJSON decodes what MarshalJSON encodes ("result_text" and
+// "payload_text" are ignored: "result" and "payload" hold the bytes).
 func (j *JobInfo) UnmarshalJSON(b []byte) error {
 	var v struct {
 		jobInfoJSON
-		ResultText *string `json:"result_text,omitempty"`
+		ResultText  *string `json:"result_text,omitempty"`
+		PayloadText *string `json:"payload_text,omitempty"`
 	}
 	if err := json.Unmarshal(b, &v); err != nil {
 		return err
