@@ -109,6 +109,35 @@ type JobInfo struct {
 	// while the list of completed requests holds it
 	// (ConsumerOptions.Retention); zero otherwise.
 	Finished time.Time `json:"finished,omitzero"`
+	// Errors are the errors of the request's failed attempts that were
+	// retried, newest first, when the consumers keep them
+	// (Retention.Errors); nil otherwise. The last failure of a failed or
+	// dead-lettered request is Error, not here.
+	Errors []AttemptError `json:"errors,omitempty"`
+}
+
+// AttemptError is one failed attempt of a request that was retried
+// (JobInfo.Errors).
+type AttemptError struct {
+	// At is when the retry was scheduled (the Redis server's clock).
+	At time.Time `json:"at"`
+	// Start is the attempt's start number (1 for the first).
+	Start int `json:"start"`
+	// Error is the attempt's error message (its first 1024 bytes).
+	Error string `json:"error"`
+}
+
+// parseAttemptError parses an entry of a request's error list: "<ms>
+// <start> <error>".
+func parseAttemptError(s string) (AttemptError, bool) {
+	ms, rest, ok1 := strings.Cut(s, " ")
+	start, msg, ok2 := strings.Cut(rest, " ")
+	at, err1 := strconv.ParseInt(ms, 10, 64)
+	n, err2 := strconv.Atoi(start)
+	if !ok1 || !ok2 || err1 != nil || err2 != nil {
+		return AttemptError{}, false
+	}
+	return AttemptError{At: time.UnixMilli(at), Start: n, Error: msg}, true
 }
 
 // Job looks up a request id: whether it is scheduled (until when), a retry
@@ -223,7 +252,13 @@ func (a *Admin) Job(ctx context.Context, id string) (JobInfo, error) {
 	pipe := a.client.Pipeline()
 	progCmd := pipe.Get(ctx, k.Progress(id))
 	flowCmd := pipe.HGetAll(ctx, k.Flow(id))
+	errsCmd := pipe.LRange(ctx, k.Errors(id), 0, -1)
 	_, _ = pipe.Exec(ctx)
+	for _, e := range errsCmd.Val() {
+		if ae, ok := parseAttemptError(e); ok {
+			info.Errors = append(info.Errors, ae)
+		}
+	}
 	if v, err := progCmd.Result(); err == nil {
 		if _, val, ok := parseStoredProgress(v); ok {
 			info.Progress = []byte(val)
@@ -269,7 +304,7 @@ func (a *Admin) Forget(ctx context.Context, id string, force bool) error {
 		f = "1"
 	}
 	res, err := scripts.Forget.Run(ctx, a.client, []string{k.Record(id), k.Stream, k.Starts(t.group), k.Schedule, k.ScheduleData, k.Retry,
-		k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow]), k.Progress(id)}, t.group, f, id).StringSlice()
+		k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow]), k.Progress(id), k.Errors(id)}, t.group, f, id).StringSlice()
 	if err != nil {
 		return fmt.Errorf("streamq: forget %q in %s: %w", id, a.queue, err)
 	}

@@ -29,7 +29,18 @@ type Retention struct {
 	// and the whole list expires MaxAge after the last completion (so an
 	// idle queue keeps none). At least a second; 0: no bound by age.
 	MaxAge time.Duration
+	// Errors keeps the errors of the newest Errors failed attempts of each
+	// request that were retried (when, at which start, the error), in a list
+	// per request that lives as long as its record; Admin.Job returns them
+	// (JobInfo.Errors), the final error being the record's. The step that
+	// schedules a retry writes them (three more commands per retry). 0: none;
+	// at most MaxRetentionErrors. With only Errors set (MaxCount and MaxAge
+	// 0) no list of completed requests is kept.
+	Errors int
 }
+
+// MaxRetentionErrors is the largest Retention.Errors.
+const MaxRetentionErrors = 100
 
 // MaxRetentionCount is the largest Retention.MaxCount: the list of one shard
 // is trimmed in the script that records outcomes, and its memory (about 100
@@ -45,8 +56,10 @@ func (r *Retention) resolve(fanout bool) error {
 	switch {
 	case fanout:
 		return optionError("Retention is set on a fan-out group; the list of completed requests is the answering group's (a fan-out group records no outcome): set it on the answering group's consumers")
-	case r.MaxCount == 0 && r.MaxAge == 0:
-		return optionError("Retention sets neither MaxCount nor MaxAge; set at least one, or leave Retention nil to keep no list")
+	case r.MaxCount == 0 && r.MaxAge == 0 && r.Errors == 0:
+		return optionError("Retention sets none of MaxCount, MaxAge and Errors; set at least one, or leave Retention nil to keep nothing")
+	case r.Errors < 0 || r.Errors > MaxRetentionErrors:
+		return optionError("Retention.Errors is %d; it must be 0 (none) to %d", r.Errors, MaxRetentionErrors)
 	case r.MaxCount < 0 || r.MaxCount > MaxRetentionCount:
 		return optionError("Retention.MaxCount is %d; it must be 0 (no bound by count) to %d", r.MaxCount, MaxRetentionCount)
 	case r.MaxAge != 0 && r.MaxAge < time.Second:
@@ -56,10 +69,18 @@ func (r *Retention) resolve(fanout bool) error {
 }
 
 // flag returns complete.lua's ARGV[9] mark for r: "#<count>,<age ms>", or ""
-// for nil.
+// when r keeps no list of completed requests (nil, or only Errors).
 func (r *Retention) flag() string {
-	if r == nil {
+	if r == nil || (r.MaxCount == 0 && r.MaxAge == 0) {
 		return ""
 	}
 	return "#" + strconv.Itoa(r.MaxCount) + "," + strconv.FormatInt(r.MaxAge.Milliseconds(), 10)
+}
+
+// errorsKept returns Retention.Errors (0 for nil).
+func (r *Retention) errorsKept() int {
+	if r == nil {
+		return 0
+	}
+	return r.Errors
 }

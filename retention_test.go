@@ -315,7 +315,9 @@ func TestRetentionOptions(t *testing.T) {
 		fanout bool
 		want   string
 	}{
-		{Retention{}, false, "neither"},
+		{Retention{}, false, "none of"},
+		{Retention{Errors: -1}, false, "Errors"},
+		{Retention{Errors: MaxRetentionErrors + 1}, false, "Errors"},
 		{Retention{MaxCount: -1}, false, "MaxCount"},
 		{Retention{MaxCount: MaxRetentionCount + 1}, false, "MaxCount"},
 		{Retention{MaxAge: time.Millisecond}, false, "MaxAge"},
@@ -327,6 +329,9 @@ func TestRetentionOptions(t *testing.T) {
 	}
 	_, err := NewConsumer(client, "q", h, &ConsumerOptions{Retention: &Retention{MaxAge: time.Hour}})
 	require.NoError(t, err)
+	_, err = NewConsumer(client, "q", h, &ConsumerOptions{Retention: &Retention{Errors: 5}})
+	require.NoError(t, err)
+	require.Empty(t, (&Retention{Errors: 5}).flag(), "Errors alone keeps no completed list")
 }
 
 // TestAdminOldestQueuedAgeAndPayload: Stats tells the age of the oldest
@@ -414,4 +419,104 @@ func testClusterRetention(t *testing.T, client redis.UniversalClient) {
 	info, err := admin.Job(ctx, "job-7")
 	require.NoError(t, err)
 	require.False(t, info.Finished.IsZero())
+}
+
+// TestRetentionErrors: with Retention.Errors 3, a request that fails 5
+// times keeps the errors of its 3 newest retried attempts (newest first,
+// with their start), its final error being the record's; Forget drops
+// them. Without it, retry.lua gets its "0" flag and no error-list key, and no
+// list appears.
+func TestRetentionErrors(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, keep := range []*Retention{nil, {Errors: 3}} {
+		client := realRedis(t)
+		retries := &retryCalls{}
+		client.AddHook(retries)
+		q := queueName(t)
+		k, _ := keys.New(q)
+		p := newStringProducer(t, client, q)
+		require.NoError(t, p.Enqueue(ctx, "flaky", "x"))
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+			return "", fmt.Errorf("attempt %d failed", m.Deliveries)
+		}, &ConsumerOptions{Name: "w", ReadBlock: 20 * time.Millisecond, ClaimInterval: 20 * time.Millisecond, MaxDeliveries: 5,
+			RetryBackoff: time.Millisecond, RetryBackoffMax: time.Millisecond, Retention: keep, Logger: testLogger(t), replyWait: true})
+		require.NoError(t, err)
+		stop := runConsumer(t, c)
+		admin, err := NewAdmin(client, q, nil)
+		require.NoError(t, err)
+		var info JobInfo
+		eventually(t, 10*time.Second, func() bool {
+			info, err = admin.Job(ctx, "flaky")
+			return err == nil && info.State == JobDeadLettered
+		}, "never dead-lettered")
+		stop()
+		require.Equal(t, "attempt 5 failed", info.Error)
+		retries.mu.Lock()
+		require.GreaterOrEqual(t, len(retries.calls), 4, "four retries (an EVALSHA refused NOSCRIPT is sent again as EVAL)")
+		for _, args := range retries.calls {
+			nkeys := int(reflect.ValueOf(args[2]).Int())
+			flag := args[3+nkeys+3].(string)
+			if keep == nil {
+				require.Equal(t, "0", flag)
+				require.NotContains(t, args[3:3+nkeys], k.Errors("flaky"))
+			} else {
+				require.Equal(t, "0#3", flag)
+				require.Equal(t, k.Errors("flaky"), args[3+nkeys-1])
+			}
+		}
+		retries.mu.Unlock()
+		if keep == nil {
+			require.Nil(t, info.Errors)
+			n, err := client.Exists(ctx, k.Errors("flaky")).Result()
+			require.NoError(t, err)
+			require.Zero(t, n)
+			continue
+		}
+		require.Len(t, info.Errors, 3)
+		for i, e := range info.Errors {
+			require.Equal(t, 4-i, e.Start)
+			require.Equal(t, fmt.Sprintf("attempt %d failed", 4-i), e.Error)
+			require.WithinDuration(t, time.Now(), e.At, time.Minute)
+		}
+		recTTL, err := client.PTTL(ctx, k.Record("flaky")).Result()
+		require.NoError(t, err)
+		listTTL, err := client.PTTL(ctx, k.Errors("flaky")).Result()
+		require.NoError(t, err)
+		require.Positive(t, listTTL, "the list expires")
+		require.Positive(t, recTTL)
+		require.NoError(t, admin.Forget(ctx, "flaky", false))
+		n, err := client.Exists(ctx, k.Errors("flaky")).Result()
+		require.NoError(t, err)
+		require.Zero(t, n, "Forget drops the list")
+	}
+}
+
+// retryCalls records every retry.lua call the client sends.
+type retryCalls struct {
+	mu    sync.Mutex
+	calls [][]any
+}
+
+func (h *retryCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *retryCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.see(cmd)
+		return next(ctx, cmd)
+	}
+}
+func (h *retryCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			h.see(c)
+		}
+		return next(ctx, cmds)
+	}
+}
+func (h *retryCalls) see(cmd redis.Cmder) {
+	if args := cmd.Args(); isScript(args, scripts.Retry) {
+		h.mu.Lock()
+		h.calls = append(h.calls, slices.Clone(args))
+		h.mu.Unlock()
+	}
 }

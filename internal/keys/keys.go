@@ -122,6 +122,11 @@ func (k Keys) History(hour int64) string { return k.base + "hist:" + strconv.For
 // that several groups process counts once in each group's history.
 func (k Keys) GroupHistory(group string, hour int64) string { return k.History(hour) + ":" + group }
 
+// Errors returns the key of the list of request id's retried attempts'
+// errors, newest first ("<ms> <start> <error>"), kept only when the
+// consumers set Retention.Errors (retry.lua); it expires with the record.
+func (k Keys) Errors(id string) string { return k.base + "errors:" + id }
+
 // RunNowMarker returns the key that remembers, for a while, the entry a
 // schedule member was promoted to by Admin.RunNow, so a resend succeeds.
 func (k Keys) RunNowMarker(member string) string { return k.base + "runnow:" + member }

@@ -735,7 +735,7 @@ end
 if kept and #kept > 0 then
   local key = KEYS[#KEYS]
   local maxCount, maxAge = string.match(keep, "^(%d+),(%d+)$")
-  maxCount, maxAge = tonumber(maxCount) or 0, tonumber(maxAge) or 0
+  maxCount, maxAge = tonumber(maxCount or "0"), tonumber(maxAge or "0")
   local now = tonumber(ARGV[7]) * 1000
   local top = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")
   local score = now
