@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -145,4 +146,43 @@ func TestJobPageFlowChildren(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 	require.Contains(t, body, `id="job-state">queued<`)
 	require.Contains(t, body, "{\n  &#34;page&#34;: 2\n}")
+}
+
+// TestJobPageErrorHistory: a request retried by consumers that keep
+// Retention.Errors shows the errors of its earlier attempts, newest first.
+func TestJobPageErrorHistory(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	ctx := context.Background()
+	log := slog.New(slog.DiscardHandler)
+	p, err := streamq.NewProducer[string, string](client, "sync", &streamq.ProducerOptions{Logger: log})
+	require.NoError(t, err)
+	defer p.Close()
+	require.NoError(t, p.Enqueue(ctx, "sync-1", "x"))
+	c, err := streamq.NewConsumer(client, "sync", func(ctx context.Context, m *streamq.Message[string]) (string, error) {
+		return "", fmt.Errorf("upstream 503 on start %d", m.Deliveries)
+	}, &streamq.ConsumerOptions{Name: "syncer", ReadBlock: 20 * time.Millisecond, MaxDeliveries: 3, RetryBackoff: time.Millisecond,
+		RetryBackoffMax: time.Millisecond, Retention: &streamq.Retention{Errors: 10}, Logger: log})
+	require.NoError(t, err)
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(rctx) }()
+	admin, err := streamq.NewAdmin(client, "sync", nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		j, err := admin.Job(ctx, "sync-1")
+		return err == nil && j.State == streamq.JobDeadLettered
+	}, 10*time.Second, 10*time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+	h, err := New(client, &Options{Logger: log})
+	require.NoError(t, err)
+	b := newBrowser(t, mount(t, h))
+	code, body, _ := b.get("job?q=sync&id=sync-1")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, `id="job-error">upstream 503 on start 3<`)
+	i2 := strings.Index(body, "upstream 503 on start 2")
+	i1 := strings.Index(body, "upstream 503 on start 1")
+	require.True(t, i2 > 0 && i1 > i2, "the earlier errors, newest first")
+	require.NotContains(t, body, "no-error-history")
 }
