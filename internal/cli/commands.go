@@ -608,6 +608,9 @@ func job(ctx context.Context, r *runner) error {
 	}
 	if r.o.json {
 		j.Enqueued, j.Due, j.Finished = j.Enqueued.UTC(), j.Due.UTC(), j.Finished.UTC()
+		for i := range j.Errors {
+			j.Errors[i].At = j.Errors[i].At.UTC()
+		}
 		return r.printJSON(j)
 	}
 	tw := r.table()
@@ -643,6 +646,9 @@ func job(ctx context.Context, r *runner) error {
 			label = "message"
 		}
 		fmt.Fprintf(tw, "%s\t%s\n", label, j.Error)
+	}
+	for _, e := range j.Errors { // Retention.Errors: the retried attempts, newest first
+		fmt.Fprintf(tw, "error of start %d\t%s (%s)\n", e.Start, oneLine(e.Error, 200), when(e.At))
 	}
 	switch {
 	case len(j.Progress) > 0 && utf8.Valid(j.Progress):
