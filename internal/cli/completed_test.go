@@ -30,13 +30,17 @@ func TestCLICompleted(t *testing.T) {
 		if m.ID == "m-2" {
 			return "", streamq.Permanent(errors.New("mailbox full"))
 		}
+		if m.ID == "m-0" && m.Deliveries == 1 {
+			return "", errors.New("greylisted")
+		}
 		return "sent", nil
-	}, &streamq.ConsumerOptions{Name: "mailer", ReadBlock: 20 * time.Millisecond, Retention: &streamq.Retention{MaxCount: 100}, Logger: log})
+	}, &streamq.ConsumerOptions{Name: "mailer", ReadBlock: 20 * time.Millisecond, RetryBackoff: time.Millisecond, RetryBackoffMax: time.Millisecond,
+		Retention: &streamq.Retention{MaxCount: 100, Errors: 5}, Logger: log})
 	require.NoError(t, err)
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- c.Run(rctx) }()
-	for _, id := range []string{"m-1", "m-2", "m-3"} {
+	for _, id := range []string{"m-0", "m-1", "m-2", "m-3"} {
 		pr, err := p.Produce(ctx, id, "hello")
 		require.NoError(t, err)
 		_, _ = pr.Wait(ctx) // one at a time: the list's order is theirs
@@ -61,6 +65,7 @@ func TestCLICompleted(t *testing.T) {
 	require.NotContains(t, stdout, "m-2")
 	s.golden("jobs-ls-completed-id", ExitUsage, "jobs", "ls", "mail", "--state", "completed", "--id", "m-1")
 	s.golden("job-completed", 0, "job", "mail", "m-1")
+	s.golden("job-completed-retried", 0, "job", "mail", "m-0")
 
 	// A queue whose consumers keep no list.
 	q, err := streamq.NewProducer[string, string](client, "plain", &streamq.ProducerOptions{Logger: log})
