@@ -79,7 +79,9 @@ func (a *Admin) Completed(ctx context.Context, cursor string, limit int) (Comple
 				max = "(" + max
 			}
 		}
-		ranges[i] = pipe.ZRevRangeByScoreWithScores(ctx, k.Completed, &redis.ZRangeBy{Max: max, Min: "-inf", Count: int64(limit) + 1})
+		// ZRANGE ... BYSCORE REV (Redis 6.2): the command the schedule's
+		// least-privilege rule already allows.
+		ranges[i] = pipe.ZRangeArgsWithScores(ctx, redis.ZRangeArgs{Key: k.Completed, Start: max, Stop: "-inf", ByScore: true, Rev: true, Count: int64(limit) + 1})
 		cards[i] = pipe.ZCard(ctx, k.Completed)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {

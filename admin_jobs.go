@@ -164,11 +164,11 @@ func (a *Admin) Job(ctx context.Context, id string) (JobInfo, error) {
 	info.Shard = keys.ShardOf(id, len(shards))
 	k := shards[info.Shard]
 	res, err := scripts.Job.Run(ctx, a.client, []string{k.Record(id), k.Stream, k.Starts(t.group), k.Schedule, k.ScheduleData, k.Retry,
-		k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow]), k.Completed}, t.group, id).Slice()
+		k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow]), k.Completed, k.Errors(id)}, t.group, id).Slice()
 	if err != nil {
 		return info, fmt.Errorf("streamq: look up %q in %s: %w", id, a.queue, err)
 	}
-	if len(res) != 10 {
+	if len(res) != 11 {
 		return info, fmt.Errorf("streamq: look up %q in %s: unexpected reply %v", id, a.queue, res)
 	}
 	rec, ok := res[0].(string)
@@ -185,6 +185,13 @@ func (a *Admin) Job(ctx context.Context, id string) (JobInfo, error) {
 	}
 	if p, ok := res[8].(string); ok {
 		info.Payload = []byte(p)
+	}
+	if list, ok := res[10].([]any); ok {
+		for _, e := range list {
+			if ae, ok := parseAttemptError(asString(e)); ok {
+				info.Errors = append(info.Errors, ae)
+			}
+		}
 	}
 	if done, ok := res[9].(string); ok {
 		if us, err := strconv.ParseFloat(done, 64); err == nil {
@@ -252,13 +259,7 @@ func (a *Admin) Job(ctx context.Context, id string) (JobInfo, error) {
 	pipe := a.client.Pipeline()
 	progCmd := pipe.Get(ctx, k.Progress(id))
 	flowCmd := pipe.HGetAll(ctx, k.Flow(id))
-	errsCmd := pipe.LRange(ctx, k.Errors(id), 0, -1)
 	_, _ = pipe.Exec(ctx)
-	for _, e := range errsCmd.Val() {
-		if ae, ok := parseAttemptError(e); ok {
-			info.Errors = append(info.Errors, ae)
-		}
-	}
 	if v, err := progCmd.Result(); err == nil {
 		if _, val, ok := parseStoredProgress(v); ok {
 			info.Progress = []byte(val)

@@ -11,6 +11,9 @@
 -- KEYS[7]  optional: the stream of priority level "high" of the shard
 -- KEYS[8]  optional: the stream of priority level "low" of the shard
 -- KEYS[9]  optional: the shard's list of completed requests (keys.Completed)
+-- KEYS[10] optional: the request's error list (Retention.Errors), read only
+--          when it exists (so a server's ACL needs LRANGE only where the
+--          consumers keep errors)
 -- ARGV[1]  consumer group
 -- ARGV[2]  the request id (its member in the schedule is "r" .. id)
 --
@@ -20,7 +23,8 @@
 -- score or false}. The payload is the stream entry's (queued, running) or the
 -- one a scheduled request or retry keeps in its data; the completion score
 -- (microseconds) is the request's in the list of completed requests, when
--- that list is kept and still holds it. The rest are read only while the request is in flight: for
+-- that list is kept and still holds it. A last element follows: the error
+-- list (newest first), or false. The rest are read only while the request is in flight: for
 -- "P<entry id>", present says the entry is in the stream; for "P@<due>"
 -- (scheduled), present is 1 when the request is in the schedule (a delayed
 -- request), 2 when it is in the retry set, or in the schedule with a
@@ -33,9 +37,16 @@
 -- entryStream (entrystream.lua, in front of this script) finds the stream
 -- holding an entry: KEYS[2] or a level stream, KEYS[7] or KEYS[8].
 local member = "r" .. ARGV[2]
+-- errorList returns the request's error list, or false when none is kept.
+local function errorList()
+  if KEYS[10] and redis.call("EXISTS", KEYS[10]) == 1 then
+    return redis.call("LRANGE", KEYS[10], 0, -1)
+  end
+  return false
+end
 local rec = redis.call("GET", KEYS[1])
 if not rec then
-  return {false, -2, 0, false, false, false, false, false, false, false}
+  return {false, -2, 0, false, false, false, false, false, false, false, false}
 end
 local ttl = redis.call("PTTL", KEYS[1])
 if string.sub(rec, 1, 1) ~= "P" then
@@ -47,7 +58,7 @@ if string.sub(rec, 1, 1) ~= "P" then
     end
     done = redis.call("ZSCORE", KEYS[9], code .. "i" .. ARGV[2]) or false
   end
-  return {rec, ttl, 0, false, false, false, false, false, false, done}
+  return {rec, ttl, 0, false, false, false, false, false, false, done, errorList()}
 end
 if string.sub(rec, 2, 2) == "@" then
   local raw = redis.call("HGET", KEYS[5], member)
@@ -108,10 +119,10 @@ if string.sub(rec, 2, 2) == "@" then
       pos = colon + 1 + len
     end
   end
-  return {rec, ttl, present, false, false, starts, lastErr, level, payload, false}
+  return {rec, ttl, present, false, false, starts, lastErr, level, payload, false, errorList()}
 end
 if rec == "P&" then
-  return {rec, ttl, 0, false, false, false, false, false, false, false} -- a flow's parent waiting for its children
+  return {rec, ttl, 0, false, false, false, false, false, false, false, false} -- a flow's parent waiting for its children
 end
 local eid = string.sub(rec, 2)
 local stream = entryStream(eid, ARGV[2])
@@ -138,4 +149,4 @@ if stream == KEYS[7] then
 elseif stream == KEYS[8] then
   level = "low"
 end
-return {rec, ttl, present, holder, idle, starts, false, level, payload, false}
+return {rec, ttl, present, holder, idle, starts, false, level, payload, false, errorList()}
