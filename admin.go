@@ -114,6 +114,12 @@ type Stats struct {
 	// Scheduled is the number of jobs waiting in the schedule: delayed
 	// requests (At, After) and retries waiting for their back-off.
 	Scheduled int64 `json:"scheduled"`
+	// Retrying is the part of Scheduled that are retries waiting for their
+	// back-off (of every group); Scheduled - Retrying are delayed requests.
+	Retrying int64 `json:"retrying"`
+	// Completed is the number of requests in the list of recently completed
+	// ones (ConsumerOptions.Retention; Admin.Completed); 0 without one.
+	Completed int64 `json:"completed"`
 	// Canceled is the number of requests Admin.Cancel cancelled since the
 	// queue was created; cancelling a cancelled request again counts
 	// nothing. Each shard keeps its total in a hash that never expires
@@ -144,6 +150,11 @@ type LevelStats struct {
 type GroupStats struct {
 	// Name is the group's name.
 	Name string `json:"name"`
+	// Answering says the group is the queue's answering group (the one
+	// whose outcomes callers receive; every other group is a fan-out
+	// group). False for every group while no consumer recorded which one
+	// answers (older versions).
+	Answering bool `json:"answering,omitempty"`
 	// Consumers is the number of live consumers in the group: those whose
 	// last heartbeat (or read) is within AdminOptions.StaleAfter. A consumer
 	// that was killed is not counted, though Redis lists it until pruned.
@@ -178,6 +189,15 @@ type GroupStats struct {
 	Lag int64 `json:"lag"`
 	// OldestPendingAge is the idle time of the longest-idle pending entry.
 	OldestPendingAge time.Duration `json:"oldest_pending_age_ns"`
+	// OldestQueuedAge is the age of the oldest entry not yet delivered to
+	// the group (its stream id's time, against this process's clock): how
+	// long the next job this group reads has waited in the stream, the
+	// queue's latency. The entry right after the group's position (XRANGE
+	// from its last-delivered id, COUNT 1: one cheap read per stream while
+	// the group has a lag), the oldest over the shards and priority levels;
+	// 0 when nothing waits. Entries released unstarted by a consumer that
+	// shut down are not looked at (they are in the group's past).
+	OldestQueuedAge time.Duration `json:"oldest_queued_age_ns"`
 	// DeadLetters is the number of entries in this group's dead-letter
 	// stream, summed over the shards: the answering group's is
 	// Stats.DeadLetters, a fan-out group's its own stream's.
@@ -212,6 +232,7 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	}
 	for i := range s.Groups {
 		g := &s.Groups[i]
+		g.Answering = g.Name == answering
 		cs, err := a.groupConsumers(ctx, shards, g.Name)
 		if err != nil {
 			return s, err
@@ -244,6 +265,12 @@ func (a *Admin) shardStats(ctx context.Context, k keys.Keys, answering string, s
 		return err
 	}
 	s.Scheduled += scheduled + retries
+	s.Retrying += retries
+	completed, err := a.client.ZCard(ctx, k.Completed).Result()
+	if err != nil {
+		return err
+	}
+	s.Completed += completed
 	dead, err := a.client.XLen(ctx, k.DeadLetter).Result()
 	if err != nil {
 		return err
@@ -341,8 +368,15 @@ func (a *Admin) levelStats(ctx context.Context, shards []keys.Keys, s *Stats, by
 					byName[name] = i
 					s.Groups = append(s.Groups, GroupStats{Name: name})
 				}
-				if gs := &s.Groups[i]; gs.Lag >= 0 {
+				gs := &s.Groups[i]
+				if gs.Lag >= 0 {
 					gs.Lag += length
+				}
+				if first, err := a.client.XRangeN(ctx, k.Stream, "-", "+", 1).Result(); err != nil {
+					return err
+				} else if len(first) == 1 {
+					ms, _ := parseStreamID(first[0].ID)
+					gs.OldestQueuedAge = max(gs.OldestQueuedAge, time.Since(time.UnixMilli(int64(ms))))
 				}
 			}
 		}
@@ -403,6 +437,16 @@ func (a *Admin) streamGroupStats(ctx context.Context, k keys.Keys, length, dead 
 			gs.Lag = -1
 		default:
 			gs.Lag += lag
+		}
+		if lag != 0 {
+			next, err := a.client.XRangeN(ctx, k.Stream, "("+g.LastDeliveredID, "+", 1).Result()
+			if err != nil {
+				return 0, nil, err
+			}
+			if len(next) == 1 {
+				ms, _ := parseStreamID(next[0].ID)
+				gs.OldestQueuedAge = max(gs.OldestQueuedAge, time.Since(time.UnixMilli(int64(ms))))
+			}
 		}
 		if g.Pending > 0 {
 			// The oldest pending entry is not always the longest idle one, so

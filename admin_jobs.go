@@ -119,6 +119,45 @@ type JobInfo struct {
 	// base64, and its text is added as "replacement_text" when it is valid
 	// UTF-8.
 	Replacement []byte `json:"replacement,omitempty"`
+	// Payload is the request's encoded payload while it is in flight: the
+	// stream entry's (queued, running) or the one a scheduled request or a
+	// waiting retry keeps; nil once completed (the entry is gone; a dead
+	// letter keeps it, see Admin.DeadLetter) and when a Fetcher supplies it.
+	// Base64 in JSON.
+	Payload []byte `json:"payload,omitempty"`
+	// Finished is when a completed request's outcome was recorded, known
+	// while the list of completed requests holds it
+	// (ConsumerOptions.Retention); zero otherwise.
+	Finished time.Time `json:"finished,omitzero"`
+	// Errors are the errors of the request's failed attempts that were
+	// retried, newest first, when the consumers keep them
+	// (Retention.Errors); nil otherwise. The last failure of a failed or
+	// dead-lettered request is Error, not here.
+	Errors []AttemptError `json:"errors,omitempty"`
+}
+
+// AttemptError is one failed attempt of a request that was retried
+// (JobInfo.Errors).
+type AttemptError struct {
+	// At is when the retry was scheduled (the Redis server's clock).
+	At time.Time `json:"at"`
+	// Start is the attempt's start number (1 for the first).
+	Start int `json:"start"`
+	// Error is the attempt's error message (its first 1024 bytes).
+	Error string `json:"error"`
+}
+
+// parseAttemptError parses an entry of a request's error list: "<ms>
+// <start> <error>".
+func parseAttemptError(s string) (AttemptError, bool) {
+	ms, rest, ok1 := strings.Cut(s, " ")
+	start, msg, ok2 := strings.Cut(rest, " ")
+	at, err1 := strconv.ParseInt(ms, 10, 64)
+	n, err2 := strconv.Atoi(start)
+	if !ok1 || !ok2 || err1 != nil || err2 != nil {
+		return AttemptError{}, false
+	}
+	return AttemptError{At: time.UnixMilli(at), Start: n, Error: msg}, true
 }
 
 // Job looks up a request id: whether it is scheduled (until when), a retry
@@ -145,11 +184,11 @@ func (a *Admin) Job(ctx context.Context, id string) (JobInfo, error) {
 	info.Shard = keys.ShardOf(id, len(shards))
 	k := shards[info.Shard]
 	res, err := scripts.Job.Run(ctx, a.client, []string{k.Record(id), k.Stream, k.Starts(t.group), k.Schedule, k.ScheduleData, k.Retry,
-		k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow]), k.Mode(id)}, t.group, id).Slice()
+		k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow]), k.Mode(id), k.Completed, k.Errors(id)}, t.group, id).Slice()
 	if err != nil {
 		return info, fmt.Errorf("streamq: look up %q in %s: %w", id, a.queue, err)
 	}
-	if len(res) != 11 {
+	if len(res) != 14 {
 		return info, fmt.Errorf("streamq: look up %q in %s: unexpected reply %v", id, a.queue, res)
 	}
 	rec, ok := res[0].(string)
@@ -165,6 +204,21 @@ func (a *Admin) Job(ctx context.Context, id string) (JobInfo, error) {
 		info.Priority = levelNamed(lvl)
 	}
 	info.Mode, info.ModeUntil, info.Replacement = jobMode(res[8], res[9], res[10])
+	if p, ok := res[11].(string); ok {
+		info.Payload = []byte(p)
+	}
+	if list, ok := res[13].([]any); ok {
+		for _, e := range list {
+			if ae, ok := parseAttemptError(asString(e)); ok {
+				info.Errors = append(info.Errors, ae)
+			}
+		}
+	}
+	if done, ok := res[12].(string); ok {
+		if us, err := strconv.ParseFloat(done, 64); err == nil {
+			info.Finished = time.UnixMilli(int64(us) / 1000)
+		}
+	}
 	code, value := rec[:1], recordEntryID(rec)
 	switch code {
 	case "R":
@@ -332,7 +386,7 @@ func (a *Admin) Forget(ctx context.Context, id string, force bool) error {
 		f = "1"
 	}
 	res, err := scripts.Forget.Run(ctx, a.client, []string{k.Record(id), k.Stream, k.Starts(t.group), k.Schedule, k.ScheduleData, k.Retry,
-		k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow]), k.Progress(id)}, t.group, f, id).StringSlice()
+		k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow]), k.Progress(id), k.Errors(id)}, t.group, f, id).StringSlice()
 	if err != nil {
 		return fmt.Errorf("streamq: forget %q in %s: %w", id, a.queue, err)
 	}

@@ -88,6 +88,10 @@ func clusterSuite(t *testing.T, c *redistest.Cluster, client redis.UniversalClie
 		t.Parallel()
 		testClusterKeyed(t, client)
 	})
+	t.Run("Retention", func(t *testing.T) {
+		t.Parallel()
+		testClusterRetention(t, client)
+	})
 }
 
 // testClusterKeyed: keyed jobs on a queue sharded over every master take

@@ -642,12 +642,13 @@ const startsTTL = 7 * 24 * time.Hour
 type completeFixed struct {
 	dead, fanout, starts string
 	args                 []any
+	keep                 string // ConsumerOptions.Retention's mark of ARGV[9], "" without
 }
 
 func (r *run[Req, Resp]) completeFixedArgs(shard int) completeFixed {
 	o := &r.c.opts
 	k := r.c.shards[shard]
-	f := completeFixed{dead: k.DeadLetter, fanout: k.Fanout, starts: k.Starts(o.Group)}
+	f := completeFixed{dead: k.DeadLetter, fanout: k.Fanout, starts: k.Starts(o.Group), keep: o.Retention.flag()}
 	if o.Fanout {
 		f.dead = k.GroupDeadLetter(o.Group)
 	}
@@ -718,9 +719,9 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 		}
 		args = append(args, e.EntryID, e.ID, codeArg[cp.code], value, payload, e.Deliveries)
 	}
-	if children != nil || progressed != nil || extra != nil || txArgs != nil {
+	if children != nil || progressed != nil || extra != nil || txArgs != nil || fixed.keep != "" {
 		flag := []byte(args[8].(string))
-		flag = append(append(flag, children...), progressed...)
+		flag = append(append(append(flag, children...), progressed...), fixed.keep...)
 		if extra != nil {
 			flag = strconv.AppendInt(append(flag, '+'), int64(len(extra)), 10)
 		}
@@ -738,6 +739,9 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 	args = append(args, extra...)
 	keyList = append(keyList, txKeys...)
 	args = append(args, txArgs...)
+	if fixed.keep != "" {
+		keyList = append(keyList, k.Completed) // the completed list, last (complete.lua)
+	}
 	return keyList, args
 }
 

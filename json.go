@@ -42,23 +42,26 @@ func (d *DeadLetter) UnmarshalJSON(b []byte) error {
 // jobInfoJSON is JobInfo without its methods.
 type jobInfoJSON JobInfo
 
-// MarshalJSON encodes the job with its result in base64 ("result", absent
-// when there is none), plus "result_text" when the result is valid UTF-8,
-// and likewise "replacement_text" for a waiting follow-up's payload.
+// MarshalJSON encodes the job with its result, payload and a waiting
+// follow-up's payload in base64 ("result", "payload", "replacement", absent
+// when there is none), plus "result_text", "payload_text" and
+// "replacement_text" when they are valid UTF-8.
 func (j JobInfo) MarshalJSON() ([]byte, error) {
 	return json.Marshal(struct {
 		jobInfoJSON
 		ResultText      *string `json:"result_text,omitempty"`
+		PayloadText     *string `json:"payload_text,omitempty"`
 		ReplacementText *string `json:"replacement_text,omitempty"`
-	}{jobInfoJSON(j), resultText(j.Result), utf8Text(j.Replacement)})
+	}{jobInfoJSON(j), resultText(j.Result), utf8Text(j.Payload), utf8Text(j.Replacement)})
 }
 
-// UnmarshalJSON decodes what MarshalJSON encodes ("result_text" is ignored:
-// "result" holds the bytes).
+// UnmarshalJSON decodes what MarshalJSON encodes (the "_text" fields are
+// ignored: "result", "payload" and "replacement" hold the bytes).
 func (j *JobInfo) UnmarshalJSON(b []byte) error {
 	var v struct {
 		jobInfoJSON
 		ResultText      *string `json:"result_text,omitempty"`
+		PayloadText     *string `json:"payload_text,omitempty"`
 		ReplacementText *string `json:"replacement_text,omitempty"`
 	}
 	if err := json.Unmarshal(b, &v); err != nil {

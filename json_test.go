@@ -32,20 +32,25 @@ func TestJSONShapes(t *testing.T) {
 	require.NoError(t, json.Unmarshal(b, &back))
 	require.Equal(t, d, back)
 
-	j := JobInfo{ID: "a", State: JobSucceeded, Result: []byte(`"ok"`), TTL: time.Minute}
+	j := JobInfo{ID: "a", State: JobSucceeded, Result: []byte(`"ok"`), Payload: []byte(`{"n":1}`), TTL: time.Minute,
+		Finished: time.UnixMilli(1_800_000_000_000).UTC()}
 	b, err = json.Marshal(j)
 	require.NoError(t, err)
 	m = nil
 	require.NoError(t, json.Unmarshal(b, &m))
 	require.Equal(t, "Im9rIg==", m["result"])
 	require.Equal(t, `"ok"`, m["result_text"])
+	require.Equal(t, `{"n":1}`, m["payload_text"])
+	require.Equal(t, "2027-01-15T08:00:00Z", m["finished"])
 	var jb JobInfo
 	require.NoError(t, json.Unmarshal(b, &jb))
 	require.Equal(t, j, jb)
-	j.Result = nil
+	j.Result, j.Payload, j.Finished = nil, nil, time.Time{}
 	b, err = json.Marshal(j)
 	require.NoError(t, err)
 	require.NotContains(t, string(b), "result")
+	require.NotContains(t, string(b), "payload")
+	require.NotContains(t, string(b), "finished")
 
 	for _, dd := range []Dedup{DedupNone, DedupInflight, DedupStored} {
 		b, err := json.Marshal(dd)

@@ -400,6 +400,12 @@ type ConsumerOptions struct {
 	// Logger receives the consumer's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 
+	// Retention keeps a bounded list of recently completed requests in
+	// Redis (see Retention), which Admin.Completed lists. Only for the
+	// answering group. Defaults to nil: no list, and completions send no
+	// command for it.
+	Retention *Retention
+
 	// replyWait (tests only) sends ticks on the client itself, so its hooks
 	// see them, and makes workers wait for the reply of their start.
 	replyWait bool
@@ -458,6 +464,10 @@ func (o *ConsumerOptions) resolve() error {
 		rl := *o.RateLimit // resolve sets defaults: not in the caller's value
 		o.RateLimit = &rl
 	}
+	if o.Retention != nil {
+		keep := *o.Retention // the caller's value may change after the start
+		o.Retention = &keep
+	}
 	var trimErr error
 	if o.TrimInterval != -1 {
 		trimErr = atLeast("TrimInterval", o.TrimInterval, 10*time.Millisecond)
@@ -495,6 +505,7 @@ func (o *ConsumerOptions) resolve() error {
 		shardCount(o.Shards),
 		weightErr,
 		o.RateLimit.resolve(),
+		o.Retention.resolve(o.Fanout),
 		validName("Group", o.Group),
 		validName("Name", o.Name),
 	)

@@ -215,6 +215,17 @@ func (r *run[Req, Resp]) retryArgs(shard int, batch []*completion) ([]string, []
 		args = append(args, e.EntryID, e.ID, string(cp.value), e.Data, truncateUTF8(cp.errMsg, maxRetryError))
 	}
 	keyList = append(keyList, historyKey(k, o, now))
+	if keep := o.Retention.errorsKept(); keep > 0 && !o.Fanout {
+		// Retention.Errors: each item's error list, after the history.
+		args[3] = "0#" + strconv.Itoa(keep)
+		for _, cp := range batch {
+			if id := cp.s.entry.ID; id != "" {
+				keyList = append(keyList, k.Errors(id))
+			} else {
+				keyList = append(keyList, k.Stream)
+			}
+		}
+	}
 	return keyList, args
 }
 

@@ -82,7 +82,7 @@ type chrome struct {
 func newChrome(t *testing.T) *chrome {
 	path := chromiumPath(t)
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(path), chromedp.DisableGPU, chromedp.WindowSize(1280, 1000),
+		chromedp.ExecPath(path), chromedp.DisableGPU, chromedp.WindowSize(1400, 1000),
 		chromedp.Flag("no-first-run", true), chromedp.Flag("disable-dev-shm-usage", true))
 	if os.Geteuid() == 0 {
 		opts = append(opts, chromedp.NoSandbox)
@@ -127,6 +127,9 @@ func newChrome(t *testing.T) *chrome {
 	// of that call: bctx, not one with a time limit.
 	_, err := chromedp.Call(bctx, cdplog.Enable, cdp.Empty{}) // log entries: failed loads, CSP violations
 	require.NoError(t, err, "start the browser")
+	// The page's viewport: 1400x1000 CSS pixels, whatever the window's
+	// frame takes (the fold the pages are checked against).
+	require.NoError(t, chromedp.Do(bctx, chromedp.EmulateViewport(1400, 1000)), "set the viewport")
 	return c
 }
 
@@ -323,6 +326,7 @@ func TestBrowserTabs(t *testing.T) {
 		{"queued", []string{"queued-1", "queued-2", "queued-3"}, "cancel", 1, 1},
 		{"running", []string{"slow-1", "slow-2"}, "cancel", 1, 0},
 		{"dead", []string{"bad-3", "bad-2", "bad-1"}, "requeue", 2, 1},
+		{"completed", []string{"bad-3", "ok-3", "bad-2", "ok-2", "bad-1", "ok-1"}, "", 0, 1},
 	} {
 		c.step("open the "+tc.tab+" tab", 15*time.Second,
 			chromedp.Navigate(base+"queue?q=orders&tab="+tc.tab),
@@ -336,6 +340,21 @@ func TestBrowserTabs(t *testing.T) {
 		}
 		require.Equal(t, strings.Join(tc.ids, ","), got, "tab %s", tc.tab)
 		require.Equal(t, "true", c.eval(`document.getElementById("tab-`+tc.tab+`").classList.contains("active")`))
+		// Every tab says how many jobs it lists (from the Stats read of the cards).
+		for _, other := range []struct {
+			tab string
+			n   int
+		}{{"scheduled", 4}, {"retrying", 2}, {"queued", 3}, {"running", 2}, {"dead", 3}, {"completed", 6}} {
+			require.Equal(t, strconv.Itoa(other.n), c.text("count-"+other.tab), "the count on tab %s", other.tab)
+		}
+		// At 1400x1000 the list starts above the fold, its first rows in view
+		// (the chart and the cards do not push it down).
+		inView := min(len(tc.ids), 3)
+		require.Equal(t, "true", c.eval(`(function () {
+			var r = document.querySelectorAll("#list tbody tr")[`+strconv.Itoa(inView-1)+`].getBoundingClientRect();
+			return window.innerWidth === 1400 && window.innerHeight === 1000 && r.bottom <= window.innerHeight;
+		})()`), "tab %s: its first %d rows are above the fold at 1400x1000 (list at %s px)", tc.tab, inView,
+			c.eval(`[window.innerWidth, window.innerHeight, document.getElementById("list").getBoundingClientRect().top, document.querySelectorAll("#list tbody tr")[`+strconv.Itoa(inView-1)+`].getBoundingClientRect().bottom, document.getElementById("chart").getBoundingClientRect().top, document.getElementById("chart").getBoundingClientRect().height].join(" ")`))
 		buttons := c.eval(`document.querySelectorAll("#list tbody button").length`)
 		boxes := c.eval(`document.querySelectorAll("#list tbody input[type=checkbox]").length`)
 		if tc.action != "" {
@@ -392,6 +411,23 @@ func TestBrowserTabs(t *testing.T) {
 			c.screenshot("dashboard.png")
 		}
 	}
+
+	// The job page of a completed job (its result, when it finished) and of
+	// a scheduled one (its payload, indented when JSON; when it is due).
+	c.step("open a completed job", 15*time.Second, chromedp.Navigate(base+"job?q=orders&id=ok-2"), chromedp.WaitVisible(chromedp.ID("job-state")))
+	require.Equal(t, "succeeded", c.text("job-state"))
+	require.Equal(t, `"receipt for order ok-2"`, c.text("job-result"))
+	require.Regexp(t, `^\d+s ago`, c.text("job-finished"))
+	c.step("open a scheduled job", 15*time.Second, chromedp.Navigate(base+"job?q=orders&id=sched-2"), chromedp.WaitVisible(chromedp.ID("job-payload")))
+	require.Equal(t, "scheduled", c.text("job-state"))
+	require.Equal(t, `"order sched-2"`, c.text("job-payload"))
+	require.Regexp(t, `^in (1h 59m|2h)`, c.text("job-due"))
+	c.step("open a retrying job", 15*time.Second, chromedp.Navigate(base+"job?q=orders&id=flaky-1"), chromedp.WaitVisible(chromedp.ID("job-payload")))
+	require.Equal(t, "retrying", c.text("job-state"))
+	require.Equal(t, "payment gateway timeout", c.text("job-error"))
+	require.Equal(t, "1", c.text("job-starts"))
+	c.screenshot("dashboard-job.png")
+	c.step("its tab", 15*time.Second, chromedp.Click(chromedp.ID("job-tab")), until(`location.search.indexOf("tab=retrying") > 0 && `+rows+` === 1`))
 
 	// Paging both ways: a page of 2 on the scheduled tab.
 	small, err := New(client, &Options{PageSize: 2, PollInterval: 500 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
@@ -724,6 +760,9 @@ func TestBrowser(t *testing.T) {
 		until(`document.querySelector('#queues tr[data-q="orders"] [data-f="canceled"]').textContent === "1"`))
 	c.step("show the last hour", 15*time.Second, chromedp.Click(chromedp.CSS(`#spans button[data-span="60"]`)),
 		until(`document.getElementById("chart").getAttribute("data-points") === "60"`))
+	// The overview's latency and fan-out dead letters cells refresh too.
+	require.Regexp(t, `^(–|<1s|\d+s)$`, c.eval(`document.querySelector('#queues tr[data-q="orders"] [data-f="latency"]').textContent`))
+	require.Equal(t, "0", c.eval(`document.querySelector('#queues tr[data-q="orders"] [data-f="fanout_dead_letters"]').textContent`))
 	c.screenshot("dashboard-overview.png")
 	c.step("open the job page of a cancelled request", 15*time.Second,
 		chromedp.Navigate(base+"job?q=orders&id=later-1"),

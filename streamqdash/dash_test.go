@@ -39,7 +39,7 @@ func fill(t testing.TB, client *redis.Client) {
 			return "", streamq.Permanent(errors.New("card declined"))
 		}
 		return "receipt for " + m.Payload, nil
-	}, &streamq.ConsumerOptions{Name: "worker-1", ReadBlock: 50 * time.Millisecond, Logger: log})
+	}, &streamq.ConsumerOptions{Name: "worker-1", ReadBlock: 50 * time.Millisecond, Retention: &streamq.Retention{MaxCount: 1000}, Logger: log})
 	require.NoError(t, err)
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)

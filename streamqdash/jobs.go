@@ -31,7 +31,12 @@ var tabs = []tab{
 	{"queued", "Queued", streamq.JobQueued},
 	{"running", "Running", streamq.JobRunning},
 	{"dead", "Dead letters", streamq.JobDeadLettered},
+	{"completed", "Completed", streamq.JobSucceeded},
 }
+
+// completedTab is the tab of the recently completed jobs: Admin.Completed,
+// not Admin.Jobs (its State is only a marker).
+const completedTab = "completed"
 
 // defaultTab is the tab a queue page opens with: the dead letters, which an
 // operator comes for most often (and which the page showed before it had tabs).
@@ -69,7 +74,7 @@ func parseListQuery(v url.Values) (listQuery, error) {
 	}
 	t, ok := findTab(v.Get("tab"))
 	if !ok {
-		return q, fmt.Errorf("%w: unknown tab %q (scheduled, retrying, queued, running or dead)", errBadRequest, v.Get("tab"))
+		return q, fmt.Errorf("%w: unknown tab %q (scheduled, retrying, queued, running, dead or completed)", errBadRequest, v.Get("tab"))
 	}
 	q.Tab = t
 	if !q.FiltersErrors() {
@@ -155,6 +160,9 @@ func (l jobList) Actions() []string {
 
 // readJobs reads one page of the tab.
 func (h *Handler) readJobs(ctx context.Context, a *streamq.Admin, q listQuery) (streamq.JobsPage, error) {
+	if q.Tab.Name == completedTab {
+		return h.readCompleted(ctx, a, q)
+	}
 	p, err := a.Jobs(ctx, streamq.JobsQuery{State: q.Tab.State, Limit: h.opts.PageSize, Cursor: q.Cursor, ID: q.ID, ErrorContains: q.Error})
 	if err != nil && (errors.Is(err, streamq.ErrInvalidOptions) || errors.Is(err, streamq.ErrInvalidCursor)) {
 		err = fmt.Errorf("%w: %w", errBadRequest, err)
@@ -193,6 +201,13 @@ func (h *Handler) readQueue(ctx context.Context, q listQuery) (*streamq.Admin, q
 		return nil, out, fmt.Errorf("%w: queue %s has no consumer group %q", streamq.ErrNotFound, q.Queue, q.Group)
 	}
 	out.Stats, out.Summary = s, summarize(q.Queue, s)
+	if q.Group != "" {
+		for _, g := range s.Groups {
+			if g.Name == q.Group {
+				out.Summary.Tabs["dead"] = g.DeadLetters // the group's, which the tab lists
+			}
+		}
+	}
 	if page.Jobs == nil {
 		page.Jobs = []streamq.JobSummary{}
 	}
@@ -307,6 +322,43 @@ func (q listQuery) Noun() string {
 		return "queued jobs"
 	case streamq.JobRunning:
 		return "running jobs"
+	case streamq.JobSucceeded:
+		return "completed jobs"
 	}
 	return "dead letters"
+}
+
+// readCompleted reads one page of the Completed tab (Admin.Completed) as a
+// JobsPage: each job's State is its outcome and At when it completed. With
+// an id searched, the one job when the list holds it (Admin.Job tells).
+func (h *Handler) readCompleted(ctx context.Context, a *streamq.Admin, q listQuery) (streamq.JobsPage, error) {
+	var out streamq.JobsPage
+	if q.ID != "" {
+		out.Total = -1
+		j, err := a.Job(ctx, q.ID)
+		switch {
+		case errors.Is(err, streamq.ErrNotFound):
+			return out, nil
+		case errors.Is(err, streamq.ErrInvalidID):
+			return out, fmt.Errorf("%w: %w", errBadRequest, err)
+		case err != nil:
+			return out, err
+		}
+		if !j.Finished.IsZero() {
+			out.Jobs = []streamq.JobSummary{{ID: j.ID, State: j.State, Shard: j.Shard, At: j.Finished, LastError: j.Error}}
+		}
+		return out, nil
+	}
+	p, err := a.Completed(ctx, q.Cursor, h.opts.PageSize)
+	if err != nil {
+		if errors.Is(err, streamq.ErrInvalidOptions) || errors.Is(err, streamq.ErrInvalidCursor) {
+			err = fmt.Errorf("%w: %w", errBadRequest, err)
+		}
+		return out, err
+	}
+	out.Total, out.Next = p.Total, p.Next
+	for _, j := range p.Jobs {
+		out.Jobs = append(out.Jobs, streamq.JobSummary{ID: j.ID, EntryID: j.EntryID, State: j.State, Shard: j.Shard, At: j.At})
+	}
+	return out, nil
 }

@@ -1,6 +1,7 @@
 package streamqdash
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -49,12 +50,57 @@ type QueueSummary struct {
 	// Levels splits Length and Pending by priority level, highest first
 	// (Stats.Levels); omitted while the queue has only the default level.
 	Levels []streamq.LevelStats `json:"levels,omitempty"`
+	// Latency is the age of the oldest job not yet read by a group
+	// (GroupStats.OldestQueuedAge, the largest over the groups), in
+	// milliseconds; 0 when nothing waits.
+	Latency int64 `json:"latency_ms"`
+	// FanoutDeadLetters sums the dead letters of the fan-out groups (each
+	// has its own dead-letter stream; GroupStats.DeadLetters).
+	FanoutDeadLetters int64 `json:"fanout_dead_letters"`
+	// Tabs are the counts of the queue page's tabs, by tab name: scheduled
+	// and retrying (Stats.Scheduled split by Stats.Retrying), queued (the
+	// answering group's lag, -1 when unknown), running (its pending
+	// entries), dead (its dead letters, or the fan-out group's shown) and
+	// completed (Stats.Completed). All come from the one Stats read.
+	Tabs map[string]int64 `json:"tabs,omitempty"`
 	// Error is why the queue's statistics could not be read ("" when they were).
 	Error string `json:"error,omitempty"`
 }
 
 func summarize(name string, s streamq.Stats) QueueSummary {
 	q := QueueSummary{Name: name, Length: s.Length, Scheduled: s.Scheduled, DeadLetters: s.DeadLetters, Canceled: s.Canceled, Paused: s.Paused, Levels: s.Levels}
+	// The answering group's figures make the tabs' counts (the tabs list
+	// its jobs); with no group marked answering, the only group, or the
+	// sums.
+	answering := -1
+	for i, g := range s.Groups {
+		if g.Answering || (len(s.Groups) == 1) {
+			answering = i
+		}
+	}
+	q.Tabs = map[string]int64{
+		"scheduled": s.Scheduled - s.Retrying,
+		"retrying":  s.Retrying,
+		"dead":      s.DeadLetters,
+		"completed": s.Completed,
+	}
+	for i, g := range s.Groups {
+		q.Latency = max(q.Latency, g.OldestQueuedAge.Milliseconds())
+		if i != answering && !g.Answering {
+			q.FanoutDeadLetters += g.DeadLetters
+		}
+		if answering < 0 || i == answering {
+			q.Tabs["running"] += g.Pending
+			if g.Lag < 0 || q.Tabs["queued"] < 0 {
+				q.Tabs["queued"] = -1
+			} else {
+				q.Tabs["queued"] += g.Lag
+			}
+		}
+	}
+	if len(s.Groups) == 0 {
+		q.Tabs["queued"] = s.Length
+	}
 	for _, g := range s.Groups {
 		q.Pending += g.Pending
 		q.Consumers += g.Consumers
@@ -294,6 +340,88 @@ func notDone(v url.Values, why string) string {
 	return out
 }
 
+// jobChild is one child of a flow's parent on the job page.
+type jobChild struct {
+	Queue, ID string
+	Shown     bool   // its queue is one the dashboard shows: its id links to its page
+	Outcome   string // "succeeded", "no outcome yet", or the error
+	OK        bool
+	Result    string
+}
+
+// jobPage is what the job page shows of a request (Admin.Job).
+type jobPage struct {
+	page
+	Queues    []string
+	Queue, ID string
+	Job       *streamq.JobInfo
+	Tab       template.URL // the queue page's tab listing the job, searched by its id
+	Payload   text
+	Result    text
+	Progress  text
+	Children  []jobChild
+	NotFound  string
+}
+
+// text is a stored value as the job page shows it: JSON indented, other
+// UTF-8 as it is, anything else as base64.
+type text struct {
+	Body string
+	Kind string // "json", "text", "base64", or "" when there is none
+}
+
+// showValue makes a text of a stored value, cut to limit bytes.
+func showValue(b []byte, limit int) text {
+	switch {
+	case b == nil:
+		return text{}
+	case json.Valid(b):
+		var out bytes.Buffer
+		if json.Indent(&out, b, "", "  ") == nil {
+			return text{Body: cut(out.String(), limit), Kind: "json"}
+		}
+	case !utf8.Valid(b):
+		return text{Body: cut(base64.StdEncoding.EncodeToString(b), limit), Kind: "base64"}
+	}
+	return text{Body: cut(string(b), limit), Kind: "text"}
+}
+
+// cut shortens s to about limit bytes (on a rune boundary), saying so.
+func cut(s string, limit int) string {
+	if len(s) <= limit {
+		return s
+	}
+	i := limit
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i] + fmt.Sprintf("\n… (%d more bytes)", len(s)-i)
+}
+
+// jobValueLimit bounds the bytes of a payload, result or progress value the
+// job page shows.
+const jobValueLimit = 64 << 10
+
+// tabOf is the queue page's tab that lists a request in this state ("" for
+// none: completed ones show in Completed only when the list keeps them).
+func tabOf(s streamq.JobState) string {
+	switch s {
+	case streamq.JobScheduled:
+		return "scheduled"
+	case streamq.JobRetrying:
+		return "retrying"
+	case streamq.JobQueued:
+		return "queued"
+	case streamq.JobRunning:
+		return "running"
+	case streamq.JobDeadLettered:
+		return "dead"
+	case streamq.JobSucceeded, streamq.JobFailed:
+		return completedTab
+	}
+	return ""
+}
+
 func (h *Handler) job(w http.ResponseWriter, r *http.Request) {
 	name, id := r.FormValue("q"), r.FormValue("id")
 	ctx, cancel := context.WithTimeout(r.Context(), h.opts.Timeout)
@@ -303,14 +431,11 @@ func (h *Handler) job(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	data := struct {
-		page
-		Queues    []string
-		Queue, ID string
-		Job       *streamq.JobInfo
-		Result    string
-		NotFound  string
-	}{page: h.page(w, r, "Job lookup"), Queues: qs, Queue: name, ID: id}
+	title := "Job lookup"
+	if id != "" {
+		title = "Job " + id
+	}
+	data := jobPage{page: h.page(w, r, title), Queues: qs, Queue: name, ID: id}
 	data.Poll = 0
 	status := http.StatusOK
 	if name != "" && id != "" {
@@ -328,9 +453,26 @@ func (h *Handler) job(w http.ResponseWriter, r *http.Request) {
 			return
 		default:
 			data.Job = &j
-			data.Result = string(j.Result)
-			if !utf8.Valid(j.Result) {
-				data.Result = "(base64) " + base64.StdEncoding.EncodeToString(j.Result)
+			data.Payload = showValue(j.Payload, jobValueLimit)
+			data.Result = showValue(j.Result, jobValueLimit)
+			data.Progress = showValue(j.Progress, jobValueLimit)
+			if t := tabOf(j.State); t != "" {
+				v := url.Values{"q": {name}, "id": {id}}
+				if t != defaultTab {
+					v.Set("tab", t)
+				}
+				data.Tab = template.URL("queue?" + v.Encode())
+			}
+			for _, c := range j.Children {
+				jc := jobChild{Queue: c.Queue, ID: c.ID, Shown: slices.Contains(qs, c.Queue), OK: c.Err == nil}
+				switch {
+				case c.Err == nil:
+					jc.Outcome = "succeeded"
+					jc.Result = showValue(c.Result, 200).Body
+				default:
+					jc.Outcome = c.Err.Error()
+				}
+				data.Children = append(data.Children, jc)
 			}
 		}
 	}
@@ -657,6 +799,24 @@ var funcs = template.FuncMap{
 		return strconv.FormatInt(n, 10)
 	},
 	"add": func(a, b int) int { return a + b },
+	// count is a tab's count: "?" when unknown (-1).
+	"count": func(n int64) string {
+		if n < 0 {
+			return "?"
+		}
+		return strconv.FormatInt(n, 10)
+	},
+	// latency is the age of the oldest job waiting to be read (ms), as
+	// app.js writes it.
+	"latency": func(ms int64) string {
+		switch {
+		case ms <= 0:
+			return "–"
+		case ms < 1000:
+			return "<1s"
+		}
+		return coarse(time.Duration(ms) * time.Millisecond)
+	},
 	"rel": relTime,
 	"ms": func(t time.Time) int64 {
 		if t.IsZero() {

@@ -96,6 +96,9 @@ record of the id (never produced, expired, or forgotten).`,
   running    held by a consumer (in its handler or read ahead), with the
              time since it read or renewed the entry
   dead       dead letters, newest first (--group for a fan-out group's)
+  completed  recently completed requests, newest first, with their outcome:
+             the list consumers keep with ConsumerOptions.Retention (empty
+             without); --id is not taken ('streamq job' shows one)
 --limit at a time; the line under the table gives the cursors of the next
 and the previous page (--cursor). --id keeps one request id; --error keeps
 retrying and dead jobs whose last error contains the text (a filtered page
@@ -635,7 +638,10 @@ func job(ctx context.Context, r *runner) error {
 		return err
 	}
 	if r.o.json {
-		j.Enqueued, j.Due, j.ModeUntil = j.Enqueued.UTC(), j.Due.UTC(), j.ModeUntil.UTC()
+		j.Enqueued, j.Due, j.ModeUntil, j.Finished = j.Enqueued.UTC(), j.Due.UTC(), j.ModeUntil.UTC(), j.Finished.UTC()
+		for i := range j.Errors {
+			j.Errors[i].At = j.Errors[i].At.UTC()
+		}
 		return r.printJSON(j)
 	}
 	tw := r.table()
@@ -672,6 +678,9 @@ func job(ctx context.Context, r *runner) error {
 	case j.Replacement != nil:
 		fmt.Fprintf(tw, "replacement (base64)\t%s (runs when this run ends)\n", encodeBase64(j.Replacement))
 	}
+	if !j.Finished.IsZero() {
+		fmt.Fprintf(tw, "finished\t%s\n", when(j.Finished))
+	}
 	switch {
 	case len(j.Result) > 0 && utf8.Valid(j.Result):
 		fmt.Fprintf(tw, "result\t%s\n", j.Result)
@@ -684,6 +693,9 @@ func job(ctx context.Context, r *runner) error {
 			label = "message"
 		}
 		fmt.Fprintf(tw, "%s\t%s\n", label, j.Error)
+	}
+	for _, e := range j.Errors { // Retention.Errors: the retried attempts, newest first
+		fmt.Fprintf(tw, "error of start %d\t%s (%s)\n", e.Start, oneLine(e.Error, 200), when(e.At))
 	}
 	switch {
 	case len(j.Progress) > 0 && utf8.Valid(j.Progress):

@@ -20,7 +20,10 @@ var jobStates = map[string]streamq.JobState{
 	"dead":      streamq.JobDeadLettered,
 }
 
-const jobStateNames = "scheduled, retrying, queued, running or dead"
+const jobStateNames = "scheduled, retrying, queued, running, dead or completed"
+
+// completedState is --state completed: Admin.Completed, not Admin.Jobs.
+const completedState = "completed"
 
 func jobsFlags(fs *flag.FlagSet, o *opts) {
 	groupFlag(fs, o)
@@ -34,6 +37,9 @@ func jobsFlags(fs *flag.FlagSet, o *opts) {
 func jobsList(ctx context.Context, r *runner) error {
 	if err := r.need(1, "<queue>"); err != nil {
 		return err
+	}
+	if r.o.state == completedState {
+		return completedList(ctx, r)
 	}
 	state, ok := jobStates[r.o.state]
 	switch {
@@ -288,3 +294,58 @@ func (w wrapped) Error() string {
 }
 
 func (w wrapped) Unwrap() error { return w.err }
+
+// completedList prints a page of the recently completed requests
+// (Admin.Completed): jobs ls --state completed.
+func completedList(ctx context.Context, r *runner) error {
+	switch {
+	case r.o.limit < 1 || r.o.limit > 1000:
+		return usagef("--limit must be 1 to 1000")
+	case r.o.id != "" || r.o.errorContains != "":
+		return usagef("--state completed takes neither --id nor --error (streamq job <queue> <request-id> shows one request)")
+	}
+	a, err := r.admin(r.args[0])
+	if err != nil {
+		return err
+	}
+	ctx, cancel := r.withTimeout(ctx)
+	defer cancel()
+	p, err := a.Completed(ctx, r.o.cursor, int(r.o.limit))
+	if errors.Is(err, streamq.ErrInvalidOptions) || errors.Is(err, streamq.ErrInvalidCursor) {
+		return usagef("%v", err)
+	}
+	if err != nil {
+		return err
+	}
+	if r.o.json {
+		if p.Jobs == nil {
+			p.Jobs = []streamq.CompletedJob{}
+		}
+		for i := range p.Jobs {
+			p.Jobs[i].At = p.Jobs[i].At.UTC()
+		}
+		return r.printJSON(p)
+	}
+	if len(p.Jobs) == 0 {
+		fmt.Fprintln(r.stdout, "no completed jobs listed (the consumers keep a list only with ConsumerOptions.Retention)")
+		return nil
+	}
+	tw := r.table()
+	fmt.Fprintln(tw, "REQUEST ID\tOUTCOME\tCOMPLETED\tSHARD")
+	for _, j := range p.Jobs {
+		id := j.ID
+		if id == "" {
+			id = "(entry " + j.EntryID + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", id, j.State, when(j.At), j.Shard)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	more := fmt.Sprintf("%d listed in all", p.Total)
+	if p.Next != "" {
+		more += "; next page: --cursor " + p.Next
+	}
+	fmt.Fprintf(r.stdout, "(%s)\n", more)
+	return nil
+}

@@ -50,6 +50,12 @@ type Keys struct {
 	// internal/scripts/cancel.lua). A hash rather than one string per total,
 	// so a total added later needs no new command in a least-privilege ACL.
 	Counts string
+	// Completed is the sorted set of the shard's recently completed requests,
+	// kept only when the consumers set ConsumerOptions.Retention: member the
+	// outcome's code ('R', 'E', 'L'), then 'i' and the request id (or 'e'
+	// and the entry id of an entry without one); score the completion time
+	// in Unix microseconds, made unique per shard (see complete.lua).
+	Completed string
 
 	base         string // up to and including the hash tag and its ':'
 	recordPrefix string
@@ -81,6 +87,7 @@ func buildTagged(base string) Keys {
 		Wake:         base + "wake",
 		Fanout:       base + "fanout",
 		Counts:       base + "counts",
+		Completed:    base + "completed",
 		base:         base,
 		recordPrefix: base + "id:",
 		startsPrefix: base + "starts:",
@@ -137,6 +144,11 @@ func (k Keys) History(hour int64) string { return k.base + "hist:" + strconv.For
 // name. The answering group's completions count in History itself, so a job
 // that several groups process counts once in each group's history.
 func (k Keys) GroupHistory(group string, hour int64) string { return k.History(hour) + ":" + group }
+
+// Errors returns the key of the list of request id's retried attempts'
+// errors, newest first ("<ms> <start> <error>"), kept only when the
+// consumers set Retention.Errors (retry.lua); it expires with the record.
+func (k Keys) Errors(id string) string { return k.base + "errors:" + id }
 
 // RunNowMarker returns the key that remembers, for a while, the entry a
 // schedule member was promoted to by Admin.RunNow, so a resend succeeds.

@@ -96,7 +96,10 @@
 --                  follow the items: pairs of an item index and the item's flow
 --                  fields ("pa", "fp", "ff"; length-prefixed), which its dead
 --                  letter keeps; and "/<m>" when the last m ARGV are the staged
---                  writes. A call without any of them carries no extra key or
+--                  writes; and "#<count>,<age ms>" when the consumers keep
+--                  a list of recently completed requests (ConsumerOptions.Retention;
+--                  0: no bound of that kind), whose key is then the last KEYS.
+--                  A call without any of them carries no extra key or
 --                  argument: "0" or "1".
 -- ARGV[10+6(i-1) .. 15+6(i-1)]  item i: entry id, request id, code, value, payload, deliveries
 --   code "R": value is the encoded response
@@ -118,15 +121,17 @@
 -- the error that made it a dead letter (a staged write refused). An error reply,
 -- before any write, when the dead-letter key holds another type.
 local group, channel, ttl, store = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == "1"
-local flag, txlen, extralen, children, progressed = ARGV[9], 0, 0, nil, nil
+local flag, txlen, extralen, children, progressed, keep = ARGV[9], 0, 0, nil, nil, nil
 if #flag > 1 then
-  for mark, v in string.gmatch(string.sub(flag, 2), "([:~+/])([%d,]*)") do
+  for mark, v in string.gmatch(string.sub(flag, 2), "([:~+/#])([%d,]*)") do
     if mark == ":" then
       children = v
     elseif mark == "~" then
       progressed = v
     elseif mark == "+" then
       extralen = tonumber(v)
+    elseif mark == "#" then
+      keep = v
     else
       txlen = tonumber(v)
     end
@@ -671,6 +676,7 @@ end
 
 -- 3. Outcomes.
 local notice = {}
+local kept = keep and {} -- the members of the completed list (step 6)
 for i = 1, n do
   local _, eid, rid, code, value = item(i)
   if fanout then
@@ -737,9 +743,17 @@ for i = 1, n do
           end
         end
         notice[#notice + 1] = #rid .. ":" .. rid .. #outcome .. ":" .. outcome
+        if kept and first then
+          kept[#kept + 1] = code .. "i" .. rid
+        end
       end
     elseif code == "L" then
       deadLetter(i)
+      if kept then
+        kept[#kept + 1] = "Le" .. eid
+      end
+    elseif kept then
+      kept[#kept + 1] = code .. "e" .. eid
     end
   end
 end
@@ -756,6 +770,42 @@ if processed > 0 then
   local minute = tostring(math.floor(tonumber(ARGV[7]) / 60000) % 60)
   if redis.call("HINCRBY", hist, minute, inc) == tonumber(inc) then
     redis.call("PEXPIRE", hist, 90000000)
+  end
+end
+
+-- 6. The completed list (ConsumerOptions.Retention; absent otherwise):
+-- each request's first outcome, scored by the completion time in
+-- microseconds, kept unique and increasing per shard (one past the newest
+-- score when the clock says less: two calls in one millisecond, or a
+-- consumer whose clock is behind), so that Admin.Completed pages by score.
+-- A duplicate outcome and a whole rerun add nothing (not "first"). Then the
+-- list is cut to its bounds: by count (ZREMRANGEBYRANK) and by age
+-- (ZREMRANGEBYSCORE, and a PEXPIRE so that an idle queue's list goes too).
+if kept and #kept > 0 then
+  local key = KEYS[#KEYS]
+  local maxCount, maxAge = string.match(keep, "^(%d+),(%d+)$")
+  maxCount, maxAge = tonumber(maxCount or "0"), tonumber(maxAge or "0")
+  local now = tonumber(ARGV[7]) * 1000
+  local top = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")
+  local score = now
+  if top[2] and tonumber(top[2]) >= score then
+    score = tonumber(top[2]) + 1
+  end
+  for i = 1, #kept, 500 do
+    local args = {}
+    for j = i, math.min(i + 499, #kept) do
+      args[#args + 1] = string.format("%.0f", score)
+      args[#args + 1] = kept[j]
+      score = score + 1
+    end
+    redis.call("ZADD", key, unpack(args))
+  end
+  if maxCount > 0 then
+    redis.call("ZREMRANGEBYRANK", key, 0, -maxCount - 1)
+  end
+  if maxAge > 0 then
+    redis.call("ZREMRANGEBYSCORE", key, "-inf", "(" .. string.format("%.0f", now - maxAge * 1000))
+    redis.call("PEXPIRE", key, maxAge)
   end
 end
 

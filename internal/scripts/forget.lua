@@ -19,6 +19,8 @@
 -- KEYS[8]  optional: the stream of priority level "low" of the shard
 -- KEYS[9]  optional: the request's progress key, deleted with the record (a
 --          request produced again later does not show this one's progress)
+-- KEYS[10] optional: the request's error list (Retention.Errors), deleted
+--          with the record for the same reason
 -- ARGV[1]  consumer group
 -- ARGV[2]  "1": forget even while a consumer holds the entry
 -- ARGV[3]  the request id (its member in the schedule is "r" .. id)
@@ -60,5 +62,8 @@ end
 redis.call("DEL", KEYS[1])
 if KEYS[9] then
   redis.call("DEL", KEYS[9])
+end
+if KEYS[10] then
+  redis.call("DEL", KEYS[10])
 end
 return {"ok", rec}

@@ -11,6 +11,10 @@
 -- KEYS[7]  optional: the stream of priority level "high" of the shard
 -- KEYS[8]  optional: the stream of priority level "low" of the shard
 -- KEYS[9]  optional: the id's flow-control key (Throttle's open window)
+-- KEYS[10] optional: the shard's list of completed requests (keys.Completed)
+-- KEYS[11] optional: the request's error list (Retention.Errors), read only
+--          when it exists (so a server's ACL needs LRANGE only where the
+--          consumers keep errors)
 -- ARGV[1]  consumer group
 -- ARGV[2]  the request id (its member in the schedule is "r" .. id)
 --
@@ -30,6 +34,11 @@
 -- payload, or a follow-up run waits behind the entry) or false; the mode's
 -- time (Unix ms: Throttle's window end, Debounce's latest due time) or
 -- false; the follow-up run's stream fields (length-prefixed) or false.
+-- Then three more: the payload or false (the stream entry's, queued or
+-- running, or the one a scheduled request or retry keeps in its data); the
+-- completion score or false (microseconds: the request's in the list of
+-- completed requests, when that list is kept and still holds it); the error
+-- list (newest first) or false.
 
 -- entryStream (entrystream.lua, in front of this script) finds the stream
 -- holding an entry: KEYS[2] or a level stream, KEYS[7] or KEYS[8].
@@ -41,8 +50,18 @@ if KEYS[9] then
     mode, modeAt = "t", w
   end
 end
-local function reply(t)
+-- errorList returns the request's error list, or false when none is kept.
+local function errorList()
+  if KEYS[11] and redis.call("EXISTS", KEYS[11]) == 1 then
+    return redis.call("LRANGE", KEYS[11], 0, -1)
+  end
+  return false
+end
+-- reply completes a reply of eight values: the mode's three, then the
+-- payload, the completion score and the error list.
+local function reply(t, payload, done)
   t[9], t[10], t[11] = mode, modeAt, follow
+  t[12], t[13], t[14] = payload or false, done or false, errorList()
   return t
 end
 local rec = redis.call("GET", KEYS[1])
@@ -51,11 +70,19 @@ if not rec then
 end
 local ttl = redis.call("PTTL", KEYS[1])
 if string.sub(rec, 1, 1) ~= "P" then
-  return reply({rec, ttl, 0, false, false, false, false, false})
+  local done = false
+  if KEYS[10] then
+    local code = string.sub(rec, 1, 1)
+    if code == "N" then
+      code = "R"
+    end
+    done = redis.call("ZSCORE", KEYS[10], code .. "i" .. ARGV[2]) or false
+  end
+  return reply({rec, ttl, 0, false, false, false, false, false}, false, done)
 end
 if rec == "P%" then
   -- Waiting for its key's turn (fair.lua): not in a stream yet.
-  return {rec, ttl, 0, false, false, false, false, false}
+  return reply({rec, ttl, 0, false, false, false, false, false})
 end
 if string.sub(rec, 2, 2) == "@" then
   local raw = redis.call("HGET", KEYS[5], member)
@@ -65,10 +92,10 @@ if string.sub(rec, 2, 2) == "@" then
   elseif redis.call("ZSCORE", KEYS[4], member) then
     present = 1
   end
-  local starts, lastErr, level = false, false, false
-  -- level reads field "pr" from a job's stream fields (themselves
-  -- length-prefixed, name then value), as promote.lua does.
-  local function levelOf(s)
+  local starts, lastErr, level, payload = false, false, false, false
+  -- fieldOf reads a field ("pr", "p") from a job's stream fields
+  -- (themselves length-prefixed, name then value), as promote.lua does.
+  local function fieldOf(s, want)
     local pos, name = 1, nil
     while pos <= #s do
       local colon = string.find(s, ":", pos, true)
@@ -80,7 +107,7 @@ if string.sub(rec, 2, 2) == "@" then
       if name == nil then
         name = v
       else
-        if name == "pr" then
+        if name == want then
           return v
         end
         name = nil
@@ -108,7 +135,8 @@ if string.sub(rec, 2, 2) == "@" then
       elseif i == 3 then
         starts = string.sub(raw, colon + 1, colon + len)
       elseif i == 4 then
-        level = levelOf(string.sub(raw, colon + 1, colon + len))
+        local fields = string.sub(raw, colon + 1, colon + len)
+        level, payload = fieldOf(fields, "pr"), fieldOf(fields, "p")
       elseif i == 5 then
         lastErr = string.sub(raw, colon + 1, colon + len)
       elseif i == 7 then
@@ -122,7 +150,7 @@ if string.sub(rec, 2, 2) == "@" then
       pos = colon + 1 + len
     end
   end
-  return reply({rec, ttl, present, false, false, starts, lastErr, level})
+  return reply({rec, ttl, present, false, false, starts, lastErr, level}, payload)
 end
 if rec == "P&" then
   return reply({rec, ttl, 0, false, false, false, false, false}) -- a flow's parent waiting for its children
@@ -143,9 +171,16 @@ if #rec > #eid + 2 then
   mode = "r"
 end
 local stream = entryStream(eid, ARGV[2])
-local present = 0
-if #redis.call("XRANGE", stream, eid, eid, "COUNT", 1) > 0 then
+local present, payload = 0, false
+local entry = redis.call("XRANGE", stream, eid, eid, "COUNT", 1)
+if #entry > 0 then
   present = 1
+  local f = entry[1][2]
+  for i = 1, #f, 2 do
+    if f[i] == "p" then
+      payload = f[i + 1]
+    end
+  end
 end
 local holder, idle = false, false
 local ok, p = pcall(redis.call, "XPENDING", stream, ARGV[1], eid, eid, 1)
@@ -159,4 +194,4 @@ if stream == KEYS[7] then
 elseif stream == KEYS[8] then
   level = "low"
 end
-return reply({rec, ttl, present, holder, idle, starts, false, level})
+return reply({rec, ttl, present, holder, idle, starts, false, level}, payload)

@@ -47,6 +47,10 @@
 -- KEYS[4+i]    the record key of item i (KEYS[1] when it has none, or for a
 --              fan-out group)
 -- KEYS[5+n]    the history hash of the hour of ARGV[7]
+-- KEYS[5+n+i]  with ARGV[4] "0#<m>" (Retention.Errors): the error list of
+--              item i's request (KEYS[1] when it has none): the attempt's
+--              "<ms> <start> <error>" is pushed, the list cut to m and given
+--              the record's TTL. Without the mark there are no such keys.
 -- ARGV[1]      consumer group
 -- ARGV[2]      this consumer's name
 -- ARGV[3]      a scheduled record lives at least the delay plus this (ms)
@@ -66,6 +70,10 @@
 local stream, starts, schedule, scheduleData = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, me, inflight = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local fanout = ARGV[4] == "1"
+local keepErrors = string.match(ARGV[4], "^0#(%d+)$")
+if keepErrors then
+  keepErrors = tonumber(keepErrors)
+end
 local n = (#ARGV - 7) / 5
 local hist = KEYS[5 + n]
 
@@ -206,6 +214,12 @@ for i = 1, n do
         rec = it.key
         local ttl = redis.call("PTTL", it.key)
         redis.call("SET", it.key, "P@" .. due, "PX", math.max(ttl, inflight) + it.delay)
+        local errs = keepErrors and KEYS[5 + n + i]
+        if errs and errs ~= stream then
+          redis.call("LPUSH", errs, now .. " " .. it.count .. " " .. it.err)
+          redis.call("LTRIM", errs, 0, keepErrors - 1)
+          redis.call("PEXPIRE", errs, math.max(ttl, inflight) + it.delay)
+        end
       end
     end
     if member then

@@ -114,6 +114,12 @@
         set(s, "level_" + l.priority, String(l.length));
         set(s, "level_pending_" + l.priority, String(l.pending));
       });
+      var tabs = q.tabs || {};
+      Object.keys(tabs).forEach(function (k) {
+        set(s, "tab_" + k, tabs[k] < 0 ? "?" : String(tabs[k]));
+      });
+      set(s, "latency", latency(q.latency_ms));
+      set(s, "fanout_dead_letters", String(q.fanout_dead_letters || 0));
       var state = s.querySelector('[data-f="state"]');
       if (state) {
         var badge = q.paused ? "paused" : q.consumers === 0 && (q.length > 0 || q.pending > 0) ? "no consumers" : "";
@@ -164,6 +170,15 @@
       return two(Math.floor(s / 3600), "h", Math.floor((s % 3600) / 60), "m");
     }
     return two(Math.floor(s / 86400), "d", Math.floor((s % 86400) / 3600), "h");
+  }
+
+  // latency says what the Go code's latency says: the age of the oldest
+  // job waiting to be read.
+  function latency(ms) {
+    if (!(ms > 0)) {
+      return "–";
+    }
+    return ms < 1000 ? "<1s" : coarse(ms);
   }
 
   function relText(t) {
@@ -336,7 +351,7 @@
     }
     var pts = (history.points || []).slice(-span);
     var W = Math.max(320, Math.round(chart.getBoundingClientRect().width) || 1000);
-    var H = 220;
+    var H = Math.max(120, Math.round(chart.getBoundingClientRect().height) || 160);
     var L = 64;
     var R = 14;
     var T = 12;
