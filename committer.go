@@ -683,6 +683,7 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 	var progKeys []string // progress keys to expire with their records, after the start counts
 	var progressed []byte // "~<item>,<item>...": the items of progKeys
 	var extra []any       // pairs of an item and its flow fields, which its dead letter keeps
+	keyed := false        // an item is keyed (Key): "%" in ARGV[9]
 	for i, cp := range batch {
 		e := cp.s.entry
 		if e.ID != "" && !o.Fanout && cp.code != recordSkip && (cp.s.reported || e.Deliveries > 1) {
@@ -718,10 +719,14 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 			txArgs, txKeys = cp.s.tx.appendArgs(txArgs, txKeys, i+1)
 		}
 		args = append(args, e.EntryID, e.ID, codeArg[cp.code], value, payload, e.Deliveries)
+		keyed = keyed || cp.s.meta.key != ""
 	}
-	if children != nil || progressed != nil || extra != nil || txArgs != nil || fixed.keep != "" {
+	if children != nil || progressed != nil || extra != nil || txArgs != nil || fixed.keep != "" || keyed {
 		flag := []byte(args[8].(string))
 		flag = append(append(append(flag, children...), progressed...), fixed.keep...)
+		if keyed {
+			flag = append(flag, '%') // keyed entries give back their slots (fair.lua)
+		}
 		if extra != nil {
 			flag = strconv.AppendInt(append(flag, '+'), int64(len(extra)), 10)
 		}

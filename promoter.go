@@ -205,6 +205,7 @@ func (r *run[Req, Resp]) retryArgs(shard int, batch []*completion) ([]string, []
 	args := make([]any, 7, 7+5*len(batch))
 	args[0], args[1], args[2], args[3] = o.Group, o.Name, max(r.recordFloor(), DefaultInflightTTL).Milliseconds(), fanout
 	args[4], args[5], args[6] = k.Wake, publishCommand(r.c.sharded), now
+	keyed := false // an item is keyed (Key): "%" ends ARGV[4]
 	for _, cp := range batch {
 		e := cp.s.entry
 		if e.ID != "" && !o.Fanout {
@@ -213,6 +214,7 @@ func (r *run[Req, Resp]) retryArgs(shard int, batch []*completion) ([]string, []
 			keyList = append(keyList, k.Stream)
 		}
 		args = append(args, e.EntryID, e.ID, string(cp.value), e.Data, truncateUTF8(cp.errMsg, maxRetryError))
+		keyed = keyed || cp.s.meta.key != ""
 	}
 	keyList = append(keyList, historyKey(k, o, now))
 	if keep := o.Retention.errorsKept(); keep > 0 && !o.Fanout {
@@ -225,6 +227,9 @@ func (r *run[Req, Resp]) retryArgs(shard int, batch []*completion) ([]string, []
 				keyList = append(keyList, k.Stream)
 			}
 		}
+	}
+	if keyed && !o.Fanout {
+		args[3] = args[3].(string) + "%" // keyed entries give back their slots (fair.lua)
 	}
 	return keyList, args
 }

@@ -98,7 +98,9 @@
 --                  letter keeps; and "/<m>" when the last m ARGV are the staged
 --                  writes; and "#<count>,<age ms>" when the consumers keep
 --                  a list of recently completed requests (ConsumerOptions.Retention;
---                  0: no bound of that kind), whose key is then the last KEYS.
+--                  0: no bound of that kind), whose key is then the last KEYS;
+--                  and "%" when an item is keyed (Key): only then are slots
+--                  given back (fair.lua).
 --                  A call without any of them carries no extra key or
 --                  argument: "0" or "1".
 -- ARGV[10+6(i-1) .. 15+6(i-1)]  item i: entry id, request id, code, value, payload, deliveries
@@ -121,10 +123,12 @@
 -- the error that made it a dead letter (a staged write refused). An error reply,
 -- before any write, when the dead-letter key holds another type.
 local group, channel, ttl, store = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == "1"
-local flag, txlen, extralen, children, progressed, keep = ARGV[9], 0, 0, nil, nil, nil
+local flag, txlen, extralen, children, progressed, keep, keyed = ARGV[9], 0, 0, nil, nil, nil, false
 if #flag > 1 then
-  for mark, v in string.gmatch(string.sub(flag, 2), "([:~+/#])([%d,]*)") do
-    if mark == ":" then
+  for mark, v in string.gmatch(string.sub(flag, 2), "([:~+/#%%])([%d,]*)") do
+    if mark == "%" then
+      keyed = true
+    elseif mark == ":" then
       children = v
     elseif mark == "~" then
       progressed = v
@@ -588,9 +592,10 @@ if not fanout and n > 0 and redis.call("EXISTS", KEYS[3]) == 0 then
 end
 
 -- Keyed entries give back their slots and waiting keys take their turns
--- (fair.lua): one EXISTS for a shard without keyed entries.
+-- (fair.lua), only in calls with a keyed item ("%" in ARGV[9]): a queue
+-- without keys runs exactly the commands it ran before keys existed.
 local keyOf -- entry id -> key of the released slots (dead letters keep it)
-if not fanout and #ids > 0 then
+if keyed and not fanout and #ids > 0 then
   keyOf = fairRelease(fairBase(KEYS[1]), ids, 1, #ids)
 end
 

@@ -54,7 +54,9 @@
 -- ARGV[1]      consumer group
 -- ARGV[2]      this consumer's name
 -- ARGV[3]      a scheduled record lives at least the delay plus this (ms)
--- ARGV[4]      "1": a fan-out group; "0": the answering group
+-- ARGV[4]      "1": a fan-out group; "0": the answering group, then "#<m>"
+--              with Retention.Errors (see KEYS), then "%" when an item is
+--              keyed (Key): only then are slots given back (fair.lua)
 -- ARGV[5]      the wake channel
 -- ARGV[6]      "PUBLISH" or "SPUBLISH"
 -- ARGV[7]      the caller's time in Unix ms (the history minute)
@@ -70,7 +72,8 @@
 local stream, starts, schedule, scheduleData = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, me, inflight = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local fanout = ARGV[4] == "1"
-local keepErrors = string.match(ARGV[4], "^0#(%d+)$")
+local keepErrors = string.match(ARGV[4], "^0#(%d+)%%?$")
+local keyed = string.sub(ARGV[4], -1) == "%"
 if keepErrors then
   keepErrors = tonumber(keepErrors)
 end
@@ -244,7 +247,7 @@ if scheduled > 0 then
 end
 -- Keyed entries give back their slots (fair.lua); the retry takes its
 -- key's turn again when promoted.
-if not fanout and #acked > 0 then
+if keyed and not fanout and #acked > 0 then
   fairRelease(fairBase(stream), acked, 1, #acked)
 end
 return out
