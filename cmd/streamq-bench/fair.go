@@ -21,7 +21,8 @@ const fairPerKey = 5
 // used_memory after each drain (records expire at once: ResultTTL 1 ms).
 // Then the fairness figure: key A gets a backlog of n jobs, keys B..K 10
 // jobs each once A's jobs run; the note gives the worst start of B..K's jobs
-// in other jobs' starts after its produce and in ms, beside its bound
+// in other jobs' starts after its produce returned and in ms from the call,
+// beside its bound
 // j·(K−1) + KeyWindow + workers.
 func runFair(ctx context.Context, e *env, n int) error {
 	nokey, memNokey, err := fairDrain(ctx, e, n, false)
@@ -168,11 +169,14 @@ func fairBacklog(ctx context.Context, e *env, n int) error {
 	for j := range perKey {
 		for _, k := range others {
 			id := fmt.Sprint(k, "-", j)
-			before[id], at[id] = count(), time.Now()
+			at[id] = time.Now()
 			pr, err := p.Produce(ctx, id, job{Seq: -1, Pad: pad}, streamq.Key(k))
 			if err != nil {
 				return err
 			}
+			// Starts are counted from the produce's return: those while the
+			// call was on its way to Redis came before the job.
+			before[id] = count()
 			prs = append(prs, pr)
 		}
 	}
