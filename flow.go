@@ -54,8 +54,8 @@ type Child struct {
 // encoded with q's codec (JSONCodec when q has none; []byte as is). opts
 // may set Headers, Deadline (Timeout), Priority (the child is appended to
 // its level's stream) and At or After (the child waits in its queue's
-// schedule until then, like a delayed request); RetryFailed, Throttle and
-// Debounce are refused by ProduceFlow. The child is deduplicated like any
+// schedule until then, like a delayed request); RetryFailed, Throttle,
+// Debounce, Replace and Key are refused by ProduceFlow. The child is deduplicated like any
 // request.
 func ChildOf[Req, Resp any](q Queue[Req, Resp], id string, req Req, opts ...ProduceOption) Child {
 	codec := q.codec
@@ -113,8 +113,8 @@ type FlowOptions struct {
 	// when released) and At or After (a parent released before that time
 	// waits in the schedule until then; the time counts from the produce,
 	// not from the release; a parent failed by its children under
-	// FailOnChildFailure is failed at once). RetryFailed, Throttle and
-	// Debounce are refused. Defaults to none.
+	// FailOnChildFailure is failed at once). RetryFailed, Throttle,
+	// Debounce, Replace and Key are refused. Defaults to none.
 	Parent []ProduceOption
 }
 
