@@ -18,6 +18,28 @@ import (
 // long enough for both crashes and the rescue to happen inside it.
 const throttleCrashWindow = 8 * time.Second
 
+// helperProducer connects a crash test's producer process to addr.
+func helperProducer(t *testing.T, addr, q string) (*redis.Client, *Producer[string, string]) {
+	client := redis.NewClient(&redis.Options{Addr: addr})
+	p, err := NewProducer[string, string](client, q, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client, p
+}
+
+// producedKey is set by a crash test's producer process once its calls
+// returned; the parent waits for it before the SIGKILL.
+func producedKey(q string) string { return "crashtest:{" + q + "}:produced" }
+
+// producedThenHold marks a producer process's calls done and stops the
+// process until the parent's SIGKILL.
+func producedThenHold(ctx context.Context, client *redis.Client, q string) {
+	client.Set(ctx, producedKey(q), "1", 0)
+	_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP) // held until the parent's SIGKILL
+	time.Sleep(time.Hour)
+}
+
 // TestDedupModesThrottleProducerHelperProcess is the producer process of
 // TestDedupModesThrottleSurvivesSIGKILL: it produces "v1" for each id with
 // Throttle, marks that it did, and waits to be killed.
@@ -26,20 +48,14 @@ func TestDedupModesThrottleProducerHelperProcess(t *testing.T) {
 	if !crashtest.Config(&cfg) {
 		return
 	}
-	client := redis.NewClient(&redis.Options{Addr: cfg.Addr})
-	p, err := NewProducer[string, string](client, cfg.Queue, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	client, p := helperProducer(t, cfg.Addr, cfg.Queue)
 	ctx := context.Background()
 	for _, id := range cfg.IDs {
 		if _, err := p.Produce(ctx, id, "v1", Throttle(throttleCrashWindow)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	client.Set(ctx, "crashtest:{"+cfg.Queue+"}:produced", "1", 0)
-	_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP) // held until the parent's SIGKILL
-	time.Sleep(time.Hour)
+	producedThenHold(ctx, client, cfg.Queue)
 }
 
 // TestDedupModesThrottleSurvivesSIGKILL: a producer process opens a
@@ -61,7 +77,7 @@ func TestDedupModesThrottleSurvivesSIGKILL(t *testing.T) {
 		Addr: sharedAddr(t), Queue: q, Mode: "block", Name: "doomed", Workers: len(ids), Prefetch: len(ids), MinIdle: 500 * time.Millisecond,
 	})
 	opened := time.Now()
-	eventually(t, 20*time.Second, func() bool { return client.Exists(ctx, "crashtest:{"+q+"}:produced").Val() == 1 }, "the producer's calls")
+	eventually(t, 20*time.Second, func() bool { return client.Exists(ctx, producedKey(q)).Val() == 1 }, "the producer's calls")
 	prod.Kill()
 	require.True(t, prod.KilledBy(syscall.SIGKILL))
 	eventually(t, 20*time.Second, func() bool { return client.SCard(ctx, startedKey(q)).Val() == int64(len(ids)) }, "every id started")

@@ -3,7 +3,6 @@ package streamq
 import (
 	"context"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -559,11 +558,7 @@ func TestDedupModesProducerHelperProcess(t *testing.T) {
 	if !crashtest.Config(&cfg) {
 		return
 	}
-	client := redis.NewClient(&redis.Options{Addr: cfg.Addr})
-	p, err := NewProducer[string, string](client, cfg.Queue, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	client, p := helperProducer(t, cfg.Addr, cfg.Queue)
 	ctx := context.Background()
 	for _, v := range []string{"v1", "v2"} {
 		for _, id := range cfg.IDs {
@@ -572,9 +567,7 @@ func TestDedupModesProducerHelperProcess(t *testing.T) {
 			}
 		}
 	}
-	client.Set(ctx, "crashtest:{"+cfg.Queue+"}:produced", "1", 0)
-	_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP) // held until the parent's SIGKILL
-	time.Sleep(time.Hour)
+	producedThenHold(ctx, client, cfg.Queue)
 }
 
 // TestDedupModesSurviveSIGKILL: a producer SIGKILLed inside the debounce
@@ -593,7 +586,7 @@ func TestDedupModesSurviveSIGKILL(t *testing.T) {
 	q := queueName(t)
 	ids := seqIDs("deb", 20)
 	prod := crashtest.Start(t, "TestDedupModesProducerHelperProcess", modeProducerConfig{Addr: sharedAddr(t), Queue: q, IDs: ids})
-	eventually(t, 20*time.Second, func() bool { return client.Exists(ctx, "crashtest:{"+q+"}:produced").Val() == 1 }, "the producer's calls")
+	eventually(t, 20*time.Second, func() bool { return client.Exists(ctx, producedKey(q)).Val() == 1 }, "the producer's calls")
 	prod.Kill()
 	require.True(t, prod.KilledBy(syscall.SIGKILL))
 	sched := "streamq:{" + q + "}:schedule"

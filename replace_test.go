@@ -3,7 +3,6 @@ package streamq
 import (
 	"context"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -253,8 +252,7 @@ type replaceProducerConfig struct {
 	IDs         []string
 }
 
-func replaceGoKey(q string) string       { return "crashtest:{" + q + "}:go" }
-func replaceProducedKey(q string) string { return "crashtest:{" + q + "}:produced" }
+func replaceGoKey(q string) string { return "crashtest:{" + q + "}:go" }
 
 // TestReplaceProducerHelperProcess is the producer process of
 // TestReplaceSurvivesSIGKILL: it produces "v1" for each id with Replace,
@@ -265,11 +263,7 @@ func TestReplaceProducerHelperProcess(t *testing.T) {
 	if !crashtest.Config(&cfg) {
 		return
 	}
-	client := redis.NewClient(&redis.Options{Addr: cfg.Addr})
-	p, err := NewProducer[string, string](client, cfg.Queue, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	client, p := helperProducer(t, cfg.Addr, cfg.Queue)
 	ctx := context.Background()
 	for _, id := range cfg.IDs {
 		if _, err := p.Produce(ctx, id, "v1", Replace()); err != nil {
@@ -286,9 +280,7 @@ func TestReplaceProducerHelperProcess(t *testing.T) {
 			}
 		}
 	}
-	client.Set(ctx, replaceProducedKey(cfg.Queue), "1", 0)
-	_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP) // held until the parent's SIGKILL
-	time.Sleep(time.Hour)
+	producedThenHold(ctx, client, cfg.Queue)
 }
 
 // TestReplaceSurvivesSIGKILL: a producer process produces v1 for 20 ids
@@ -312,7 +304,7 @@ func TestReplaceSurvivesSIGKILL(t *testing.T) {
 	prod := crashtest.Start(t, "TestReplaceProducerHelperProcess", replaceProducerConfig{Addr: sharedAddr(t), Queue: q, IDs: ids})
 	eventually(t, 20*time.Second, func() bool { return client.SCard(ctx, startedKey(q)).Val() == int64(len(ids)) }, "every id started")
 	require.NoError(t, client.Set(ctx, replaceGoKey(q), "1", 0).Err())
-	eventually(t, 20*time.Second, func() bool { return client.Exists(ctx, replaceProducedKey(q)).Val() == 1 }, "the producer's replaces")
+	eventually(t, 20*time.Second, func() bool { return client.Exists(ctx, producedKey(q)).Val() == 1 }, "the producer's replaces")
 	prod.Kill()
 	require.True(t, prod.KilledBy(syscall.SIGKILL))
 	cons.Kill()
