@@ -33,32 +33,40 @@ func (r *run[Req, Resp]) leaseLoop() {
 		case <-t.C:
 		case <-r.leaseNow: // see pokeLease
 		}
-		byShard := make([][]*slot, len(r.c.shards))
-		r.mu.Lock()
-		for k, s := range r.owned {
-			byShard[k.shard] = append(byShard[k.shard], s)
+		r.renew()
+	}
+}
+
+// renew renews the leases of every owned entry, shard by shard. It holds
+// renewing throughout (see releaseUnstarted).
+func (r *run[Req, Resp]) renew() {
+	r.renewing.Lock()
+	defer r.renewing.Unlock()
+	byShard := make([][]*slot, len(r.c.shards))
+	r.mu.Lock()
+	for k, s := range r.owned {
+		byShard[k.shard] = append(byShard[k.shard], s)
+	}
+	r.mu.Unlock()
+	for shard, slots := range byShard {
+		at := mono()
+		lost, err := r.leaseShard(r.bg, shard, slots, 0, r.recordFloor())
+		if err != nil {
+			r.c.slots.onError(err)
+			r.c.log.WarnContext(r.runCtx, "streamq: renewing leases failed; will retry", "entries", len(slots), "err", err)
+		} else {
+			r.renewed(slots, lost, at)
 		}
-		r.mu.Unlock()
-		for shard, slots := range byShard {
-			at := mono()
-			lost, err := r.leaseShard(r.bg, shard, slots, 0, r.recordFloor())
-			if err != nil {
-				r.c.slots.onError(err)
-				r.c.log.WarnContext(r.runCtx, "streamq: renewing leases failed; will retry", "entries", len(slots), "err", err)
-			} else {
-				r.renewed(slots, lost, at)
-			}
-			for _, id := range lost {
-				r.mu.Lock()
-				s := r.owned[ownedKey{shard, id}]
-				r.mu.Unlock()
-				// A handed-off entry leaves the pending list when its outcome
-				// is recorded; a renewal that raced with that is no loss (and
-				// if another consumer ran it too, the first outcome wins).
-				if s != nil && !s.handedOff.Load() && !s.isCanceled() {
-					r.c.log.WarnContext(r.runCtx, "streamq: lost a message to another consumer", "id", s.entry.ID, "entry", id)
-					s.markLost()
-				}
+		for _, id := range lost {
+			r.mu.Lock()
+			s := r.owned[ownedKey{shard, id}]
+			r.mu.Unlock()
+			// A handed-off entry leaves the pending list when its outcome
+			// is recorded; a renewal that raced with that is no loss (and
+			// if another consumer ran it too, the first outcome wins).
+			if s != nil && !s.handedOff.Load() && !s.isCanceled() {
+				r.c.log.WarnContext(r.runCtx, "streamq: lost a message to another consumer", "id", s.entry.ID, "entry", id)
+				s.markLost()
 			}
 		}
 	}
@@ -123,8 +131,12 @@ func (r *run[Req, Resp]) releaseUnstarted() {
 	if len(slots) == 0 {
 		return
 	}
-	// Untrack first, so that a lease renewal does not undo the release.
+	// Untrack first, so that a lease renewal does not undo the release: a
+	// renewal in flight has snapshotted these entries, and must be answered
+	// before the release is sent (TestReleaseNotUndoneByLeaseInFlight).
+	r.renewing.Lock()
 	r.untrack(slots...)
+	r.renewing.Unlock()
 	byShard := make([][]*slot, len(r.c.shards))
 	for _, s := range slots {
 		byShard[s.shard] = append(byShard[s.shard], s)

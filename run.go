@@ -62,6 +62,10 @@ type run[Req, Resp any] struct {
 
 	releaseMu sync.Mutex
 	unstarted []*slot // slots drained at shutdown, to release
+	// renewing is held by the leaser from its snapshot of owned until the
+	// renewal is answered; releaseUnstarted untracks under it, so a renewal
+	// that saw released entries never reaches Redis after their release.
+	renewing sync.Mutex
 
 	committers []*committer[Req, Resp] // one per stream: shards fail independently
 	lanes      [][]*lane               // per stream, the committer's connections (nil entries: none)

@@ -1,0 +1,147 @@
+package streamq
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamq/streamq/internal/scripts"
+)
+
+// leaseGate is a go-redis hook that holds the next lease.lua call sent while
+// it is armed until a release.lua call has been answered (or hold passes),
+// so a renewal that snapshotted its entries before a release reaches Redis
+// after it, as it can on a loaded machine.
+type leaseGate struct {
+	hold     time.Duration
+	mu       sync.Mutex
+	armed    bool
+	held     chan struct{} // closed when a lease call is being held
+	released chan struct{} // closed when a release call was answered
+}
+
+func newLeaseGate(hold time.Duration) *leaseGate {
+	return &leaseGate{hold: hold, held: make(chan struct{}), released: make(chan struct{})}
+}
+
+func (g *leaseGate) arm() { g.mu.Lock(); g.armed = true; g.mu.Unlock() }
+
+func (g *leaseGate) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (g *leaseGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (g *leaseGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		if len(args) < 2 || !strings.EqualFold(cmd.Name(), "evalsha") {
+			return next(ctx, cmd)
+		}
+		switch args[1] {
+		case scripts.Lease.Hash():
+			g.mu.Lock()
+			armed := g.armed
+			g.armed = false
+			g.mu.Unlock()
+			if armed {
+				close(g.held)
+				select {
+				case <-g.released:
+				case <-time.After(g.hold):
+				}
+			}
+		case scripts.Release.Hash():
+			err := next(ctx, cmd)
+			select {
+			case <-g.released:
+			default:
+				close(g.released)
+			}
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// A lease renewal in flight when a stopping consumer releases its unstarted
+// entries must not undo the release: the renewal snapshotted those entries
+// while they were held, and reaching Redis after release.lua it set their
+// idle time back to 0, so the next consumer waited MinIdle (30 s here) for
+// entries that were meant to be claimable at once.
+// TestStartsGracefulShutdownUnstartedRunOnce failed on it under load.
+func TestReleaseNotUndoneByLeaseInFlight(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	q := queueName(t)
+	p := newStringProducer(t, client, q)
+	ids := seqIDs("job", 6)
+	prs := produceAll(t, p, ids)
+
+	// A's own client, named so that its subscription can be found and cut:
+	// the resubscription asks for a lease renewal at once (pokeLease).
+	name := "lease-race-" + q
+	clientA := redis.NewClient(&redis.Options{Addr: client.Options().Addr, ClientName: name})
+	t.Cleanup(func() { _ = clientA.Close() })
+	gate := newLeaseGate(3 * time.Second)
+	clientA.AddHook(gate)
+
+	release := make(chan struct{})
+	started := make(chan struct{}, 1)
+	optsA := fastOpts(t, "A", 30*time.Second)
+	optsA.Prefetch, optsA.MaxDeliveries, optsA.holdPrefetch = 6, 1, true
+	a, err := NewConsumer(clientA, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		started <- struct{}{}
+		<-release
+		return "r:" + m.Payload, nil
+	}, optsA)
+	require.NoError(t, err)
+	ctxA, stopA := context.WithCancel(context.Background())
+	doneA := make(chan error, 1)
+	go func() { doneA <- a.Run(ctxA) }()
+	<-started
+	eventually(t, 10*time.Second, func() bool { return pendingOf(t, client, q, "A") == 6 },
+		"A never held all six entries")
+
+	// Cut A's subscription and hold the renewal it causes in flight.
+	gate.arm()
+	var cut bool
+	eventually(t, 10*time.Second, func() bool {
+		list, err := client.ClientList(context.Background()).Result()
+		require.NoError(t, err)
+		for _, line := range strings.Split(list, "\n") {
+			if strings.Contains(line, " name="+name+" ") && strings.Contains(line, " sub=1 ") {
+				id := strings.TrimPrefix(strings.Fields(line)[0], "id=")
+				require.NoError(t, client.Do(context.Background(), "CLIENT", "KILL", "ID", id).Err())
+				cut = true
+			}
+		}
+		return cut
+	}, "A's subscription connection not found")
+	select {
+	case <-gate.held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no lease renewal after the subscription was cut")
+	}
+
+	stopA()
+	close(release)
+	require.NoError(t, <-doneA)
+
+	// B claims released entries at its first XAUTOCLAIM; with A's leases
+	// renewed after the release it would wait the 30 s of MinIdle.
+	h := newStartsHandler()
+	optsB := fastOpts(t, "B", 30*time.Second)
+	optsB.MaxDeliveries = 1
+	b, err := NewConsumer(client, q, h.handle, optsB)
+	require.NoError(t, err)
+	runConsumer(t, b)
+	requireResults(t, client, q, ids, prs, time.Now().Add(15*time.Second))
+	h.requireFirstStarts(t, ids[1:])
+	requireNoDeadLetters(t, client, q)
+}
