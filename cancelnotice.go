@@ -15,8 +15,9 @@ package streamq
 // count written after cancel.lua removed it.
 //
 // A notice lost with a pub/sub reconnection leaves the backstop of every
-// held entry: a lease renewal finds the entry no longer pending and marks
-// the slot lost (cause ErrLeaseLost). A promoter that (re)subscribed asks
+// held entry: a lease renewal finds the entry no longer pending and its
+// record cancelled (lease.lua reports it "c<entry id>"), and marks the slot
+// cancelled as the notice would have (cause ErrCanceled). A promoter that (re)subscribed asks
 // for that renewal at once (pokeLease), so a notice lost in a reconnection
 // is made up for as soon as the subscription is back, not MinIdle/3 later.
 // A renewal with nothing held sends nothing.

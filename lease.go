@@ -9,6 +9,7 @@ package streamq
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/streamq/streamq/internal/scripts"
@@ -58,13 +59,20 @@ func (r *run[Req, Resp]) renew() {
 			r.renewed(slots, lost, at)
 		}
 		for _, id := range lost {
+			id, canceled := strings.CutPrefix(id, "c")
 			r.mu.Lock()
 			s := r.owned[ownedKey{shard, id}]
 			r.mu.Unlock()
 			// A handed-off entry leaves the pending list when its outcome
 			// is recorded; a renewal that raced with that is no loss (and
 			// if another consumer ran it too, the first outcome wins).
-			if s != nil && !s.handedOff.Load() && !s.isCanceled() {
+			switch {
+			case s == nil || s.handedOff.Load() || s.isCanceled():
+			case canceled:
+				// Admin.Cancel's notice was lost, or has not arrived yet.
+				r.c.log.InfoContext(r.runCtx, "streamq: request canceled by Admin.Cancel; stopping it", "id", s.entry.ID, "entry", id)
+				s.markCanceled()
+			default:
 				r.c.log.WarnContext(r.runCtx, "streamq: lost a message to another consumer", "id", s.entry.ID, "entry", id)
 				s.markLost()
 			}
@@ -81,7 +89,7 @@ func (r *run[Req, Resp]) renewed(slots []*slot, lost []string, at int64) {
 	now := mono()
 	gone := make(map[string]bool, len(lost))
 	for _, id := range lost {
-		gone[id] = true
+		gone[strings.TrimPrefix(id, "c")] = true // "c": cancelled (see renew)
 	}
 	for _, s := range slots {
 		prev := s.ownedAt.Load()

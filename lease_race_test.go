@@ -2,6 +2,8 @@ package streamq
 
 import (
 	"context"
+	"errors"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -144,4 +146,113 @@ func TestReleaseNotUndoneByLeaseInFlight(t *testing.T) {
 	requireResults(t, client, q, ids, prs, time.Now().Add(15*time.Second))
 	h.requireFirstStarts(t, ids[1:])
 	requireNoDeadLetters(t, client, q)
+}
+
+// dialGate is a go-redis hook that makes new connections of its client
+// fail while it is closed, so a subscription cut off stays down.
+type dialGate struct {
+	mu     sync.Mutex
+	closed bool
+	tried  chan struct{} // gets a value per refused dial
+}
+
+func (g *dialGate) set(closed bool) { g.mu.Lock(); g.closed = closed; g.mu.Unlock() }
+
+func (g *dialGate) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		g.mu.Lock()
+		closed := g.closed
+		g.mu.Unlock()
+		if closed {
+			select {
+			case g.tried <- struct{}{}:
+			default:
+			}
+			return nil, errors.New("dial refused by the test")
+		}
+		return next(ctx, network, addr)
+	}
+}
+
+func (g *dialGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (g *dialGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// killSubscription cuts the pub/sub connection of the client named name.
+func killSubscription(t *testing.T, client *redis.Client, name string) {
+	t.Helper()
+	eventually(t, 10*time.Second, func() bool {
+		list, err := client.ClientList(context.Background()).Result()
+		require.NoError(t, err)
+		for _, line := range strings.Split(list, "\n") {
+			if strings.Contains(line, " name="+name+" ") && strings.Contains(line, " sub=1 ") {
+				id := strings.TrimPrefix(strings.Fields(line)[0], "id=")
+				require.NoError(t, client.Do(context.Background(), "CLIENT", "KILL", "ID", id).Err())
+				return true
+			}
+		}
+		return false
+	}, "the subscription of %s not found", name)
+}
+
+// A running request cancelled while its consumer's cancel notice is lost
+// (its subscription down) is stopped by the lease renewal, which finds the
+// entry gone; the handler's cause is still ErrCanceled, not ErrLeaseLost.
+// The renewal reported every entry it no longer owned as claimed by another
+// consumer, and TestCancelRunningHandlerSeesCancel failed when a renewal
+// (the one a new subscription asks for) ran between cancel.lua and the
+// notice's arrival.
+func TestCancelWithNoticeLostStillErrCanceled(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	p := newStringProducer(t, client, q)
+	a, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+
+	name := "notice-lost-" + q
+	clientC := redis.NewClient(&redis.Options{Addr: client.Options().Addr, ClientName: name})
+	t.Cleanup(func() { _ = clientC.Close() })
+	gate := &dialGate{tried: make(chan struct{}, 1)}
+	clientC.AddHook(gate)
+
+	started := make(chan struct{}, 1)
+	cause := make(chan error, 1)
+	c, err := NewConsumer(clientC, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		started <- struct{}{}
+		<-ctx.Done()
+		cause <- context.Cause(ctx)
+		return "late", nil
+	}, &ConsumerOptions{Workers: 1, MinIdle: 1500 * time.Millisecond, ClaimInterval: time.Hour,
+		ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, c)
+
+	pr := mustProduce(t, p, "job", "x")
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler never started")
+	}
+	gate.set(true)
+	t.Cleanup(func() { gate.set(false) })
+	killSubscription(t, client, name)
+	select {
+	case <-gate.tried: // the subscription is down and cannot come back
+	case <-time.After(10 * time.Second):
+		t.Fatal("the subscription never tried to reconnect")
+	}
+	require.NoError(t, a.Cancel(ctx, "job"))
+	select {
+	case err := <-cause:
+		require.ErrorIs(t, err, ErrCanceled)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler never saw its context cancelled")
+	}
+	gate.set(false)
+	_, err = pr.Wait(waitCtx(t, 10*time.Second))
+	require.ErrorIs(t, err, ErrCanceled)
 }

@@ -21,7 +21,8 @@
 -- ARGV[4]     record floor in milliseconds; "0" leaves records alone
 -- ARGV[5..]   entry ids
 --
--- Returns the ids that are no longer owned by this consumer.
+-- Returns the ids that are no longer owned by this consumer, those whose
+-- request was cancelled prefixed with "c" (an entry id starts with a digit).
 local owned, lost = {}, {}
 local floor = tonumber(ARGV[4])
 for i = 5, #ARGV do
@@ -40,7 +41,18 @@ for i = 5, #ARGV do
       end
     end
   else
-    lost[#lost + 1] = ARGV[i]
+    -- Not owned any more: claimed by another consumer, or cancelled
+    -- (cancel.lua acknowledged and deleted the entry and stored "C..."),
+    -- which is reported as "c<entry id>" so that the handler's cause is
+    -- ErrCanceled when the cancel notice was lost.
+    local rec, gone = KEYS[i - 3], ARGV[i]
+    if rec and rec ~= KEYS[1] then
+      local v = redis.pcall("GET", rec)
+      if type(v) == "string" and string.sub(v, 1, 1) == "C" then
+        gone = "c" .. gone
+      end
+    end
+    lost[#lost + 1] = gone
   end
 end
 if #owned > 0 then
