@@ -18,6 +18,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -60,6 +61,10 @@ type committer[Req, Resp any] struct {
 	shard int
 	fixed completeFixed
 	lanes []*lane // the run's lanes (one per tick worker), or nil
+
+	// expired is when this committer last sent the start-count hash's
+	// PEXPIRE (mono, 0: never); see startsExpireEvery.
+	expired atomic.Int64
 
 	mu       sync.Mutex
 	starts   []*startReq
@@ -390,7 +395,11 @@ func (c *committer[Req, Resp]) tick(li int, starts []*startReq, outcomes []*comp
 			fields = append(fields, q.eid, q.seen+1)
 		}
 		hsetCmd = pipe.HSet(r.bg, starter, fields...)
-		pipe.PExpire(r.bg, starter, startsTTL)
+		if last := c.expired.Load(); last == 0 || now-last >= int64(startsExpireEvery) {
+			if c.expired.CompareAndSwap(last, now) {
+				pipe.PExpire(r.bg, starter, startsTTL)
+			}
+		}
 	}
 	if len(checked) > 0 {
 		chargeKeys = []string{k.Stream, starter}
@@ -634,6 +643,13 @@ func (r *run[Req, Resp]) charge(s *slot) int {
 // at completion; this bounds what is left by entries removed otherwise (a
 // deleted group, a stream deleted by hand).
 const startsTTL = 7 * 24 * time.Hour
+
+// startsExpireEvery is how often a committer renews the start-count hash's
+// TTL with a tick's HSET: at its first tick, then at most once per interval
+// (a PEXPIRE per tick was about a third of a command per job). A hash that
+// emptied and was created again by an HSET meanwhile has no TTL for at most
+// this long; its fields are removed at completion all the same.
+const startsExpireEvery = time.Minute
 
 // completeFixed holds what stays the same in every complete.lua call of a
 // shard in one run, built (and boxed) once: the dead-letter, fan-out marker
