@@ -54,12 +54,13 @@ func newDirectConn(client redis.UniversalClient) *directConn {
 		}
 		o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
 			conn, err := dial(ctx, network, addr)
-			if err == nil {
-				d.mu.Lock()
-				d.conn = conn
-				d.mu.Unlock()
+			if err != nil {
+				return nil, err
 			}
-			return conn, err
+			d.mu.Lock()
+			d.conn = conn
+			d.mu.Unlock()
+			return uncheckedConn{conn}, nil
 		}
 		// A retry would dial again after an interrupt and outlive the
 		// call's ctx: a failed direct send goes the usual way instead.
@@ -67,6 +68,15 @@ func newDirectConn(client redis.UniversalClient) *directConn {
 	})
 	return d
 }
+
+// uncheckedConn hides a direct connection's socket (it is not a
+// syscall.Conn), so go-redis does not check it before each call: that check
+// is a non-blocking peek system call (and three allocations) per command,
+// one of the seven system calls of an Enqueue. A connection the server closed is found by the call
+// instead, which then fails and goes the usual way (see sendDirect): the
+// request id makes the resend harmless, and a write into a closed socket
+// never reached Redis.
+type uncheckedConn struct{ net.Conn }
 
 // interrupt cuts the connection if a call is using it: its blocked write or
 // read returns at once with a timeout.
