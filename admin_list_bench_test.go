@@ -49,7 +49,7 @@ func BenchmarkAdminJobs(b *testing.B) {
 	seedJobs(b, client, q, 4, perState)
 	b.Logf("seeded %d jobs in each of 5 states in %v", perState, time.Since(start).Round(time.Millisecond))
 	rt := &roundTrips{}
-	counted := redis.NewClient(client.Options())
+	counted := sameServer(client)
 	counted.AddHook(rt)
 	b.Cleanup(func() { _ = counted.Close() })
 	a, err := NewAdmin(counted, q, nil)

@@ -85,7 +85,7 @@ func TestEnqueueBatchSendsProduceBatchsCalls(t *testing.T) {
 	queues := [2]string{queueName(t) + "-produce", queueName(t) + "-enqueue"}
 	var producers [2]*Producer[string, string]
 	for i := range logs {
-		client := redis.NewClient(base.Options())
+		client := sameServer(base)
 		t.Cleanup(func() { _ = client.Close() })
 		client.AddHook(logs[i])
 		producers[i] = newStringProducer(t, client, queues[i])

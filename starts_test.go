@@ -597,7 +597,7 @@ func TestOutcomeAndNextStartShareATick(t *testing.T) {
 		ids := seqIDs("job", n)
 		prs := produceAll(t, p, ids)
 
-		cc := redis.NewClient(client.Options())
+		cc := sameServer(client)
 		t.Cleanup(func() { _ = cc.Close() })
 		calls := newScriptCalls(cc)
 		h := newStartsHandler()
