@@ -27,9 +27,15 @@ const MaxKeyLen = MaxIDLen
 // ConsumerOptions.KeyLimit (or Admin.SetKeyLimit) bounds how many of one
 // key's handlers run at once across every consumer. Retries, delayed
 // requests, RunNow and Requeue keep the key. A key follows the rules of
-// ids (non-empty, at most MaxKeyLen bytes); it cannot be combined with a
-// Priority other than PriorityNormal, with Throttle or Debounce, or on a
-// flow's child (ErrInvalidOptions). Default: no key (plain FIFO).
+// ids (non-empty, at most MaxKeyLen bytes); it cannot be combined with
+// Throttle or Debounce, or on a flow's child (ErrInvalidOptions). Default:
+// no key (plain FIFO).
+//
+// With Priority, a key's jobs still take their key's turns in the order
+// they were produced, whatever their levels (a high job of a key waits for
+// the key's earlier jobs); on its turn a job is appended to its own level's
+// stream and then starts before the waiting entries of lower levels, as any
+// request of its level.
 func Key(k string) ProduceOption {
 	return func(s *produceSettings) { s.key, s.keySet = k, true }
 }
@@ -53,9 +59,6 @@ func (it *produceItem) applyKey(s produceSettings) error {
 	}
 	if err := validateKey(s.key); err != nil {
 		return err
-	}
-	if it.level != levelNormal {
-		return fmt.Errorf("%w: Key cannot be combined with Priority(%v): keyed jobs take turns on the normal level", ErrInvalidOptions, levelValue[it.level])
 	}
 	if it.mode != modeNone {
 		return fmt.Errorf("%w: Key cannot be combined with Throttle or Debounce", ErrInvalidOptions)

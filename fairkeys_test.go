@@ -116,7 +116,6 @@ func TestFairKeysInvalid(t *testing.T) {
 	for name, opts := range map[string][]ProduceOption{
 		"empty":    {Key("")},
 		"long":     {Key(string(make([]byte, MaxKeyLen+1)))},
-		"priority": {Key("a"), Priority(PriorityHigh)},
 		"throttle": {Key("a"), Throttle(time.Second)},
 	} {
 		_, err := p.Produce(ctx, "x", "x", opts...)

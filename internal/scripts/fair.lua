@@ -5,7 +5,7 @@
 -- while its key has jobs waiting, the queue's window is full or the key is at
 -- its limit: it waits in its key's list. Keys with waiting jobs take turns
 -- (a list used as a ring); each turn appends up to the key's weight of its
--- jobs to the shard's default-level stream, where consumers read them like
+-- jobs to the shard's stream of its level, where consumers read them like
 -- any entry. An appended keyed entry holds a slot of its key until its
 -- outcome (complete.lua) or retry (retry.lua) releases it, in the same step
 -- that acknowledges it; a crashed consumer's entries keep their slots until
@@ -22,14 +22,27 @@
 --                  exactly while its list exists)
 --   keys:parked    set: the keys with waiting jobs that may not append now
 --                  (at their limit, or paused)
---   keys:slots     hash: entry id -> key, the keyed entries appended and not
---                  yet released
+--   keys:slots     hash: slot (entry id, or "<level>/<entry id>" for a
+--                  level's entry: fairSlot) -> key, the keyed entries
+--                  appended and not yet released
 --   keys:running   hash: key -> its slots
 --   keys:cfg       hash, optional: "window" (the most slots of the shard,
 --                  default 128), "limit" (the most slots of a key, 0 or
 --                  absent: no limit), and per key "l:<key>" (its limit),
 --                  "p:<key>" ("1": paused), "w:<key>" (its weight, default 1)
+--
+-- Priority levels: a keyed job waits in its key's one list whatever its
+-- level (a key's jobs take their turns in produce order), and its turn
+-- appends it to its level's stream (field "pr"), where it competes by level
+-- with every other entry. Entry ids are per stream, so a level entry's slot
+-- is named "<level>/<entry id>" (fairSlot): a high and a normal entry may
+-- share an id.
 local fairDefaultWindow = 128
+-- The command that publishes on the shard's wake channel ("PUBLISH" or
+-- "SPUBLISH"), set by the scripts that know it: an append that creates a
+-- level's stream then tells the consumers at once ("+high", "+low"); without
+-- it they find the stream at their next check.
+local fairPub
 local fairStartsTTL = 604800000 -- a start-count hash lives 7 days (promote.lua)
 
 -- fairBase returns the prefix of a shard's keys from one of its stream names.
@@ -86,10 +99,23 @@ local function fairKeyConf(base, key, limit, on)
   return tonumber(v[1]) or limit, v[2] == "1", math.max(1, tonumber(v[3]) or 1)
 end
 
--- fairTake gives entry eid a slot of key.
-local function fairTake(base, key, eid)
-  redis.call("HSET", base .. "keys:slots", eid, key)
+-- fairSlot names the slot of entry eid of stream (a stream of the shard of
+-- base): the entry id for the default level's stream, "<level>/<entry id>"
+-- for a level's ("...}:stream:high").
+local function fairSlot(base, stream, eid)
+  if #stream == #base + 6 then
+    return eid
+  end
+  return string.sub(stream, #base + 8) .. "/" .. eid
+end
+
+-- fairTake gives entry eid of stream a slot of key; it returns the slot's
+-- name.
+local function fairTake(base, key, eid, stream)
+  local slot = fairSlot(base, stream, eid)
+  redis.call("HSET", base .. "keys:slots", slot, key)
   redis.call("HINCRBY", base .. "keys:running", key, 1)
+  return slot
 end
 
 -- fairAppend appends one waiting job of key (its encoded element) to the
@@ -100,15 +126,33 @@ local function fairAppend(base, key, el)
   local d = fairDec(el)
   local rec, starts, count = d[1], d[2], tonumber(d[3]) or 0
   local fields = {}
+  local level
   for j = 4, #d do
     fields[#fields + 1] = d[j]
+    if j % 2 == 0 and d[j] == "pr" then
+      level = d[j + 1]
+    end
   end
   if count > 0 then
     fields[#fields + 1] = "n"
     fields[#fields + 1] = tostring(count)
   end
   local stream = base .. "stream"
-  local eid = redis.call("XADD", stream, "*", unpack(fields))
+  local eid
+  if level then
+    -- Its level's stream (see the header): NOMKSTREAM as every append to a
+    -- level; the append that creates the stream tells the consumers.
+    stream = stream .. ":" .. level
+    eid = redis.call("XADD", stream, "NOMKSTREAM", "*", unpack(fields))
+    if not eid then
+      eid = redis.call("XADD", stream, "*", unpack(fields))
+      if fairPub then
+        redis.call(fairPub, base .. "wake", "+" .. level)
+      end
+    end
+  else
+    eid = redis.call("XADD", stream, "*", unpack(fields))
+  end
   if rec ~= "" then
     -- One command for the record: "P<entry id>" (its TTL kept). A record
     -- that held an outcome (cancelled while waiting) is put back, and one
@@ -130,7 +174,7 @@ local function fairAppend(base, key, el)
     redis.call("HSET", starts, eid, count)
     redis.call("PEXPIRE", starts, fairStartsTTL)
   end
-  fairTake(base, key, eid)
+  fairTake(base, key, eid, stream)
   return eid
 end
 
@@ -228,10 +272,12 @@ local function fairWait(base, key, el, undo)
   end
 end
 
--- fairRelease gives back the slots of the entries in eids (those that hold
--- one) and appends waiting jobs in their place; it returns entry id -> key
--- of the released slots, or nil. A shard without slots costs one EXISTS.
-local function fairRelease(base, eids, from, to)
+-- fairRelease gives back the slots of the entries in eids of stream (those
+-- that hold one) and appends waiting jobs in their place; it returns entry
+-- id -> key of the released slots, or nil. A shard without slots costs one
+-- EXISTS.
+local function fairRelease(stream, eids, from, to)
+  local base = fairBase(stream)
   local slots = base .. "keys:slots"
   if redis.call("EXISTS", slots) == 0 then
     return nil
@@ -241,10 +287,11 @@ local function fairRelease(base, eids, from, to)
   local anyParked = redis.call("EXISTS", parked) == 1
   for i = from, to do
     local eid = eids[i]
-    local key = redis.call("HGET", slots, eid)
+    local slot = fairSlot(base, stream, eid)
+    local key = redis.call("HGET", slots, slot)
     if key then
       released[eid] = key
-      redis.call("HDEL", slots, eid)
+      redis.call("HDEL", slots, slot)
       if redis.call("HINCRBY", running, key, -1) <= 0 then
         redis.call("HDEL", running, key)
       end

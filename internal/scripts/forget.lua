@@ -57,7 +57,7 @@ elseif string.sub(rec, 1, 1) == "P" then
   end
   redis.call("XDEL", stream, eid)
   redis.call("HDEL", KEYS[3], eid)
-  fairRelease(fairBase(stream), {eid}, 1, 1) -- a keyed entry's slot (fair.lua)
+  fairRelease(stream, {eid}, 1, 1) -- a keyed entry's slot (fair.lua)
 end
 redis.call("DEL", KEYS[1])
 if KEYS[9] then

@@ -621,9 +621,9 @@ for i = 1, n do
             undo[#undo + 1] = {"XDEL", to, eid}
           end
           if fk then
-            fairTake(fairShard, fk, eid)
+            local slot = fairTake(fairShard, fk, eid, to)
             if undo then
-              undo[#undo + 1] = {"HDEL", fairShard .. "keys:slots", eid}
+              undo[#undo + 1] = {"HDEL", fairShard .. "keys:slots", slot}
               undo[#undo + 1] = {"HINCRBY", fairShard .. "keys:running", fk, -1}
             end
           end

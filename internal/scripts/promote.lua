@@ -67,6 +67,9 @@
 -- writer from internal/keys), so they are in this call's slot.
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if ARGV[5] then
+  fairPub = ARGV[6] -- a level's stream created by a key's turn is announced (fair.lua)
+end
 
 local function dec(s)
   local out = {}
