@@ -46,8 +46,8 @@ func (r *keyRuns) mostOf(k string) int {
 // keyed high job waiting for its key's one slot starts once the key's
 // normal job completes, long before the backlog drains, although that
 // completion's turn is what creates the high level's stream and
-// ClaimInterval is 10 s (the completion tells the consumers). A delayed and
-// a retried keyed high job keep their key and level, a batch appending a
+// ClaimInterval is 10 s (the completion tells the consumers). A delayed, a
+// retried and a run-now keyed high job keep their key and level, a batch appending a
 // normal and a high keyed entry in one step (entry ids may be equal across
 // streams) gives each its own slot, KeyLimit 1 holds for every key, and
 // nothing of the keys is left after the drain.
@@ -108,6 +108,11 @@ func TestFairKeysPriorityLevels(t *testing.T) {
 	// After the high level's stream exists: key b, a delayed high job and a retried high one.
 	promises = append(promises, mustProduce(t, p, "later", "x", Key("b"), Priority(PriorityHigh), After(50*time.Millisecond)))
 	promises = append(promises, mustProduce(t, p, "retry", "x", Key("b"), Priority(PriorityHigh)))
+	// Key e: a job due in an hour, run now by an operator.
+	promises = append(promises, mustProduce(t, p, "now", "x", Key("e"), Priority(PriorityHigh), After(time.Hour)))
+	a, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	require.NoError(t, a.RunNow(ctx, "now"))
 	// Keys c and d: one call appends a normal and a high keyed entry.
 	bp, err := p.ProduceBatch(ctx, []Job[string]{
 		{ID: "c0", Request: "x", Options: []ProduceOption{Key("c")}},
@@ -125,14 +130,14 @@ func TestFairKeysPriorityLevels(t *testing.T) {
 	eventually(t, 30*time.Second, func() bool { return normalStarts.Load() == 3000 }, "the backlog did not drain")
 
 	mu.Lock()
-	want := map[string]PriorityLevel{"a0": PriorityNormal, "ah": PriorityHigh, "later": PriorityHigh, "retry": PriorityHigh,
+	want := map[string]PriorityLevel{"a0": PriorityNormal, "ah": PriorityHigh, "later": PriorityHigh, "retry": PriorityHigh, "now": PriorityHigh,
 		"c0": PriorityNormal, "c1": PriorityLow, "d0": PriorityHigh, "d1": PriorityNormal}
 	for id, l := range want {
 		require.Equal(t, l, level[id], "the level of %s", id)
 	}
 	require.Equal(t, 2, starts["retry"])
 	mu.Unlock()
-	for _, k := range []string{"a", "b", "c", "d"} {
+	for _, k := range []string{"a", "b", "c", "d", "e"} {
 		require.Equal(t, 1, runs.mostOf(k), "handlers of key %s at once (KeyLimit 1)", k)
 	}
 	eventually(t, 10*time.Second, func() bool { return len(fairKeysLeft(t, client, q)) == 1 },
