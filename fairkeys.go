@@ -28,8 +28,9 @@ const MaxKeyLen = MaxIDLen
 // key's handlers run at once across every consumer. Retries, delayed
 // requests, RunNow and Requeue keep the key. A key follows the rules of
 // ids (non-empty, at most MaxKeyLen bytes); it cannot be combined with
-// Throttle or Debounce, or on a flow's child (ErrInvalidOptions). Default:
-// no key (plain FIFO).
+// Throttle or Debounce (ErrInvalidOptions). A flow's children and parent
+// take keys (see ChildOf, FlowOptions.Parent). Default: no key (plain
+// FIFO).
 //
 // With Priority, a key's jobs still take their key's turns in the order
 // they were produced, whatever their levels (a high job of a key waits for
