@@ -8,6 +8,7 @@ package streamq
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/streamq/streamq/internal/keys"
 )
@@ -88,7 +89,7 @@ func anyKeyed(items []*produceItem) bool {
 // writes nothing.
 func (c *Consumer[Req, Resp]) writeKeySettings(ctx context.Context) error {
 	o := &c.opts
-	if o.KeyWindow == 0 && o.KeyLimit == 0 {
+	if o.KeyWindow == 0 && o.KeyLimit == 0 && o.KeyRate == nil {
 		return nil
 	}
 	var vals []any
@@ -98,10 +99,39 @@ func (c *Consumer[Req, Resp]) writeKeySettings(ctx context.Context) error {
 	if o.KeyLimit > 0 {
 		vals = append(vals, "limit", o.KeyLimit)
 	}
+	if o.KeyRate != nil {
+		vals = append(vals, "rate", o.KeyRate.stored())
+	}
 	for shard := range c.nShards {
 		if err := c.client.HSet(ctx, c.shards[shard].KeysConfig(), vals...).Err(); err != nil {
 			return fmt.Errorf("streamq: store the key settings of %s: %w", c.queue, err)
 		}
 	}
 	return nil
+}
+
+// keyRateError validates a per-key rate limit (nil: none) as RateLimit is
+// validated, setting its defaults; name says where it was given.
+func keyRateError(name string, l *RateLimit) error {
+	if err := l.resolve(); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return nil
+}
+
+// stored is a per-key rate limit as fair.lua reads it: "<N>:<Per in
+// ns>:<Burst>" (Burst resolved).
+func (l *RateLimit) stored() string {
+	return fmt.Sprintf("%d:%d:%d", l.N, l.Per.Nanoseconds(), l.Burst)
+}
+
+// parseStoredRate reads what stored wrote; nil for "" or a value it did
+// not write.
+func parseStoredRate(s string) *RateLimit {
+	var n, burst int
+	var per int64
+	if _, err := fmt.Sscanf(s, "%d:%d:%d", &n, &per, &burst); err != nil || n < 1 || per < 1 {
+		return nil
+	}
+	return &RateLimit{N: n, Per: time.Duration(per), Burst: burst}
 }

@@ -338,10 +338,11 @@ func (it *produceItem) flowDue() string {
 
 // flowPlace is a flow node's placement for flow.lua (k: the node's shard):
 // its level's stream and notice, its shard's schedule, the wake channel.
-// "" for a node of the default level without a due time, which costs
-// nothing more.
+// "" for a node of the default level without a due time or key, which
+// costs nothing more (a keyed node's append may hold its key back for its
+// rate and tell the promoters on the wake channel).
 func (p *Producer[Req, Resp]) flowPlace(k keys.Keys, it *produceItem) string {
-	if it.level == levelNormal && it.due == 0 {
+	if it.level == levelNormal && it.due == 0 && it.key == "" {
 		return ""
 	}
 	var list []string
