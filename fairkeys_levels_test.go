@@ -42,7 +42,7 @@ func (r *keyRuns) mostOf(k string) int {
 
 // TestFairKeysPriorityLevels: keyed jobs of the high level take their key's
 // turns like any keyed job and, on their turn, go to the high level's
-// stream: behind a normal backlog of 3000 jobs (a millisecond each), a
+// stream: behind a normal backlog of 3000 jobs (2 ms each, 2 workers), a
 // keyed high job waiting for its key's one slot starts once the key's
 // normal job completes, long before the backlog drains, although that
 // completion's turn is what creates the high level's stream and
@@ -69,7 +69,8 @@ func TestFairKeysPriorityLevels(t *testing.T) {
 	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
 		if m.Key == "" {
 			normalStarts.Add(1)
-			time.Sleep(time.Millisecond)
+			time.Sleep(2 * time.Millisecond) // the backlog lasts 3 s or more
+
 			return "", nil
 		}
 		done := runs.start(m.Key)

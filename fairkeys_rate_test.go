@@ -56,10 +56,14 @@ func TestFairKeysRateLimit(t *testing.T) {
 	require.NoError(t, c.writeKeySettings(ctx)) // KeyRate before the first produce
 	require.NoError(t, a.SetKeyRate(ctx, "B", &RateLimit{N: 100000, Per: time.Second, Burst: 1000}))
 
-	var promises []*Promise[string]
+	// A's backlog in one call (one clock reading): Burst jobs enter the
+	// stream, the key is held for the rest.
+	var jobs []Job[string]
 	for i := range backlog {
-		promises = append(promises, mustProduce(t, p, fmt.Sprint("a", i), "x", Key("A")))
+		jobs = append(jobs, Job[string]{ID: fmt.Sprint("a", i), Request: "x", Options: []ProduceOption{Key("A")}})
 	}
+	promises, err := p.ProduceBatch(ctx, jobs)
+	require.NoError(t, err)
 	for i := range 20 {
 		promises = append(promises, mustProduce(t, p, fmt.Sprint("b", i), "x", Key("B")))
 	}
