@@ -157,7 +157,8 @@ func (a *Admin) SetKeyDefaults(ctx context.Context, limit, window int) error {
 // most limit.N of its jobs enter the stream per limit.Per, plus
 // limit.Burst (default 1) after a quiet time, counted on every shard's
 // own (per shard with Shards > 1). nil removes the key's own rate (the
-// queue's KeyRate applies again). A key held back by its old rate takes
+// queue's KeyRate applies again). The new rate starts from a quiet state
+// (up to Burst jobs at once), and a key held back by its old rate takes
 // its turn again at once. The limit is validated as RateLimit is
 // (ErrInvalidOptions). A nil ctx panics.
 func (a *Admin) SetKeyRate(ctx context.Context, key string, limit *RateLimit) error {

@@ -117,3 +117,39 @@ func TestFairKeysRateInvalid(t *testing.T) {
 		require.True(t, errors.Is(err, ErrInvalidOptions), "%v", err)
 	}
 }
+
+// TestFairKeysRateChange: a key held back by its own rate (1 per hour)
+// runs its waiting jobs at once when an operator removes that rate, and
+// nothing of the keys is left after the drain, the rate's state included.
+func TestFairKeysRateChange(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	p := newStringProducer(t, client, q)
+	a, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	require.NoError(t, a.SetKeyRate(ctx, "slow", &RateLimit{N: 1, Per: time.Hour}))
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) { return "", nil },
+		fastOpts(t, "rate-change", 30*time.Second))
+	require.NoError(t, err)
+	runConsumer(t, c)
+	var promises []*Promise[string]
+	for i := range 3 {
+		promises = append(promises, mustProduce(t, p, fmt.Sprint("s", i), "x", Key("slow")))
+	}
+	_, err = promises[0].Wait(waitCtx(t, 10*time.Second))
+	require.NoError(t, err)
+	st, err := a.KeyStats(ctx, "slow")
+	require.NoError(t, err)
+	require.True(t, st.Held, "%+v", st)
+	require.Equal(t, int64(2), st.Waiting)
+	require.NoError(t, a.SetKeyRate(ctx, "slow", nil))
+	for _, pr := range promises[1:] {
+		_, err := pr.Wait(waitCtx(t, 10*time.Second))
+		require.NoError(t, err)
+	}
+	// The key's rate was the only setting: the settings hash goes with it.
+	eventually(t, 10*time.Second, func() bool { return len(fairKeysLeft(t, client, q)) == 0 },
+		"fair-queuing keys left after the drain: %v", fairKeysLeft(t, client, q))
+}

@@ -91,8 +91,11 @@ elseif op == "rate" then
   else
     redis.call("HDEL", cfg, "r:" .. key)
   end
-  -- A changed rate takes effect at once: a key held back by its old rate
-  -- takes its turn again (the pump holds it back again if it must wait).
+  -- A changed rate takes effect at once, from a fresh state (the old one
+  -- would hold the key for the old rate's time): a key held back by its
+  -- old rate takes its turn again (the pump holds it back again if it must
+  -- wait).
+  redis.call("DEL", base .. "keys:t:" .. key)
   if redis.call("ZREM", base .. "keys:timed", key) == 1 then
     redis.call("RPUSH", base .. "keys:ready", key)
   end
