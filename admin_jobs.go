@@ -386,7 +386,7 @@ func (a *Admin) Forget(ctx context.Context, id string, force bool) error {
 		f = "1"
 	}
 	res, err := scripts.Forget.Run(ctx, a.client, []string{k.Record(id), k.Stream, k.Starts(t.group), k.Schedule, k.ScheduleData, k.Retry,
-		k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow]), k.Progress(id), k.Errors(id)}, t.group, f, id).StringSlice()
+		k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow]), k.Progress(id), k.Errors(id)}, t.group, f, id, publishCommand(isCluster(a.client))).StringSlice()
 	if err != nil {
 		return fmt.Errorf("streamq: forget %q in %s: %w", id, a.queue, err)
 	}

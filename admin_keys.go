@@ -27,6 +27,12 @@ type KeyStat struct {
 	// Weight is how many jobs the key appends per turn (SetKeyWeight; 1 by
 	// default).
 	Weight int `json:"weight"`
+	// Rate is the key's rate limit (SetKeyRate, else the queue's
+	// ConsumerOptions.KeyRate); nil: none.
+	Rate *RateLimit `json:"rate,omitempty"`
+	// Held is true while the key's rate holds its waiting jobs back (on
+	// any shard): its next job enters the stream when its rate allows.
+	Held bool `json:"held"`
 }
 
 // TopKeys returns the n keys (n <= 0: 20) with the most waiting jobs, then
@@ -40,12 +46,13 @@ func (a *Admin) TopKeys(ctx context.Context, n int) ([]KeyStat, error) {
 	}
 	byKey := map[string]*KeyStat{}
 	err := a.eachKeyShard(ctx, "top", func(res []any) {
-		for i := 0; i+5 < len(res); i += 6 {
-			s := parseKeyStat(res[i : i+6])
+		for i := 0; i+keyStatLen-1 < len(res); i += keyStatLen {
+			s := parseKeyStat(res[i : i+keyStatLen])
 			if have, ok := byKey[s.Key]; ok {
 				have.Waiting += s.Waiting
 				have.Running += s.Running
 				have.Paused = have.Paused || s.Paused
+				have.Held = have.Held || s.Held
 				continue
 			}
 			byKey[s.Key] = &s
@@ -86,7 +93,8 @@ func (a *Admin) KeyStats(ctx context.Context, key string) (KeyStat, error) {
 		out.Waiting += s.Waiting
 		out.Running += s.Running
 		out.Paused = out.Paused || s.Paused
-		out.Limit, out.Weight = s.Limit, s.Weight
+		out.Held = out.Held || s.Held
+		out.Limit, out.Weight, out.Rate = s.Limit, s.Weight, s.Rate
 	}, key)
 	return out, err
 }
@@ -145,6 +153,48 @@ func (a *Admin) SetKeyDefaults(ctx context.Context, limit, window int) error {
 	return a.eachKeyShard(ctx, "window", nil, window)
 }
 
+// SetKeyRate sets key's own rate limit (see ConsumerOptions.KeyRate): at
+// most limit.N of its jobs enter the stream per limit.Per, plus
+// limit.Burst (default 1) after a quiet time, counted on every shard's
+// own (per shard with Shards > 1). nil removes the key's own rate (the
+// queue's KeyRate applies again). The new rate starts from a quiet state
+// (up to Burst jobs at once), and a key held back by its old rate takes
+// its turn again at once. The limit is validated as RateLimit is
+// (ErrInvalidOptions). A nil ctx panics.
+func (a *Admin) SetKeyRate(ctx context.Context, key string, limit *RateLimit) error {
+	mustContext(ctx, "Admin.SetKeyRate")
+	v, err := storedKeyRate(fmt.Sprintf("SetKeyRate(%q)", key), limit)
+	if err != nil {
+		return err
+	}
+	return a.changeKey(ctx, "Admin.SetKeyRate", "rate", key, v)
+}
+
+// SetKeyRateDefault stores the queue's rate limit per key on every shard,
+// as a consumer with ConsumerOptions.KeyRate does when it starts; nil
+// removes it (no rate per key, except the keys' own). A nil ctx panics.
+func (a *Admin) SetKeyRateDefault(ctx context.Context, limit *RateLimit) error {
+	mustContext(ctx, "Admin.SetKeyRateDefault")
+	v, err := storedKeyRate("SetKeyRateDefault", limit)
+	if err != nil {
+		return err
+	}
+	return a.eachKeyShard(ctx, "defrate", nil, v)
+}
+
+// storedKeyRate validates limit (a copy: resolve sets its defaults) and
+// returns it as fair.lua stores it ("" for nil).
+func storedKeyRate(name string, limit *RateLimit) (string, error) {
+	if limit == nil {
+		return "", nil
+	}
+	l := *limit
+	if err := keyRateError(name, &l); err != nil {
+		return "", err
+	}
+	return l.stored(), nil
+}
+
 func (a *Admin) changeKey(ctx context.Context, name, op, key string, args ...any) error {
 	mustContext(ctx, name)
 	if err := validateKey(key); err != nil {
@@ -160,8 +210,10 @@ func (a *Admin) eachKeyShard(ctx context.Context, op string, fn func([]any), arg
 	if err != nil {
 		return err
 	}
+	// The publish command ends the arguments (fairadmin.lua).
+	args = append(append([]any{op}, args...), publishCommand(isCluster(a.client)))
 	for _, k := range shards {
-		res, err := scripts.FairAdmin.Run(ctx, a.client, []string{k.Stream}, append([]any{op}, args...)...).Result()
+		res, err := scripts.FairAdmin.Run(ctx, a.client, []string{k.Stream}, args...).Result()
 		if err != nil {
 			return fmt.Errorf("streamq: keys of %s (%s): %w", a.queue, op, err)
 		}
@@ -173,14 +225,18 @@ func (a *Admin) eachKeyShard(ctx context.Context, op string, fn func([]any), arg
 	return nil
 }
 
+// keyStatLen is the length of one key's reply of fairadmin.lua.
+const keyStatLen = 8
+
 // parseKeyStat reads fairadmin.lua's {key, waiting, running, paused, limit,
-// weight}.
+// weight, rate, held}.
 func parseKeyStat(v []any) KeyStat {
-	if len(v) < 6 {
+	if len(v) < keyStatLen {
 		return KeyStat{}
 	}
 	num := func(x any) int64 { n, _ := x.(int64); return n }
 	key, _ := v[0].(string)
+	rate, _ := v[6].(string)
 	return KeyStat{Key: key, Waiting: num(v[1]), Running: num(v[2]), Paused: num(v[3]) == 1,
-		Limit: int(num(v[4])), Weight: int(num(v[5]))}
+		Limit: int(num(v[4])), Weight: int(num(v[5])), Rate: parseStoredRate(rate), Held: num(v[7]) == 1}
 }

@@ -8,6 +8,7 @@ package streamq
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/streamq/streamq/internal/keys"
 )
@@ -27,9 +28,16 @@ const MaxKeyLen = MaxIDLen
 // ConsumerOptions.KeyLimit (or Admin.SetKeyLimit) bounds how many of one
 // key's handlers run at once across every consumer. Retries, delayed
 // requests, RunNow and Requeue keep the key. A key follows the rules of
-// ids (non-empty, at most MaxKeyLen bytes); it cannot be combined with a
-// Priority other than PriorityNormal, with Throttle or Debounce, or on a
-// flow's child (ErrInvalidOptions). Default: no key (plain FIFO).
+// ids (non-empty, at most MaxKeyLen bytes); it cannot be combined with
+// Throttle or Debounce (ErrInvalidOptions). A flow's children and parent
+// take keys (see ChildOf, FlowOptions.Parent). Default: no key (plain
+// FIFO).
+//
+// With Priority, a key's jobs still take their key's turns in the order
+// they were produced, whatever their levels (a high job of a key waits for
+// the key's earlier jobs); on its turn a job is appended to its own level's
+// stream and then starts before the waiting entries of lower levels, as any
+// request of its level.
 func Key(k string) ProduceOption {
 	return func(s *produceSettings) { s.key, s.keySet = k, true }
 }
@@ -53,9 +61,6 @@ func (it *produceItem) applyKey(s produceSettings) error {
 	}
 	if err := validateKey(s.key); err != nil {
 		return err
-	}
-	if it.level != levelNormal {
-		return fmt.Errorf("%w: Key cannot be combined with Priority(%v): keyed jobs take turns on the normal level", ErrInvalidOptions, levelValue[it.level])
 	}
 	if it.mode != modeNone {
 		return fmt.Errorf("%w: Key cannot be combined with Throttle or Debounce", ErrInvalidOptions)
@@ -84,7 +89,7 @@ func anyKeyed(items []*produceItem) bool {
 // writes nothing.
 func (c *Consumer[Req, Resp]) writeKeySettings(ctx context.Context) error {
 	o := &c.opts
-	if o.KeyWindow == 0 && o.KeyLimit == 0 {
+	if o.KeyWindow == 0 && o.KeyLimit == 0 && o.KeyRate == nil {
 		return nil
 	}
 	var vals []any
@@ -94,10 +99,39 @@ func (c *Consumer[Req, Resp]) writeKeySettings(ctx context.Context) error {
 	if o.KeyLimit > 0 {
 		vals = append(vals, "limit", o.KeyLimit)
 	}
+	if o.KeyRate != nil {
+		vals = append(vals, "rate", o.KeyRate.stored())
+	}
 	for shard := range c.nShards {
 		if err := c.client.HSet(ctx, c.shards[shard].KeysConfig(), vals...).Err(); err != nil {
 			return fmt.Errorf("streamq: store the key settings of %s: %w", c.queue, err)
 		}
 	}
 	return nil
+}
+
+// keyRateError validates a per-key rate limit (nil: none) as RateLimit is
+// validated, setting its defaults; name says where it was given.
+func keyRateError(name string, l *RateLimit) error {
+	if err := l.resolve(); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return nil
+}
+
+// stored is a per-key rate limit as fair.lua reads it: "<N>:<Per in
+// ns>:<Burst>" (Burst resolved).
+func (l *RateLimit) stored() string {
+	return fmt.Sprintf("%d:%d:%d", l.N, l.Per.Nanoseconds(), l.Burst)
+}
+
+// parseStoredRate reads what stored wrote; nil for "" or a value it did
+// not write.
+func parseStoredRate(s string) *RateLimit {
+	var n, burst int
+	var per int64
+	if _, err := fmt.Sscanf(s, "%d:%d:%d", &n, &per, &burst); err != nil || n < 1 || per < 1 {
+		return nil
+	}
+	return &RateLimit{N: n, Per: time.Duration(per), Burst: burst}
 }

@@ -116,7 +116,6 @@ func TestFairKeysInvalid(t *testing.T) {
 	for name, opts := range map[string][]ProduceOption{
 		"empty":    {Key("")},
 		"long":     {Key(string(make([]byte, MaxKeyLen+1)))},
-		"priority": {Key("a"), Priority(PriorityHigh)},
 		"throttle": {Key("a"), Throttle(time.Second)},
 	} {
 		_, err := p.Produce(ctx, "x", "x", opts...)
@@ -461,40 +460,45 @@ func TestFairKeysCancelAndForget(t *testing.T) {
 	})
 }
 
-// TestFairKeysRequeueKeepsKey: a keyed job's dead letter keeps its key, and
-// Requeue runs it again under that key (taking its key's turn and limit).
+// TestFairKeysRequeueKeepsKey: a keyed job's dead letter keeps its key and
+// level, and Requeue runs it again under that key (taking its key's turn
+// and limit) on that level.
 func TestFairKeysRequeueKeepsKey(t *testing.T) {
 	backends(t, func(t *testing.T, client *redis.Client) {
-		ctx := context.Background()
-		q := queueName(t)
-		p := newStringProducer(t, client, q)
-		a, err := NewAdmin(client, q, nil)
-		require.NoError(t, err)
-		var mu sync.Mutex
-		keys := []string{}
-		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		for _, lvl := range []PriorityLevel{PriorityNormal, PriorityHigh} {
+			ctx := context.Background()
+			q := queueName(t)
+			p := newStringProducer(t, client, q)
+			a, err := NewAdmin(client, q, nil)
+			require.NoError(t, err)
+			var mu sync.Mutex
+			keys := []string{}
+			c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+				mu.Lock()
+				keys = append(keys, fmt.Sprint(m.Key, "/", m.Priority))
+				n := len(keys)
+				mu.Unlock()
+				if n == 1 {
+					return "", Permanent(errors.New("first time"))
+				}
+				return "ok", nil
+			}, fastOpts(t, "requeue", 5*time.Second))
+			require.NoError(t, err)
+			stop := runConsumer(t, c)
+			_, err = mustProduce(t, p, "job", "x", Key("tenant"), Priority(lvl)).Wait(waitCtx(t, 10*time.Second))
+			require.Error(t, err)
+			dls, err := a.DeadLetters(ctx, "", 10)
+			require.NoError(t, err)
+			require.Len(t, dls, 1)
+			_, err = a.Requeue(ctx, dls[0].DeadLetterID)
+			require.NoError(t, err)
+			eventually(t, 10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(keys) == 2 }, "the requeued job did not run")
 			mu.Lock()
-			keys = append(keys, m.Key)
-			n := len(keys)
+			want := fmt.Sprint("tenant/", lvl)
+			require.Equal(t, []string{want, want}, keys)
 			mu.Unlock()
-			if n == 1 {
-				return "", Permanent(errors.New("first time"))
-			}
-			return "ok", nil
-		}, fastOpts(t, "requeue", 5*time.Second))
-		require.NoError(t, err)
-		runConsumer(t, c)
-		_, err = mustProduce(t, p, "job", "x", Key("tenant")).Wait(waitCtx(t, 10*time.Second))
-		require.Error(t, err)
-		dls, err := a.DeadLetters(ctx, "", 10)
-		require.NoError(t, err)
-		require.Len(t, dls, 1)
-		_, err = a.Requeue(ctx, dls[0].DeadLetterID)
-		require.NoError(t, err)
-		eventually(t, 10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(keys) == 2 }, "the requeued job did not run")
-		mu.Lock()
-		require.Equal(t, []string{"tenant", "tenant"}, keys)
-		mu.Unlock()
-		eventually(t, 5*time.Second, func() bool { return len(fairKeysLeft(t, client, q)) == 0 }, "keyed state left: %v", fairKeysLeft(t, client, q))
+			eventually(t, 5*time.Second, func() bool { return len(fairKeysLeft(t, client, q)) == 0 }, "keyed state left: %v", fairKeysLeft(t, client, q))
+			stop()
+		}
 	})
 }

@@ -54,8 +54,10 @@ type Child struct {
 // encoded with q's codec (JSONCodec when q has none; []byte as is). opts
 // may set Headers, Deadline (Timeout), Priority (the child is appended to
 // its level's stream) and At or After (the child waits in its queue's
-// schedule until then, like a delayed request); RetryFailed, Throttle,
-// Debounce, Replace and Key are refused by ProduceFlow. The child is deduplicated like any
+// schedule until then, like a delayed request) and Key (the child takes
+// its key's turns and holds a slot of its key, as any keyed request; its
+// outcome still counts in its flow); RetryFailed, Throttle, Debounce and
+// Replace are refused by ProduceFlow. The child is deduplicated like any
 // request.
 func ChildOf[Req, Resp any](q Queue[Req, Resp], id string, req Req, opts ...ProduceOption) Child {
 	codec := q.codec
@@ -113,8 +115,9 @@ type FlowOptions struct {
 	// when released) and At or After (a parent released before that time
 	// waits in the schedule until then; the time counts from the produce,
 	// not from the release; a parent failed by its children under
-	// FailOnChildFailure is failed at once). RetryFailed, Throttle,
-	// Debounce, Replace and Key are refused. Defaults to none.
+	// FailOnChildFailure is failed at once) and Key (once released, the
+	// parent takes its key's turn like any keyed request). RetryFailed,
+	// Throttle, Debounce and Replace are refused. Defaults to none.
 	Parent []ProduceOption
 }
 
@@ -170,7 +173,7 @@ func (p *Producer[Req, Resp]) ProduceFlow(ctx context.Context, id string, req Re
 }
 
 // flowRefused is the options a flow's node cannot take.
-const flowRefused = "a flow's parent or child cannot take RetryFailed, Throttle, Debounce, Replace or Key"
+const flowRefused = "a flow's parent or child cannot take RetryFailed, Throttle, Debounce or Replace"
 
 // produceFlow is ProduceFlow inside the interceptors: outs, when set, holds
 // each node's headers (index 0 the parent, then as ProduceFlow lists them).
@@ -190,7 +193,7 @@ func (p *Producer[Req, Resp]) produceFlow(ctx context.Context, id string, req Re
 	if err != nil {
 		return nil, err
 	}
-	if strings.Contains(parent.flags, flagRetryFailed) || parent.mode != modeNone || parent.key != "" {
+	if strings.Contains(parent.flags, flagRetryFailed) || parent.mode != modeNone {
 		return nil, fmt.Errorf("%w: %s", ErrInvalidOptions, flowRefused)
 	}
 	if err := p.ensureSubscribed(ctx); err != nil {
@@ -238,7 +241,7 @@ func (p *Producer[Req, Resp]) produceFlow(ctx context.Context, id string, req Re
 		if err := it.apply(settings); err != nil {
 			return fmt.Errorf("child %q: %w", c.id, err)
 		}
-		if strings.Contains(it.flags, flagRetryFailed) || it.mode != modeNone || it.key != "" {
+		if strings.Contains(it.flags, flagRetryFailed) || it.mode != modeNone {
 			return fmt.Errorf("%w: child %q: %s", ErrInvalidOptions, c.id, flowRefused)
 		}
 		ck, err := p.childKeys(c.queue, c.id)
@@ -335,10 +338,11 @@ func (it *produceItem) flowDue() string {
 
 // flowPlace is a flow node's placement for flow.lua (k: the node's shard):
 // its level's stream and notice, its shard's schedule, the wake channel.
-// "" for a node of the default level without a due time, which costs
-// nothing more.
+// "" for a node of the default level without a due time or key, which
+// costs nothing more (a keyed node's append may hold its key back for its
+// rate and tell the promoters on the wake channel).
 func (p *Producer[Req, Resp]) flowPlace(k keys.Keys, it *produceItem) string {
-	if it.level == levelNormal && it.due == 0 {
+	if it.level == levelNormal && it.due == 0 && it.key == "" {
 		return ""
 	}
 	var list []string

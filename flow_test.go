@@ -291,10 +291,11 @@ func TestFlowRefusals(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidOptions)
 	_, err = p.ProduceFlow(ctx, "p", "x", []Child{ChildOf(q, "c", "y", Priority(7))}, nil)
 	require.ErrorIs(t, err, ErrInvalidOptions)
-	// A key, on a child or on the parent: refused, never dropped silently.
-	_, err = p.ProduceFlow(ctx, "p", "x", []Child{ChildOf(q, "c", "y", Key("tenant"))}, nil)
+	// An invalid key, on a child or on the parent (keys are taken: see
+	// TestFairKeysFlow).
+	_, err = p.ProduceFlow(ctx, "p", "x", []Child{ChildOf(q, "c", "y", Key(""))}, nil)
 	require.ErrorIs(t, err, ErrInvalidOptions)
-	_, err = p.ProduceFlow(ctx, "p", "x", []Child{ChildOf(q, "c", "y")}, &FlowOptions{Parent: []ProduceOption{Key("tenant")}})
+	_, err = p.ProduceFlow(ctx, "p", "x", []Child{ChildOf(q, "c", "y")}, &FlowOptions{Parent: []ProduceOption{Key("")}})
 	require.ErrorIs(t, err, ErrInvalidOptions)
 	_, err = p.ProduceFlow(ctx, "p", "x", []Child{ChildOf(q, "", "y")}, nil)
 	require.ErrorIs(t, err, ErrInvalidID)

@@ -332,6 +332,19 @@ type ConsumerOptions struct {
 	// nothing: DefaultKeyWindow (128) unless another was stored.
 	KeyWindow int
 
+	// KeyRate limits how fast the jobs of each key (see Key) enter the
+	// stream, across every consumer and process of the queue (per shard
+	// with Shards > 1): N per Per, spread evenly, plus Burst after a quiet
+	// time, as RateLimit, but counted per key at the append of the key's
+	// jobs, so their starts follow at that rate (jobs already appended are
+	// not held back again: while consumers lag, appended jobs may start
+	// closer together). A key over its rate appends nothing more until its
+	// rate allows, without holding back other keys, and nothing polls it:
+	// the promoter appends its next job at its time. Run stores it in Redis
+	// like KeyLimit; Admin.SetKeyRate overrides it per key. nil (the
+	// default) stores nothing: no rate limit per key unless one was stored.
+	KeyRate *RateLimit
+
 	// FailFast makes Run return the first error it meets at start
 	// (connecting, checking the server, creating the consumer groups)
 	// instead of logging it and trying again until Redis answers. Use it when
@@ -464,6 +477,10 @@ func (o *ConsumerOptions) resolve() error {
 		rl := *o.RateLimit // resolve sets defaults: not in the caller's value
 		o.RateLimit = &rl
 	}
+	if o.KeyRate != nil {
+		rl := *o.KeyRate
+		o.KeyRate = &rl
+	}
 	if o.Retention != nil {
 		keep := *o.Retention // the caller's value may change after the start
 		o.Retention = &keep
@@ -505,6 +522,7 @@ func (o *ConsumerOptions) resolve() error {
 		shardCount(o.Shards),
 		weightErr,
 		o.RateLimit.resolve(),
+		keyRateError("KeyRate", o.KeyRate),
 		o.Retention.resolve(o.Fanout),
 		validName("Group", o.Group),
 		validName("Name", o.Name),

@@ -247,6 +247,7 @@ func TestCLISession(t *testing.T) {
 
 	// Fair queuing by key: a paused key's jobs wait and are listed first.
 	require.NoError(t, mustAdmin(t, client, "emails").PauseKey(ctx, "tenant-a"))
+	require.NoError(t, mustAdmin(t, client, "emails").SetKeyRate(ctx, "tenant-b", &streamq.RateLimit{N: 1, Per: time.Minute, Burst: 1}))
 	kp, err := streamq.NewProducer[string, string](client, "emails", &streamq.ProducerOptions{Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	for i := range 3 {

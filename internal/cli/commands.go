@@ -820,11 +820,24 @@ func keysList(ctx context.Context, r *runner) error {
 		return nil
 	}
 	tw := r.table()
-	fmt.Fprintln(tw, "KEY\tWAITING\tRUNNING\tLIMIT\tWEIGHT\tPAUSED")
+	fmt.Fprintln(tw, "KEY\tWAITING\tRUNNING\tLIMIT\tWEIGHT\tRATE\tHELD\tPAUSED")
 	for _, k := range list {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%v\n", k.Key, k.Waiting, k.Running, k.Limit, k.Weight, k.Paused)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%v\t%v\n", k.Key, k.Waiting, k.Running, k.Limit, k.Weight, keyRate(k.Rate), k.Held, k.Paused)
 	}
 	return tw.Flush()
+}
+
+// keyRate shows a key's rate limit: "-" for none, else "N/Per", then
+// ",burst B" when B > 1.
+func keyRate(l *streamq.RateLimit) string {
+	if l == nil {
+		return "-"
+	}
+	s := fmt.Sprintf("%d/%v", l.N, l.Per)
+	if l.Burst > 1 {
+		s += fmt.Sprintf(",burst %d", l.Burst)
+	}
+	return s
 }
 
 func keysPause(ctx context.Context, r *runner) error { return setKeyPaused(ctx, r, true) }

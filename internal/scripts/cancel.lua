@@ -159,7 +159,8 @@ if queued then
   if KEYS[9] ~= KEYS[6] then
     redis.call("HDEL", KEYS[9], queued)
   end
-  fairRelease(fairBase(KEYS[6]), {queued}, 1, 1) -- a keyed entry's slot (fair.lua)
+  fairPub = ARGV[4] -- a level's stream created by a turn is announced (fair.lua)
+  fairRelease(stream, {queued}, 1, 1) -- a keyed entry's slot (fair.lua)
 else
   local member = "r" .. ARGV[1]
   redis.call("ZREM", KEYS[2], member)

@@ -596,7 +596,8 @@ end
 -- without keys runs exactly the commands it ran before keys existed.
 local keyOf -- entry id -> key of the released slots (dead letters keep it)
 if keyed and not fanout and #ids > 0 then
-  keyOf = fairRelease(fairBase(KEYS[1]), ids, 1, #ids)
+  fairPub = ARGV[8] -- a level's stream created by a turn is announced (fair.lua)
+  keyOf = fairRelease(KEYS[1], ids, 1, #ids)
 end
 
 if txApply then

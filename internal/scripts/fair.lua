@@ -5,7 +5,7 @@
 -- while its key has jobs waiting, the queue's window is full or the key is at
 -- its limit: it waits in its key's list. Keys with waiting jobs take turns
 -- (a list used as a ring); each turn appends up to the key's weight of its
--- jobs to the shard's default-level stream, where consumers read them like
+-- jobs to the shard's stream of its level, where consumers read them like
 -- any entry. An appended keyed entry holds a slot of its key until its
 -- outcome (complete.lua) or retry (retry.lua) releases it, in the same step
 -- that acknowledges it; a crashed consumer's entries keep their slots until
@@ -13,23 +13,124 @@
 -- bounds how many of its handlers run at once, and a key at its limit has no
 -- entry in any consumer's ring.
 --
--- Keys of a shard (base "streamq:{Q}:"), each absent while empty:
+-- Keys of a shard (base "streamq:{Q}:"), each absent while empty (a key is
+-- in exactly one of keys:ready, keys:parked and keys:timed while its list
+-- exists):
 --   keys:q:<key>   list: the key's waiting jobs, oldest first, each
 --                  length-prefixed strings: record key ("" for none),
 --                  start-count key ("" for none), start count, stream fields
 --   keys:ready     list: the keys with waiting jobs that may append, in
---                  turn order (a key is in ready or parked, never both,
+--                  turn order (a key is in ready, parked or timed, one only,
 --                  exactly while its list exists)
 --   keys:parked    set: the keys with waiting jobs that may not append now
 --                  (at their limit, or paused)
---   keys:slots     hash: entry id -> key, the keyed entries appended and not
---                  yet released
+--   keys:slots     hash: slot (entry id, or "<level>/<entry id>" for a
+--                  level's entry: fairSlot) -> key, the keyed entries
+--                  appended and not yet released
 --   keys:running   hash: key -> its slots
 --   keys:cfg       hash, optional: "window" (the most slots of the shard,
 --                  default 128), "limit" (the most slots of a key, 0 or
---                  absent: no limit), and per key "l:<key>" (its limit),
---                  "p:<key>" ("1": paused), "w:<key>" (its weight, default 1)
+--                  absent: no limit), "rate" (every key's rate limit, see
+--                  below), and per key "l:<key>" (its limit), "p:<key>"
+--                  ("1": paused), "w:<key>" (its weight, default 1),
+--                  "r:<key>" (its own rate limit)
+--   keys:timed     sorted set: the keys with waiting jobs that their rate
+--                  limit holds back, scored by the Unix ms at which the
+--                  next may append (promote.lua moves them back to
+--                  keys:ready then)
+--   keys:t:<key>   string, with a TTL: the key's rate-limit state (its
+--                  theoretical arrival time in µs of the server's clock),
+--                  gone once the key is idle
+--
+-- Rate limit per key (ConsumerOptions.KeyRate, Admin.SetKeyRate): "<N>:<Per
+-- in ns>:<Burst>", the queue's RateLimit semantics (GCRA, as ratelimit.lua)
+-- applied to the key's appends to the stream: in any window W at most
+-- W*N/Per + Burst of the key's jobs are appended. A key whose rate lets
+-- nothing in leaves the ring for keys:timed, so it blocks no other key and
+-- nothing polls it: the promoter appends its next jobs at that time (the
+-- time goes on the wake channel when it is the earliest of keys:timed).
+--
+-- Priority levels: a keyed job waits in its key's one list whatever its
+-- level (a key's jobs take their turns in produce order), and its turn
+-- appends it to its level's stream (field "pr"), where it competes by level
+-- with every other entry. Entry ids are per stream, so a level entry's slot
+-- is named "<level>/<entry id>" (fairSlot): a high and a normal entry may
+-- share an id.
 local fairDefaultWindow = 128
+-- The command that publishes on the shard's wake channel ("PUBLISH" or
+-- "SPUBLISH"), set by the scripts that know it: an append that creates a
+-- level's stream then tells the consumers at once ("+high", "+low"); without
+-- it they find the stream at their next check.
+local fairPub
+
+-- The server's clock in µs, read once per call.
+local fairNowUs
+local function fairClock()
+  if not fairNowUs then
+    local t = redis.call("TIME")
+    fairNowUs = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return fairNowUs
+end
+
+-- fairRateOf parses a stored rate ("<N>:<Per ns>:<Burst>") into the
+-- emission interval T in µs (Per/N, rounded up as the consumer's RateLimit
+-- does) and the burst; nil for none.
+local function fairRateOf(v)
+  if not v then
+    return nil
+  end
+  local n, per, b = string.match(v, "^(%d+):(%d+):(%d+)$")
+  if not n then
+    return nil
+  end
+  n, per, b = tonumber(n), tonumber(per), tonumber(b)
+  if n < 1 or per < 1 then
+    return nil
+  end
+  return math.ceil(math.ceil(per / n) / 1000), math.max(1, b)
+end
+
+-- fairRateRoom returns how many jobs key may append now under rate {T, B}
+-- (at most want) and its state to pass to fairRateUse.
+local function fairRateRoom(base, key, rate, want)
+  local now = fairClock()
+  local tat = math.max(tonumber(redis.call("GET", base .. "keys:t:" .. key)) or 0, now)
+  local first = tat + rate[1] - rate[2] * rate[1] - now -- µs until the next may append
+  if first > 0 then
+    return 0, tat
+  end
+  return math.min(want, math.floor(-first / rate[1]) + 1), tat
+end
+
+-- fairRateUse records n appends of key at state tat (fairRateRoom); it
+-- returns the time (µs of the server's clock) from which the next may
+-- append.
+local function fairRateUse(base, key, rate, tat, n)
+  local now = fairClock()
+  if n > 0 then
+    tat = tat + n * rate[1]
+    -- %.0f: Lua prints large numbers in exponent form, losing digits.
+    redis.call("SET", base .. "keys:t:" .. key, string.format("%.0f", tat),
+      "PX", string.format("%.0f", math.ceil((tat - now) / 1000) + 1))
+  end
+  return tat + rate[1] - rate[2] * rate[1]
+end
+
+-- fairTime moves key (out of the ring) into keys:timed until us (µs of the
+-- server's clock), telling the promoters when it is the earliest there.
+local function fairTime(base, key, us, undo)
+  local at = math.ceil(us / 1000)
+  local timed = base .. "keys:timed"
+  local head = redis.call("ZRANGE", timed, 0, 0, "WITHSCORES")
+  redis.call("ZADD", timed, at, key)
+  if undo then
+    undo[#undo + 1] = {"ZREM", timed, key}
+  end
+  if fairPub and (not head[2] or at < tonumber(head[2])) then
+    redis.call(fairPub, base .. "wake", string.format("%.0f", at))
+  end
+end
 local fairStartsTTL = 604800000 -- a start-count hash lives 7 days (promote.lua)
 
 -- fairBase returns the prefix of a shard's keys from one of its stream names.
@@ -64,8 +165,8 @@ local function fairConf(base)
   if fairCfg == nil then
     local c = base .. "keys:cfg"
     if redis.call("EXISTS", c) == 1 then
-      local v = redis.call("HMGET", c, "window", "limit")
-      fairCfg = {tonumber(v[1]) or fairDefaultWindow, tonumber(v[2]) or 0}
+      local v = redis.call("HMGET", c, "window", "limit", "rate")
+      fairCfg = {tonumber(v[1]) or fairDefaultWindow, tonumber(v[2]) or 0, v[3] or false}
     else
       fairCfg = false
     end
@@ -76,20 +177,35 @@ local function fairConf(base)
   return fairDefaultWindow, 0, false
 end
 
--- fairKeyConf returns a key's limit (0: none), whether it is paused, and
--- its weight.
+-- fairKeyConf returns a key's limit (0: none), whether it is paused, its
+-- weight, and its rate limit ({T µs, burst}, or nil).
 local function fairKeyConf(base, key, limit, on)
   if not on then
-    return limit, false, 1
+    return limit, false, 1, nil
   end
-  local v = redis.call("HMGET", base .. "keys:cfg", "l:" .. key, "p:" .. key, "w:" .. key)
-  return tonumber(v[1]) or limit, v[2] == "1", math.max(1, tonumber(v[3]) or 1)
+  local v = redis.call("HMGET", base .. "keys:cfg", "l:" .. key, "p:" .. key, "w:" .. key, "r:" .. key)
+  local t, b = fairRateOf(v[4] or fairCfg[3] or nil)
+  local rate = t and {t, b} or nil
+  return tonumber(v[1]) or limit, v[2] == "1", math.max(1, tonumber(v[3]) or 1), rate
 end
 
--- fairTake gives entry eid a slot of key.
-local function fairTake(base, key, eid)
-  redis.call("HSET", base .. "keys:slots", eid, key)
+-- fairSlot names the slot of entry eid of stream (a stream of the shard of
+-- base): the entry id for the default level's stream, "<level>/<entry id>"
+-- for a level's ("...}:stream:high").
+local function fairSlot(base, stream, eid)
+  if #stream == #base + 6 then
+    return eid
+  end
+  return string.sub(stream, #base + 8) .. "/" .. eid
+end
+
+-- fairTake gives entry eid of stream a slot of key; it returns the slot's
+-- name.
+local function fairTake(base, key, eid, stream)
+  local slot = fairSlot(base, stream, eid)
+  redis.call("HSET", base .. "keys:slots", slot, key)
   redis.call("HINCRBY", base .. "keys:running", key, 1)
+  return slot
 end
 
 -- fairAppend appends one waiting job of key (its encoded element) to the
@@ -100,15 +216,33 @@ local function fairAppend(base, key, el)
   local d = fairDec(el)
   local rec, starts, count = d[1], d[2], tonumber(d[3]) or 0
   local fields = {}
+  local level
   for j = 4, #d do
     fields[#fields + 1] = d[j]
+    if j % 2 == 0 and d[j] == "pr" then
+      level = d[j + 1]
+    end
   end
   if count > 0 then
     fields[#fields + 1] = "n"
     fields[#fields + 1] = tostring(count)
   end
   local stream = base .. "stream"
-  local eid = redis.call("XADD", stream, "*", unpack(fields))
+  local eid
+  if level then
+    -- Its level's stream (see the header): NOMKSTREAM as every append to a
+    -- level; the append that creates the stream tells the consumers.
+    stream = stream .. ":" .. level
+    eid = redis.call("XADD", stream, "NOMKSTREAM", "*", unpack(fields))
+    if not eid then
+      eid = redis.call("XADD", stream, "*", unpack(fields))
+      if fairPub then
+        redis.call(fairPub, base .. "wake", "+" .. level)
+      end
+    end
+  else
+    eid = redis.call("XADD", stream, "*", unpack(fields))
+  end
   if rec ~= "" then
     -- One command for the record: "P<entry id>" (its TTL kept). A record
     -- that held an outcome (cancelled while waiting) is put back, and one
@@ -130,7 +264,7 @@ local function fairAppend(base, key, el)
     redis.call("HSET", starts, eid, count)
     redis.call("PEXPIRE", starts, fairStartsTTL)
   end
-  fairTake(base, key, eid)
+  fairTake(base, key, eid, stream)
   return eid
 end
 
@@ -149,7 +283,7 @@ local function fairPump(base)
     if not key then
       break
     end
-    local lim, paused, w = fairKeyConf(base, key, limit, on)
+    local lim, paused, w, rate = fairKeyConf(base, key, limit, on)
     local run = 0
     if lim > 0 then
       run = tonumber(redis.call("HGET", base .. "keys:running", key)) or 0
@@ -162,7 +296,12 @@ local function fairPump(base)
     if paused then
       take = 0
     end
-    local left = true
+    local tat, allowed
+    if rate and take > 0 then
+      allowed, tat = fairRateRoom(base, key, rate, take)
+      take = allowed
+    end
+    local left, appended = true, 0
     while take > 0 do
       local el = redis.call("LPOP", q)
       if not el then
@@ -170,14 +309,22 @@ local function fairPump(base)
         break
       end
       if fairAppend(base, key, el) then
-        take, room, run, moved = take - 1, room - 1, run + 1, moved + 1
+        take, room, run, moved, appended = take - 1, room - 1, run + 1, moved + 1, appended + 1
       end
+    end
+    local nextAt
+    if tat then
+      nextAt = fairRateUse(base, key, rate, tat, appended)
     end
     if not (left and redis.call("EXISTS", q) == 1) then
       redis.call("RPOP", ready) -- nothing waits any more
     elseif paused or (lim > 0 and run >= lim) then
       redis.call("RPOP", ready)
       redis.call("SADD", base .. "keys:parked", key)
+    elseif nextAt and nextAt > fairClock() then
+      -- Its rate lets nothing more in now: out of the ring until then.
+      redis.call("RPOP", ready)
+      fairTime(base, key, nextAt)
     end
   end
   return moved
@@ -191,14 +338,25 @@ local function fairMayAppend(base, key)
   if redis.call("EXISTS", base .. "keys:q:" .. key) == 1 then
     return false
   end
-  local lim, paused = fairKeyConf(base, key, limit, on)
+  local lim, paused, _, rate = fairKeyConf(base, key, limit, on)
   if paused then
     return false
   end
   if lim > 0 and (tonumber(redis.call("HGET", base .. "keys:running", key)) or 0) >= lim then
     return false
   end
-  return redis.call("HLEN", base .. "keys:slots") < window
+  if redis.call("HLEN", base .. "keys:slots") >= window then
+    return false
+  end
+  if rate then
+    -- The caller appends the job: its rate's token is taken here.
+    local n, tat = fairRateRoom(base, key, rate, 1)
+    if n == 0 then
+      return false
+    end
+    fairRateUse(base, key, rate, tat, 1)
+  end
+  return true
 end
 
 -- fairWait puts a job at the end of its key's list (element: see the
@@ -209,13 +367,20 @@ local function fairWait(base, key, el, undo)
   local q = base .. "keys:q:" .. key
   if redis.call("RPUSH", q, el) == 1 then
     local window, limit, on = fairConf(base)
-    local lim, paused = fairKeyConf(base, key, limit, on)
+    local lim, paused, _, rate = fairKeyConf(base, key, limit, on)
     local run = tonumber(redis.call("HGET", base .. "keys:running", key)) or 0
+    local may, tat = 1, nil
+    if rate then
+      may, tat = fairRateRoom(base, key, rate, 1)
+    end
     if paused or (lim > 0 and run >= lim) then
       redis.call("SADD", base .. "keys:parked", key)
       if undo then
         undo[#undo + 1] = {"SREM", base .. "keys:parked", key}
       end
+    elseif may == 0 then
+      -- Held back by its rate: out of the ring until it may append.
+      fairTime(base, key, fairRateUse(base, key, rate, tat, 0), undo)
     else
       redis.call("RPUSH", base .. "keys:ready", key)
       if undo then
@@ -228,10 +393,12 @@ local function fairWait(base, key, el, undo)
   end
 end
 
--- fairRelease gives back the slots of the entries in eids (those that hold
--- one) and appends waiting jobs in their place; it returns entry id -> key
--- of the released slots, or nil. A shard without slots costs one EXISTS.
-local function fairRelease(base, eids, from, to)
+-- fairRelease gives back the slots of the entries in eids of stream (those
+-- that hold one) and appends waiting jobs in their place; it returns entry
+-- id -> key of the released slots, or nil. A shard without slots costs one
+-- EXISTS.
+local function fairRelease(stream, eids, from, to)
+  local base = fairBase(stream)
   local slots = base .. "keys:slots"
   if redis.call("EXISTS", slots) == 0 then
     return nil
@@ -241,10 +408,11 @@ local function fairRelease(base, eids, from, to)
   local anyParked = redis.call("EXISTS", parked) == 1
   for i = from, to do
     local eid = eids[i]
-    local key = redis.call("HGET", slots, eid)
+    local slot = fairSlot(base, stream, eid)
+    local key = redis.call("HGET", slots, slot)
     if key then
       released[eid] = key
-      redis.call("HDEL", slots, eid)
+      redis.call("HDEL", slots, slot)
       if redis.call("HINCRBY", running, key, -1) <= 0 then
         redis.call("HDEL", running, key)
       end

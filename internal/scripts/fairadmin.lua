@@ -4,24 +4,38 @@
 -- ARGV[1]      the operation:
 --   "top" n      the n keys with the most waiting jobs (then the most slots)
 --                among the keys that have any: {key, waiting, running,
---                paused, limit, weight} per key, flat
---   "get" key    that key's {key, waiting, running, paused, limit, weight}
+--                paused, limit, weight, rate, held} per key, flat (rate:
+--                "<N>:<Per ns>:<Burst>" or ""; held: 1 while its rate holds
+--                it back, keys:timed)
+--   "get" key    that key's {key, waiting, running, paused, limit, weight,
+--                rate, held}
 --   "pause" key  the key appends nothing more until "resume"
 --   "resume" key
 --   "limit" key n  the key's own limit (0: the shard's default again)
 --   "weight" key w the key's weight (1: the default)
 --   "window" w   the shard's window (0: the default)
 --   "deflimit" n the shard's default limit per key (0: none)
+--   "rate" key r the key's own rate limit ("<N>:<Per ns>:<Burst>"; "": the
+--                shard's default again)
+--   "defrate" r  the shard's default rate per key ("": none)
+-- ARGV[#ARGV]  "PUBLISH" or "SPUBLISH": a key held back for its rate is
+--              announced on the wake channel (fair.lua's fairTime)
 -- Changes return how many waiting jobs they let in at once.
 local base = fairBase(KEYS[1])
 local cfg = base .. "keys:cfg"
 local op = ARGV[1]
+fairPub = ARGV[#ARGV]
 
 local function stat(key)
   local window, limit, on = fairConf(base)
   local lim, paused, w = fairKeyConf(base, key, limit, on)
+  local rate = ""
+  if on then
+    rate = redis.call("HGET", cfg, "r:" .. key) or fairCfg[3] or ""
+  end
   return {key, redis.call("LLEN", base .. "keys:q:" .. key),
-    tonumber(redis.call("HGET", base .. "keys:running", key)) or 0, paused and 1 or 0, lim, w}
+    tonumber(redis.call("HGET", base .. "keys:running", key)) or 0, paused and 1 or 0, lim, w,
+    rate, redis.call("ZSCORE", base .. "keys:timed", key) and 1 or 0}
 end
 
 if op == "get" then
@@ -38,6 +52,7 @@ if op == "top" then
   for _, k in ipairs(redis.call("LRANGE", base .. "keys:ready", 0, -1)) do add(k) end
   for _, k in ipairs(redis.call("SMEMBERS", base .. "keys:parked")) do add(k) end
   for _, k in ipairs(redis.call("HKEYS", base .. "keys:running")) do add(k) end
+  for _, k in ipairs(redis.call("ZRANGE", base .. "keys:timed", 0, -1)) do add(k) end
   table.sort(list, function(a, b)
     if a[2] ~= b[2] then return a[2] > b[2] end
     if a[3] ~= b[3] then return a[3] > b[3] end
@@ -45,7 +60,7 @@ if op == "top" then
   end)
   local out = {}
   for i = 1, math.min(tonumber(ARGV[2]), #list) do
-    for j = 1, 6 do
+    for j = 1, 8 do
       out[#out + 1] = list[i][j]
     end
   end
@@ -70,18 +85,38 @@ elseif op == "weight" then
   else
     redis.call("HDEL", cfg, "w:" .. key)
   end
-elseif op == "window" or op == "deflimit" then
-  local field = op == "window" and "window" or "limit"
-  if tonumber(ARGV[2]) > 0 then
+elseif op == "rate" then
+  if ARGV[3] ~= "" then
+    redis.call("HSET", cfg, "r:" .. key, ARGV[3])
+  else
+    redis.call("HDEL", cfg, "r:" .. key)
+  end
+  -- A changed rate takes effect at once, from a fresh state (the old one
+  -- would hold the key for the old rate's time): a key held back by its
+  -- old rate takes its turn again (the pump holds it back again if it must
+  -- wait).
+  redis.call("DEL", base .. "keys:t:" .. key)
+  if redis.call("ZREM", base .. "keys:timed", key) == 1 then
+    redis.call("RPUSH", base .. "keys:ready", key)
+  end
+  return fairPump(base)
+elseif op == "window" or op == "deflimit" or op == "defrate" then
+  local field = ({window = "window", deflimit = "limit", defrate = "rate"})[op]
+  if (op == "defrate" and ARGV[2] ~= "") or (op ~= "defrate" and tonumber(ARGV[2]) > 0) then
     redis.call("HSET", cfg, field, ARGV[2])
   else
     redis.call("HDEL", cfg, field)
   end
-  -- A raised default may let parked keys in: each takes its turn again
-  -- (the pump parks again those still at their limit).
+  -- A raised default may let parked or held keys in: each takes its turn
+  -- again (the pump parks or holds again those that must wait).
   for _, k in ipairs(redis.call("SMEMBERS", base .. "keys:parked")) do
     redis.call("SREM", base .. "keys:parked", k)
     redis.call("RPUSH", base .. "keys:ready", k)
+  end
+  local held = redis.call("ZRANGE", base .. "keys:timed", 0, -1)
+  if #held > 0 then
+    redis.call("DEL", base .. "keys:timed")
+    redis.call("RPUSH", base .. "keys:ready", unpack(held))
   end
   return fairPump(base)
 else

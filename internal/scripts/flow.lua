@@ -205,6 +205,28 @@ local function leaf(nd, parentFlow)
     return
   end
   local eid
+  local fk = fairKeyOf(ARGV, nd.fa, nd.fz)
+  if fk then
+    -- A keyed child (Key) takes its key's turn like any keyed job
+    -- (fair.lua): appended now with a slot, into its level's stream, or
+    -- waiting in its key's list with its record "P%". The record is
+    -- written first: fairAppend drops a job whose record is gone.
+    redis.call("SET", nd.rec, "P%", "PX", ttl)
+    local base = fairBase(nd.stream)
+    local el = {nd.rec, "", "0", "id", nd.id, "p", nd.payload, "pa", parentFlow}
+    for j = nd.fa, nd.fz do
+      el[#el + 1] = ARGV[j]
+    end
+    if p.pub then
+      fairPub = p.pub
+    end
+    if fairMayAppend(base, fk) then
+      fairAppend(base, fk, fairEnc(el))
+    else
+      fairWait(base, fk, fairEnc(el))
+    end
+    return
+  end
   if p.st then
     -- A level's stream: the call that creates it tells the consumers.
     eid = redis.call("XADD", p.st, "NOMKSTREAM", "*", "id", nd.id, "p", nd.payload, "pa", parentFlow,

@@ -1,6 +1,6 @@
 -- flowrelease.lua: the functions that release a flow's parent, shared by
--- flow.lua and complete.lua (scripts.go puts this file in front of each, so
--- both run the same code).
+-- flow.lua, complete.lua and cancel.lua (scripts.go puts this file in front
+-- of each, so all run the same code, with fair.lua in front of it).
 --
 -- A flow is a parent request that runs once each of its children has an
 -- outcome. Its hash (keys.Flow, under the parent's hash tag) holds:
@@ -123,6 +123,32 @@ local function flowLib()
       end
     end
     local eid
+    local fk = fairKeyOf(fields, 1, #fields)
+    if fk then
+      -- A keyed parent (Key) takes its key's turn like any keyed job
+      -- (fair.lua): appended now with a slot, into its level's stream, or
+      -- waiting in its key's list with its record "P%".
+      local base = fairBase(f[5] or pstream)
+      local el = {prec, "", "0"}
+      for i = 1, #fields do
+        el[i + 3] = fields[i]
+      end
+      if f[11] then
+        fairPub = f[11]
+      end
+      if fairMayAppend(base, fk) then
+        eid = fairAppend(base, fk, fairEnc(el))
+      else
+        fairWait(base, fk, fairEnc(el))
+        eid = nil
+        redis.call("SET", prec, "P%", "PX", ttl)
+      end
+      if eid then
+        redis.call("SET", prec, "P" .. eid, "PX", ttl)
+      end
+      redis.call("PEXPIRE", flow, ttl)
+      return eid or nil
+    end
     if f[5] then
       -- A level's stream: created by this append, the consumers are told.
       eid = redis.pcall("XADD", f[5], "NOMKSTREAM", "*", unpack(fields))

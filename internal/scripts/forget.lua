@@ -24,6 +24,8 @@
 -- ARGV[1]  consumer group
 -- ARGV[2]  "1": forget even while a consumer holds the entry
 -- ARGV[3]  the request id (its member in the schedule is "r" .. id)
+-- ARGV[4]  optional: "PUBLISH" or "SPUBLISH", for the wake channel notices
+--          of the keys' turns a released slot lets in (fair.lua)
 --
 -- Returns {"missing"} when there is no record; {"held", consumer} when a
 -- consumer holds the entry and ARGV[2] is not "1"; otherwise {"ok", the
@@ -57,7 +59,8 @@ elseif string.sub(rec, 1, 1) == "P" then
   end
   redis.call("XDEL", stream, eid)
   redis.call("HDEL", KEYS[3], eid)
-  fairRelease(fairBase(stream), {eid}, 1, 1) -- a keyed entry's slot (fair.lua)
+  fairPub = ARGV[4]
+  fairRelease(stream, {eid}, 1, 1) -- a keyed entry's slot (fair.lua)
 end
 redis.call("DEL", KEYS[1])
 if KEYS[9] then

@@ -136,6 +136,9 @@ local leveled = string.find(ARGV[2], "L", 2, true) ~= nil
 local moded = string.find(ARGV[2], "M", 2, true) ~= nil
 -- "K": items may carry a key (field "k"): see fair.lua.
 local fairShard = string.find(ARGV[2], "K", 2, true) ~= nil and fairBase(KEYS[1])
+if fairShard then
+  fairPub = ARGV[#ARGV] -- the wake channel's publish command ends ARGV
+end
 local n = #KEYS - 3
 if leveled then
   n = n - 2
@@ -621,9 +624,9 @@ for i = 1, n do
             undo[#undo + 1] = {"XDEL", to, eid}
           end
           if fk then
-            fairTake(fairShard, fk, eid)
+            local slot = fairTake(fairShard, fk, eid, to)
             if undo then
-              undo[#undo + 1] = {"HDEL", fairShard .. "keys:slots", eid}
+              undo[#undo + 1] = {"HDEL", fairShard .. "keys:slots", slot}
               undo[#undo + 1] = {"HINCRBY", fairShard .. "keys:running", fk, -1}
             end
           end

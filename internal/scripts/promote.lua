@@ -67,6 +67,9 @@
 -- writer from internal/keys), so they are in this call's slot.
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if ARGV[5] then
+  fairPub = ARGV[6] -- a level's stream created by a key's turn is announced (fair.lua)
+end
 
 local function dec(s)
   local out = {}
@@ -212,13 +215,25 @@ for _, set in ipairs({KEYS[2], KEYS[4]}) do
 end
 
 -- The backstop of keyed jobs (fair.lua): waiting keys take their turns
--- when slots are free (they normally do when a slot is released).
+-- when slots are free (they normally do when a slot is released); and keys
+-- that their rate limit held back (keys:timed) go back into the ring once
+-- they may append, their time counting as a due time below. One EXISTS of
+-- both keys: a queue without keys pays what it paid before.
 local fb = fairBase(KEYS[1])
-if fb and redis.call("EXISTS", fb .. "keys:ready") == 1 then
+local timedHead
+if fb and redis.call("EXISTS", fb .. "keys:ready", fb .. "keys:timed") > 0 then
+  local timed = fb .. "keys:timed"
+  local due = redis.call("ZRANGEBYSCORE", timed, "-inf", now)
+  if #due > 0 then
+    redis.call("ZREM", timed, unpack(due))
+    redis.call("RPUSH", fb .. "keys:ready", unpack(due))
+  end
   fairPump(fb)
+  local h = redis.call("ZRANGE", timed, 0, 0, "WITHSCORES")
+  timedHead = h[2] and tonumber(h[2])
 end
 
-local nextDue = -1
+local nextDue = timedHead or -1
 for _, set in ipairs({KEYS[2], KEYS[4]}) do
   local head = redis.call("ZRANGE", set, 0, 0, "WITHSCORES")
   if head[2] and (nextDue < 0 or tonumber(head[2]) < nextDue) then

@@ -106,7 +106,7 @@ else
   eid = redis.call("XADD", KEYS[1], "*", unpack(fields))
 end
 if fk then
-  fairTake(fb, fk, eid)
+  fairTake(fb, fk, eid, KEYS[1])
 end
 redis.call("XDEL", KEYS[2], ARGV[1])
 if ARGV[2] ~= "" and ARGV[7] ~= "0" then

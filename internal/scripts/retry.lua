@@ -248,6 +248,7 @@ end
 -- Keyed entries give back their slots (fair.lua); the retry takes its
 -- key's turn again when promoted.
 if keyed and not fanout and #acked > 0 then
-  fairRelease(fairBase(stream), acked, 1, #acked)
+  fairPub = ARGV[6] -- a level's stream created by a turn is announced (fair.lua)
+  fairRelease(stream, acked, 1, #acked)
 end
 return out

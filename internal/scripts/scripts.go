@@ -72,7 +72,7 @@ var (
 // The scripts. Run uses EVALSHA and falls back to EVAL when the server lacks the script.
 var (
 	Produce  = redis.NewScript(withFair(produceSrc))
-	Complete = redis.NewScript(flowReleaseSrc + fairSrc + completeSrc)
+	Complete = redis.NewScript(fairSrc + flowReleaseSrc + completeSrc)
 	Claim    = redis.NewScript(claimSrc)
 	Lease    = redis.NewScript(leaseSrc)
 	Trim     = redis.NewScript(trimSrc)
@@ -90,11 +90,12 @@ var (
 	Periodic = redis.NewScript(periodicSrc)
 	Promote  = redis.NewScript(fairSrc + promoteSrc)
 	Retry    = redis.NewScript(fairSrc + retrySrc)
-	Cancel   = redis.NewScript(flowReleaseSrc + fairSrc + cancelSrc)
+	Cancel   = redis.NewScript(fairSrc + flowReleaseSrc + cancelSrc)
 	// Jobs reads one shard's part of an Admin.Jobs page.
 	Jobs = redis.NewScript(jobsSrc)
-	// Flow produces a parent with its children (flowrelease.lua in front).
-	Flow = redis.NewScript(flowReleaseSrc + flowSrc)
+	// Flow produces a parent with its children (fair.lua and
+	// flowrelease.lua in front).
+	Flow = redis.NewScript(fairSrc + flowReleaseSrc + flowSrc)
 	// Progress stores and announces a handler's progress value.
 	Progress = redis.NewScript(progressSrc)
 	// EntryPayload reads the start of one entry's payload.
