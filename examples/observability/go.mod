@@ -12,9 +12,9 @@ require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/redis/go-redis/v9 v9.23.0
-	github.com/streamq/streamq v0.0.0-20261202155219-d0f38168a777
-	github.com/streamq/streamq/streamqotel v0.0.0-20261202155219-d0f38168a777
-	github.com/streamq/streamq/streamqprom v0.0.0-20261202155219-d0f38168a777
+	github.com/streamq/streamq v0.0.0-20261202180927-122105ae0b7d
+	github.com/streamq/streamq/streamqotel v0.0.0-20261202180927-122105ae0b7d
+	github.com/streamq/streamq/streamqprom v0.0.0-20261202180927-122105ae0b7d
 	github.com/stretchr/testify v1.12.1
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/exporters/stdout/stdouttrace v1.47.0
