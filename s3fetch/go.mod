@@ -12,7 +12,7 @@ require (
 	github.com/aws/smithy-go v1.28.9
 	github.com/johannesboyne/gofakes3 v1.2.0
 	github.com/redis/go-redis/v9 v9.23.0
-	github.com/streamq/streamq v0.0.0-20261202180927-122105ae0b7d
+	github.com/streamq/streamq v0.0.0-20261202180930-4a4c3df184cf
 	github.com/stretchr/testify v1.12.1
 )
 

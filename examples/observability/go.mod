@@ -12,9 +12,9 @@ require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/redis/go-redis/v9 v9.23.0
-	github.com/streamq/streamq v0.0.0-20261202180927-122105ae0b7d
-	github.com/streamq/streamq/streamqotel v0.0.0-20261202180927-122105ae0b7d
-	github.com/streamq/streamq/streamqprom v0.0.0-20261202180927-122105ae0b7d
+	github.com/streamq/streamq v0.0.0-20261202180930-4a4c3df184cf
+	github.com/streamq/streamq/streamqotel v0.0.0-20261202180930-4a4c3df184cf
+	github.com/streamq/streamq/streamqprom v0.0.0-20261202180930-4a4c3df184cf
 	github.com/stretchr/testify v1.12.1
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/exporters/stdout/stdouttrace v1.47.0
