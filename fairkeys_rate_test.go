@@ -9,7 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+
+	"github.com/streamq/streamq/internal/keys"
+	"github.com/streamq/streamq/internal/scripts"
 )
 
 // TestFairKeysRateLimit: every key's rate (ConsumerOptions.KeyRate, 10 per
@@ -152,4 +156,57 @@ func TestFairKeysRateChange(t *testing.T) {
 	// The key's rate was the only setting: the settings hash goes with it.
 	eventually(t, 10*time.Second, func() bool { return len(fairKeysLeft(t, client, q)) == 0 },
 		"fair-queuing keys left after the drain: %v", fairKeysLeft(t, client, q))
+}
+
+// Keys that their rate held back go back into the ring in bounded chunks:
+// promote.lua moved every due key of keys:timed in one ZREM and one RPUSH,
+// and Lua's unpack refuses more than about 8,000 values, so 9,000 keys due
+// at once (every key of a busy queue under one KeyRate) failed every
+// promote.lua call of the shard: no scheduled job, retry or held key ran
+// again until an operator stepped in.
+func TestFairKeysManyTimedKeysPromote(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	k, err := keys.New(queueName(t))
+	require.NoError(t, err)
+	timed := k.KeysTimed()
+	const n = 9000
+	holdKeys(t, client, timed, n)
+	keyList := []string{k.Stream, k.Schedule, k.ScheduleData, k.Retry, k.Stream, k.Stream,
+		k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow])}
+	for range n/1000 + 2 {
+		_, err := scripts.Promote.Run(ctx, client, keyList, promoteBatch, startsTTL.Milliseconds(),
+			"", 0, k.Wake, "PUBLISH").Int64Slice()
+		require.NoError(t, err)
+	}
+	// The keys have nothing waiting: each left the ring at its turn.
+	require.Zero(t, client.Exists(ctx, timed, k.KeysReady()).Val(), "keys left in keys:timed or keys:ready")
+}
+
+// holdKeys puts n keys (with nothing waiting) in keys:timed, due long ago.
+func holdKeys(t *testing.T, client *redis.Client, timed string, n int) {
+	t.Helper()
+	members := make([]redis.Z, n)
+	for i := range members {
+		members[i] = redis.Z{Score: 1, Member: fmt.Sprintf("key-%d", i)}
+	}
+	require.NoError(t, client.ZAdd(context.Background(), timed, members...).Err())
+}
+
+// The same for a change of the queue's defaults, which puts every held key
+// back into the ring (fairadmin.lua): one RPUSH of them all failed past
+// about 8,000 keys, so SetKeyRateDefault and SetKeyDefaults did nothing.
+func TestFairKeysManyTimedKeysDefaultsChange(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	k, err := keys.New(q)
+	require.NoError(t, err)
+	a, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	holdKeys(t, client, k.KeysTimed(), 9000)
+	require.NoError(t, a.SetKeyRateDefault(ctx, nil))
+	require.Zero(t, client.Exists(ctx, k.KeysTimed(), k.KeysReady()).Val(), "keys left in keys:timed or keys:ready")
 }

@@ -111,6 +111,10 @@ func (k Keys) KeysParked() string { return k.base + "keys:parked" }
 // KeySlots is the hash entry id -> key of the appended keyed entries.
 func (k Keys) KeySlots() string { return k.base + "keys:slots" }
 
+// KeysTimed is the sorted set of keys with waiting jobs that their rate
+// limit holds back, scored by the Unix ms at which the next may append.
+func (k Keys) KeysTimed() string { return k.base + "keys:timed" }
+
 // KeysRunning is the hash key -> slots.
 func (k Keys) KeysRunning() string { return k.base + "keys:running" }
 

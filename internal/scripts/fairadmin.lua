@@ -116,7 +116,10 @@ elseif op == "window" or op == "deflimit" or op == "defrate" then
   local held = redis.call("ZRANGE", base .. "keys:timed", 0, -1)
   if #held > 0 then
     redis.call("DEL", base .. "keys:timed")
-    redis.call("RPUSH", base .. "keys:ready", unpack(held))
+    -- In chunks: Lua's unpack takes about 8,000 values.
+    for i = 1, #held, 1000 do
+      redis.call("RPUSH", base .. "keys:ready", unpack(held, i, math.min(i + 999, #held)))
+    end
   end
   return fairPump(base)
 else

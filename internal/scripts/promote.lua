@@ -223,7 +223,10 @@ local fb = fairBase(KEYS[1])
 local timedHead
 if fb and redis.call("EXISTS", fb .. "keys:ready", fb .. "keys:timed") > 0 then
   local timed = fb .. "keys:timed"
-  local due = redis.call("ZRANGEBYSCORE", timed, "-inf", now)
+  -- At most 1000 keys per call (Lua's unpack takes about 8,000 values, and
+  -- the call stays short); the rest are due still, so nextDue below makes
+  -- the promoter call again at once.
+  local due = redis.call("ZRANGEBYSCORE", timed, "-inf", now, "LIMIT", 0, 1000)
   if #due > 0 then
     redis.call("ZREM", timed, unpack(due))
     redis.call("RPUSH", fb .. "keys:ready", unpack(due))
