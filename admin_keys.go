@@ -38,7 +38,12 @@ type KeyStat struct {
 // TopKeys returns the n keys (n <= 0: 20) with the most waiting jobs, then
 // the most running ones, among the keys that have either; a key with
 // nothing waiting or running is not stored anywhere, so it is not listed.
-// Its cost grows with the number of active keys. A nil ctx panics.
+// Its cost is bounded: on each shard it looks at no more than the next 500
+// keys in turn, 500 parked keys (a sample when there are more), 500 keys
+// with jobs in the stream or running (likewise) and the 500 keys held by
+// their rate that are due first. With more active keys than that, the list
+// is the top of the keys it looked at; KeyStats reads any one key exactly.
+// A nil ctx panics.
 func (a *Admin) TopKeys(ctx context.Context, n int) ([]KeyStat, error) {
 	mustContext(ctx, "Admin.TopKeys")
 	if n <= 0 {
