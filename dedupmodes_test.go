@@ -10,11 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamq/streamq/internal/crashtest"
-	"github.com/streamq/streamq/internal/redistest"
 )
 
 // entryMillis is the server time (Unix ms) in a stream entry id.
@@ -502,14 +500,8 @@ func TestDedupModesRefused(t *testing.T) {
 // duplicate EVALSHA + GET. The same figures as before the modes existed.
 func TestDedupModesPlainProduceCommandsUnchanged(t *testing.T) {
 	t.Parallel()
-	realRedis(t) // skips without redis-server
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	proc, err := redistest.StartProcess(ctx)
-	require.NoError(t, err)
-	defer func() { _ = proc.Stop() }()
-	client := redis.NewClient(&redis.Options{Addr: proc.Addr()})
-	defer client.Close()
+	client := privateRedis(t)
+	ctx := context.Background()
 	p := newStringProducer(t, client, "plain")
 	mustProduce(t, p, "warm", "x").Release() // subscription, shard check, script load
 	stats := func() map[string]int64 {

@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamq/streamq/internal/keys"
-	"github.com/streamq/streamq/internal/redistest"
 	"github.com/streamq/streamq/internal/scripts"
 )
 
@@ -217,14 +216,8 @@ func TestFairKeysManyTimedKeysDefaultsChange(t *testing.T) {
 // of the server per call, which the dashboard makes every 2 s.
 func TestAdminTopKeysBoundedWork(t *testing.T) {
 	t.Parallel()
-	realRedis(t) // skips without redis-server
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	proc, err := redistest.StartProcess(ctx)
-	require.NoError(t, err)
-	defer func() { _ = proc.Stop() }()
-	client := redis.NewClient(&redis.Options{Addr: proc.Addr()})
-	defer client.Close()
+	client := privateRedis(t)
+	ctx := context.Background()
 
 	q := queueName(t)
 	k, err := keys.New(q)

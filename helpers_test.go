@@ -67,6 +67,23 @@ func realRedis(t testing.TB) *redis.Client {
 	return c
 }
 
+// privateRedis starts a redis-server of the test's own (so INFO
+// commandstats counts only what the test does) and returns a client of it;
+// both end with the test. Without redis-server the test is skipped, except
+// under CI.
+func privateRedis(t *testing.T) *redis.Client {
+	t.Helper()
+	realRedis(t) // skips without redis-server
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	proc, err := redistest.StartProcess(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = proc.Stop() })
+	client := redis.NewClient(&redis.Options{Addr: proc.Addr()})
+	t.Cleanup(func() { _ = client.Close() })
+	return client
+}
+
 // miniRedis returns a client of a fresh in-process miniredis.
 func miniRedis(t testing.TB) (*redis.Client, *miniredis.Miniredis) {
 	t.Helper()

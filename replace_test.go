@@ -15,7 +15,6 @@ import (
 
 	"github.com/streamq/streamq/internal/crashtest"
 	"github.com/streamq/streamq/internal/keys"
-	"github.com/streamq/streamq/internal/redistest"
 	"github.com/streamq/streamq/internal/scripts"
 )
 
@@ -457,14 +456,8 @@ func testClusterReplace(t *testing.T, client redis.UniversalClient) {
 // follow-up is in the stream with its payload and the record points at it.
 func TestReplaceCompletionCommands(t *testing.T) {
 	t.Parallel()
-	realRedis(t) // skips without redis-server
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	proc, err := redistest.StartProcess(ctx)
-	require.NoError(t, err)
-	defer func() { _ = proc.Stop() }()
-	client := redis.NewClient(&redis.Options{Addr: proc.Addr()})
-	defer client.Close()
+	client := privateRedis(t)
+	ctx := context.Background()
 	k, err := keys.New("c")
 	require.NoError(t, err)
 	require.NoError(t, client.XGroupCreateMkStream(ctx, k.Stream, "g", "0").Err())

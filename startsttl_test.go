@@ -7,11 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamq/streamq/internal/keys"
-	"github.com/streamq/streamq/internal/redistest"
 )
 
 // The start-count hash keeps its TTL, but the consumer sets it at most once
@@ -19,14 +17,8 @@ import (
 // tick was 0.37 commands per job on the one-job path.
 func TestStartsHashExpiresWithoutAPexpirePerTick(t *testing.T) {
 	t.Parallel()
-	realRedis(t) // skips without redis-server
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	proc, err := redistest.StartProcess(ctx)
-	require.NoError(t, err)
-	defer func() { _ = proc.Stop() }()
-	client := redis.NewClient(&redis.Options{Addr: proc.Addr()})
-	defer client.Close()
+	client := privateRedis(t)
+	ctx := context.Background()
 
 	q := queueName(t)
 	p := newStringProducer(t, client, q)
