@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamq/streamq/internal/crashtest"
@@ -779,10 +780,22 @@ func TestClusterFailover(t *testing.T) {
 
 	admin, err := NewAdmin(c.Client(t), q, nil)
 	require.NoError(t, err)
-	eventually(t, time.Minute, func() bool {
+	drained := func() (bool, string) {
 		s, err := admin.Stats(ctx)
-		return err == nil && s.Length == 0 && len(s.Groups) == 1 && s.Groups[0].Pending == 0
-	}, "queue drained after failover")
+		if err != nil {
+			return false, err.Error()
+		}
+		return s.Length == 0 && len(s.Groups) == 1 && s.Groups[0].Pending == 0,
+			fmt.Sprintf("length %d, groups %+v", s.Length, s.Groups)
+	}
+	var last string
+	if !assert.Eventually(t, func() bool {
+		var ok bool
+		ok, last = drained()
+		return ok
+	}, time.Minute, 50*time.Millisecond) {
+		t.Fatalf("the queue did not drain within a minute of the failover: %s", last)
+	}
 	t.Logf("failover: killed master %s after %d of %d requests were handled; cluster healthy %v later", killed, killedAt, n, failover.Round(time.Millisecond))
 	t.Logf("failover: %d Produce calls retried, %d waits ended with ErrRecordLost and were produced again",
 		produceRetries.Load(), lostRecords.Load())
