@@ -93,59 +93,21 @@ func TestReleaseNotUndoneByLeaseInFlight(t *testing.T) {
 	gate := newLeaseGate(3 * time.Second)
 	clientA.AddHook(gate)
 
-	release := make(chan struct{})
-	started := make(chan struct{}, 1)
-	optsA := fastOpts(t, "A", 30*time.Second)
-	optsA.Prefetch, optsA.MaxDeliveries, optsA.holdPrefetch = 6, 1, true
-	a, err := NewConsumer(clientA, q, func(ctx context.Context, m *Message[string]) (string, error) {
-		started <- struct{}{}
-		<-release
-		return "r:" + m.Payload, nil
-	}, optsA)
-	require.NoError(t, err)
-	ctxA, stopA := context.WithCancel(context.Background())
-	doneA := make(chan error, 1)
-	go func() { doneA <- a.Run(ctxA) }()
-	<-started
-	eventually(t, 10*time.Second, func() bool { return pendingOf(t, client, q, "A") == 6 },
-		"A never held all six entries")
+	stopA := holdSix(t, clientA, client, q)
 
 	// Cut A's subscription and hold the renewal it causes in flight.
 	gate.arm()
-	var cut bool
-	eventually(t, 10*time.Second, func() bool {
-		list, err := client.ClientList(context.Background()).Result()
-		require.NoError(t, err)
-		for _, line := range strings.Split(list, "\n") {
-			if strings.Contains(line, " name="+name+" ") && strings.Contains(line, " sub=1 ") {
-				id := strings.TrimPrefix(strings.Fields(line)[0], "id=")
-				require.NoError(t, client.Do(context.Background(), "CLIENT", "KILL", "ID", id).Err())
-				cut = true
-			}
-		}
-		return cut
-	}, "A's subscription connection not found")
+	killSubscription(t, client, name)
 	select {
 	case <-gate.held:
 	case <-time.After(10 * time.Second):
 		t.Fatal("no lease renewal after the subscription was cut")
 	}
-
 	stopA()
-	close(release)
-	require.NoError(t, <-doneA)
 
 	// B claims released entries at its first XAUTOCLAIM; with A's leases
 	// renewed after the release it would wait the 30 s of MinIdle.
-	h := newStartsHandler()
-	optsB := fastOpts(t, "B", 30*time.Second)
-	optsB.MaxDeliveries = 1
-	b, err := NewConsumer(client, q, h.handle, optsB)
-	require.NoError(t, err)
-	runConsumer(t, b)
-	requireResults(t, client, q, ids, prs, time.Now().Add(15*time.Second))
-	h.requireFirstStarts(t, ids[1:])
-	requireNoDeadLetters(t, client, q)
+	requireUnstartedRunOnce(t, client, q, ids, prs, 15*time.Second)
 }
 
 // dialGate is a go-redis hook that makes new connections of its client

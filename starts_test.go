@@ -70,11 +70,23 @@ func TestStartsGracefulShutdownUnstartedRunOnce(t *testing.T) {
 	ids := seqIDs("job", 6)
 	prs := produceAll(t, p, ids)
 
+	stopA := holdSix(t, client, client, q)
+	stopA()
+	requireUnstartedRunOnce(t, client, q, ids, prs, 20*time.Second)
+	requireDrained(t, client, q)
+}
+
+// holdSix runs consumer "A" on clientA (MinIdle 30 s, MaxDeliveries 1) until
+// it holds all six entries of q, the first in its handler, the others
+// prefetched and never started. stop ends A's Run (its ctx cancelled, the
+// handler then let return) and waits for it.
+func holdSix(t *testing.T, clientA, client *redis.Client, q string) (stop func()) {
+	t.Helper()
 	release := make(chan struct{})
 	started := make(chan struct{}, 1)
 	optsA := fastOpts(t, "A", 30*time.Second)
 	optsA.Prefetch, optsA.MaxDeliveries, optsA.holdPrefetch = 6, 1, true
-	a, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+	a, err := NewConsumer(clientA, q, func(ctx context.Context, m *Message[string]) (string, error) {
 		started <- struct{}{}
 		<-release
 		return "r:" + m.Payload, nil
@@ -86,20 +98,28 @@ func TestStartsGracefulShutdownUnstartedRunOnce(t *testing.T) {
 	<-started
 	eventually(t, 10*time.Second, func() bool { return pendingOf(t, client, q, "A") == 6 },
 		"A never held all six entries")
-	stopA()
-	close(release)
-	require.NoError(t, <-doneA)
+	return func() {
+		stopA()
+		close(release)
+		require.NoError(t, <-doneA)
+	}
+}
 
+// requireUnstartedRunOnce runs consumer "B" (MaxDeliveries 1) on q and
+// requires every id's result within the given time, ids[1:] (the entries
+// holdSix left unstarted) each started once as a first delivery, and no
+// dead letter.
+func requireUnstartedRunOnce(t *testing.T, client *redis.Client, q string, ids []string, prs []*Promise[string], within time.Duration) {
+	t.Helper()
 	h := newStartsHandler()
 	optsB := fastOpts(t, "B", 30*time.Second)
 	optsB.MaxDeliveries = 1
 	b, err := NewConsumer(client, q, h.handle, optsB)
 	require.NoError(t, err)
 	runConsumer(t, b)
-	requireResults(t, client, q, ids, prs, time.Now().Add(20*time.Second))
+	requireResults(t, client, q, ids, prs, time.Now().Add(within))
 	h.requireFirstStarts(t, ids[1:])
 	requireNoDeadLetters(t, client, q)
-	requireDrained(t, client, q)
 }
 
 // TestStartsSIGKILLFullRingUnstartedRunOnce: a consumer process is killed
