@@ -183,8 +183,9 @@ func (a *Admin) Job(ctx context.Context, id string) (JobInfo, error) {
 	}
 	info.Shard = keys.ShardOf(id, len(shards))
 	k := shards[info.Shard]
+	high, low := k.AtLevel(levelNames[levelHigh]), k.AtLevel(levelNames[levelLow])
 	res, err := scripts.Job.Run(ctx, a.client, []string{k.Record(id), k.Stream, k.Starts(t.group), k.Schedule, k.ScheduleData, k.Retry,
-		k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow]), k.Mode(id), k.Completed, k.Errors(id)}, t.group, id).Slice()
+		high.Stream, low.Stream, k.Mode(id), k.Completed, k.Errors(id), high.Starts(t.group), low.Starts(t.group)}, t.group, id).Slice()
 	if err != nil {
 		return info, fmt.Errorf("streamq: look up %q in %s: %w", id, a.queue, err)
 	}
@@ -385,8 +386,9 @@ func (a *Admin) Forget(ctx context.Context, id string, force bool) error {
 	if force {
 		f = "1"
 	}
+	high, low := k.AtLevel(levelNames[levelHigh]), k.AtLevel(levelNames[levelLow])
 	res, err := scripts.Forget.Run(ctx, a.client, []string{k.Record(id), k.Stream, k.Starts(t.group), k.Schedule, k.ScheduleData, k.Retry,
-		k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow]), k.Progress(id), k.Errors(id)}, t.group, f, id, publishCommand(isCluster(a.client))).StringSlice()
+		high.Stream, low.Stream, k.Progress(id), k.Errors(id), high.Starts(t.group), low.Starts(t.group)}, t.group, f, id, publishCommand(isCluster(a.client))).StringSlice()
 	if err != nil {
 		return fmt.Errorf("streamq: forget %q in %s: %w", id, a.queue, err)
 	}
@@ -539,13 +541,14 @@ const (
 // moved since the caller looked), nothing was written, and cancel runs the
 // script again naming it (a parent never changes, so once is enough).
 func (a *Admin) cancel(ctx context.Context, k keys.Keys, id, group, parent, msg, mode string) ([]any, error) {
-	starts := k.Stream
+	high, low := k.AtLevel(levelNames[levelHigh]), k.AtLevel(levelNames[levelLow])
+	starts := [3]string{k.Stream, k.Stream, k.Stream} // no group: no counts to drop
 	if group != "" {
-		starts = k.Starts(group)
+		starts = [3]string{k.Starts(group), high.Starts(group), low.Starts(group)}
 	}
 	for attempt := 0; ; attempt++ {
 		keyList := []string{k.Record(id), k.Schedule, k.ScheduleData, k.Counts, k.Retry, k.Stream, k.Flow(id), k.Progress(id),
-			starts, k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow])}
+			starts[0], high.Stream, low.Stream, starts[1], starts[2]}
 		if rec, stream, ok := keys.FlowParent(parent); ok {
 			keyList = append(keyList, parent, rec, stream)
 		}

@@ -129,10 +129,17 @@ func (k Keys) KeysConfig() string { return k.base + "keys:cfg" }
 func (k Keys) LevelStream(name string) string { return k.Stream + ":" + name }
 
 // AtLevel returns k with Stream set to the stream of level name ("" keeps
-// the default level's stream); every other name is the shard's.
+// the default level's stream) and Starts naming that stream's start counts;
+// every other name is the shard's.
+//
+// Start counts are kept per stream because entry ids are: a high and a
+// normal entry appended in the same millisecond have the same id, and one
+// hash for both would let a start of one count for the other and the
+// completion of one delete the other's count.
 func (k Keys) AtLevel(name string) Keys {
 	if name != "" {
 		k.Stream = k.LevelStream(name)
+		k.startsPrefix = k.Stream + ":starts:"
 	}
 	return k
 }
@@ -207,7 +214,9 @@ func (k Keys) RequeueMarker(deadLetter, id string) string {
 func (k Keys) GroupDeadLetter(group string) string { return k.DeadLetter + ":" + group }
 
 // Starts returns the key of the hash that counts, per entry id, the handler
-// starts of the entries of consumer group group.
+// starts of the entries of Stream for consumer group group:
+// "streamq:{Q}:starts:<group>" for the default level's stream,
+// "<level stream>:starts:<group>" for a priority level's (see AtLevel).
 func (k Keys) Starts(group string) string { return k.startsPrefix + group }
 
 // RecordPattern returns a SCAN pattern that matches every record key of the queue.

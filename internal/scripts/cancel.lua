@@ -41,7 +41,7 @@
 -- nested parent waiting for its children, in its entry while in the
 -- stream), so a request that moved between the caller's reads and this step
 -- still counts: when it is not the parent the caller named (ARGV[8], with
--- its keys as KEYS[12..14]), the script changes nothing and returns it, and
+-- its keys as KEYS[14..16]), the script changes nothing and returns it, and
 -- the caller runs it again naming that parent.
 --
 -- KEYS[1]      the record
@@ -52,10 +52,14 @@
 -- KEYS[6]      the stream (the default level's)
 -- KEYS[7]      the request's own flow hash (a nested flow's parent)
 -- KEYS[8]      the request's progress key: it expires with the record
--- KEYS[9]      the answering group's start-count hash (KEYS[6] when none)
+-- KEYS[9]      the answering group's start-count hash of KEYS[6] (KEYS[6]
+--              when none)
 -- KEYS[10]     the stream of level high
 -- KEYS[11]     the stream of level low
--- KEYS[12..14] optional: the flow hash, record and stream of the parent
+-- KEYS[12]     the answering group's start-count hash of KEYS[10] (KEYS[6]
+--              when none): entry ids are per stream, and so are start counts
+-- KEYS[13]     the same of KEYS[11]
+-- KEYS[14..16] optional: the flow hash, record and stream of the parent
 --              named in ARGV[8] (absent when ARGV[8] is "" or no flow hash
 --              of streamq's)
 -- ARGV[1]      the request id
@@ -156,8 +160,9 @@ if queued then
     redis.call("XACK", stream, ARGV[6], queued)
   end
   redis.call("XDEL", stream, queued)
-  if KEYS[9] ~= KEYS[6] then
-    redis.call("HDEL", KEYS[9], queued)
+  local starts = ({KEYS[9], KEYS[12], KEYS[13]})[level + 1]
+  if starts ~= KEYS[6] then
+    redis.call("HDEL", starts, queued)
   end
   fairPub = ARGV[4] -- a level's stream created by a turn is announced (fair.lua)
   fairRelease(stream, {queued}, 1, 1) -- a keyed entry's slot (fair.lua)
@@ -175,9 +180,9 @@ if holder ~= "" then
   local l, e = tostring(level), queued
   redis.call(ARGV[4], ARGV[9], "c" .. #ARGV[6] .. ":" .. ARGV[6] .. #holder .. ":" .. holder .. #l .. ":" .. l .. #e .. ":" .. e)
 end
-if parent ~= "" and KEYS[12] then
-  if childDone(KEYS[12], KEYS[1], outcome) then
-    release(KEYS[12], KEYS[13], KEYS[14])
+if parent ~= "" and KEYS[14] then
+  if childDone(KEYS[14], KEYS[1], outcome) then
+    release(KEYS[14], KEYS[15], KEYS[16])
   end
 end
 return {2, cur, holder}

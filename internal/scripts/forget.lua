@@ -11,7 +11,7 @@
 --
 -- KEYS[1]  the request's record
 -- KEYS[2]  the stream of the request's shard
--- KEYS[3]  the group's start-count hash (see charge.lua)
+-- KEYS[3]  the group's start-count hash of KEYS[2] (see charge.lua)
 -- KEYS[4]  the shard's schedule (sorted set)
 -- KEYS[5]  the schedule's data (hash)
 -- KEYS[6]  the shard's retry set (sorted set)
@@ -21,6 +21,9 @@
 --          request produced again later does not show this one's progress)
 -- KEYS[10] optional: the request's error list (Retention.Errors), deleted
 --          with the record for the same reason
+-- KEYS[11] the group's start-count hash of KEYS[7] (entry ids are per
+--          stream, and so are start counts)
+-- KEYS[12] the group's start-count hash of KEYS[8]
 -- ARGV[1]  consumer group
 -- ARGV[2]  "1": forget even while a consumer holds the entry
 -- ARGV[3]  the request id (its member in the schedule is "r" .. id)
@@ -58,7 +61,13 @@ elseif string.sub(rec, 1, 1) == "P" then
     redis.call("XACK", stream, ARGV[1], eid)
   end
   redis.call("XDEL", stream, eid)
-  redis.call("HDEL", KEYS[3], eid)
+  local counts = KEYS[3]
+  if stream == KEYS[7] then
+    counts = KEYS[11]
+  elseif stream == KEYS[8] then
+    counts = KEYS[12]
+  end
+  redis.call("HDEL", counts, eid)
   fairPub = ARGV[4]
   fairRelease(stream, {eid}, 1, 1) -- a keyed entry's slot (fair.lua)
 end

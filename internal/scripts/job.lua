@@ -4,7 +4,7 @@
 --
 -- KEYS[1]  the request's record
 -- KEYS[2]  the stream of the request's shard
--- KEYS[3]  the group's start-count hash (see charge.lua)
+-- KEYS[3]  the group's start-count hash of KEYS[2] (see charge.lua)
 -- KEYS[4]  the shard's schedule (sorted set)
 -- KEYS[5]  the schedule's data (hash)
 -- KEYS[6]  the shard's retry set (sorted set)
@@ -15,6 +15,9 @@
 -- KEYS[11] optional: the request's error list (Retention.Errors), read only
 --          when it exists (so a server's ACL needs LRANGE only where the
 --          consumers keep errors)
+-- KEYS[12] the group's start-count hash of KEYS[7] (entry ids are per
+--          stream, and so are start counts)
+-- KEYS[13] the group's start-count hash of KEYS[8]
 -- ARGV[1]  consumer group
 -- ARGV[2]  the request id (its member in the schedule is "r" .. id)
 --
@@ -187,11 +190,11 @@ local ok, p = pcall(redis.call, "XPENDING", stream, ARGV[1], eid, eid, 1)
 if ok and p[1] then
   holder, idle = p[1][2], p[1][3]
 end
-local starts = redis.call("HGET", KEYS[3], eid)
-local level = false
+local level, counts = false, KEYS[3]
 if stream == KEYS[7] then
-  level = "high"
+  level, counts = "high", KEYS[12]
 elseif stream == KEYS[8] then
-  level = "low"
+  level, counts = "low", KEYS[13]
 end
+local starts = redis.call("HGET", counts, eid)
 return reply({rec, ttl, present, holder, idle, starts, false, level}, payload)
