@@ -429,7 +429,7 @@ const (
 	// replaced a stored outcome; runProduce answers that outcome's waiters
 	// and passes it on as outcomeAppended.
 	outcomeReplaced = 3
-	// outcomeRefused (Replace): the id is part of a flow; nothing written.
+	// outcomeRefused (Replace): the id is part of a flow, or keyed; nothing written.
 	outcomeRefused = 5
 )
 

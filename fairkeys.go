@@ -29,7 +29,7 @@ const MaxKeyLen = MaxIDLen
 // key's handlers run at once across every consumer. Retries, delayed
 // requests, RunNow and Requeue keep the key. A key follows the rules of
 // ids (non-empty, at most MaxKeyLen bytes); it cannot be combined with
-// Throttle or Debounce (ErrInvalidOptions). A flow's children and parent
+// Throttle, Debounce or Replace (ErrInvalidOptions). A flow's children and parent
 // take keys (see ChildOf, FlowOptions.Parent). Default: no key (plain
 // FIFO).
 //
@@ -63,7 +63,7 @@ func (it *produceItem) applyKey(s produceSettings) error {
 		return err
 	}
 	if it.mode != modeNone {
-		return fmt.Errorf("%w: Key cannot be combined with Throttle or Debounce", ErrInvalidOptions)
+		return fmt.Errorf("%w: Key cannot be combined with Throttle, Debounce or Replace", ErrInvalidOptions)
 	}
 	it.key = s.key
 	it.fields = append(it.fields, keys.FieldKey, s.key)

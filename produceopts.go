@@ -143,8 +143,9 @@ func Debounce(d, maxWait time.Duration) ProduceOption {
 //
 // Calls without Replace keep their meaning on the same id: they attach to
 // what is in flight, or get the stored outcome. A Replace on an id that is
-// part of a flow (a parent waiting for its children, a child) is refused
-// with ErrInvalidOptions and nothing is written. Replace cannot be used in
+// part of a flow (a parent waiting for its children, a child), or whose
+// request in flight has a key (Key), is refused with ErrInvalidOptions and
+// nothing is written; Key cannot be combined with Replace. Replace cannot be used in
 // ProduceBatch (an atomic batch) or in ProduceFlow (ErrInvalidOptions).
 // Admin.Job shows a waiting follow-up (JobInfo.Replacement). A plain produce
 // pays nothing for it: the completion of an entry without a follow-up runs

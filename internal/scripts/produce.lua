@@ -61,7 +61,8 @@
 --                 replaced, so the producer answers that run's callers first
 --   4, ""         (Throttle only) the id ran in the open window and its
 --                 outcome has expired
---   5, reason     (Replace only) the id is part of a flow: nothing written
+--   5, reason     (Replace only) the id is part of a flow, or has a key
+--                 (field "k"): nothing written
 --
 -- Flow-control modes (only in calls with "M"; never in atomic batches, which
 -- the producer refuses). Each reads the record as it stands at the item (not
@@ -319,6 +320,20 @@ end
 
 local flowRefusal = "request is part of a flow: Replace cannot change it"
 
+-- keyed reports whether stream fields (name, value...) carry a key (field
+-- "k"): its job holds or waits for a slot of its key (fair.lua), which an
+-- entry deleted or fields rewritten here would never give back.
+local function keyed(f)
+  for j = 1, #f - 1, 2 do
+    if f[j] == "k" then
+      return true
+    end
+  end
+  return false
+end
+
+local keyRefusal = "request has a key (Key): Replace cannot change it"
+
 -- replace answers one Replace item (see the header): its code and data.
 local function replace(key, cur, id, payload, due, flags, fa, fz)
   local c = cur and string.sub(cur, 1, 1)
@@ -331,6 +346,9 @@ local function replace(key, cur, id, payload, due, flags, fa, fz)
     if tag == "&" then
       return 5, flowRefusal
     end
+    if tag == "%" then
+      return 5, keyRefusal -- waiting for its key's turn (fair.lua)
+    end
     if tag == "@" then
       -- Waiting (delayed, debounced, or a retry's back-off): new fields,
       -- same due time.
@@ -341,6 +359,9 @@ local function replace(key, cur, id, payload, due, flags, fa, fz)
         local old = dec(d[4] or "")
         if inFlow(old) then
           return 5, flowRefusal
+        end
+        if keyed(old) then
+          return 5, keyRefusal
         end
         for j = 1, #old - 1, 2 do
           if old[j] == "g" then
@@ -367,6 +388,9 @@ local function replace(key, cur, id, payload, due, flags, fa, fz)
     end
     if ef and inFlow(ef) then
       return 5, flowRefusal
+    end
+    if ef and keyed(ef) then
+      return 5, keyRefusal
     end
     if s then
       local read = false

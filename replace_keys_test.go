@@ -1,0 +1,98 @@
+package streamq
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestReplaceOnKeyedRequests: Replace and keyed requests (Key). With
+// KeyLimit 1 and key k's one slot held by a running job:
+//   - Replace on an id waiting for its key's turn (record "P%") is refused
+//     with ErrInvalidOptions and leaves the waiting job as it was (it failed
+//     with a Redis error, "Invalid stream ID", after reading "%" as an
+//     entry id);
+//   - Key combined with Replace is refused at once (it appended the request
+//     past its key's turn: two handlers of k at once);
+//   - Replace on a keyed entry nobody has read yet is refused (it deleted the
+//     entry and appended a new one, leaving the old entry's slot taken for
+//     good: key k never ran again).
+//
+// Every keyed job then runs once, k never has two handlers at once, and
+// no slot is left once the queue drains.
+func TestReplaceOnKeyedRequests(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	p := newStringProducer(t, client, q)
+
+	runs := newKeyRuns()
+	var mu sync.Mutex
+	started := map[string]int{}
+	unblock := make(chan struct{})
+	opts := fastOpts(t, "replacekeys", 30*time.Second)
+	opts.Workers, opts.KeyLimit = 4, 1
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		done := runs.start(m.Key)
+		defer done()
+		mu.Lock()
+		started[m.ID]++
+		mu.Unlock()
+		if m.ID == "blocker" {
+			<-unblock
+		}
+		time.Sleep(3 * time.Millisecond)
+		return "ran:" + m.Payload, nil
+	}, opts)
+	require.NoError(t, err)
+	require.NoError(t, c.writeKeySettings(ctx)) // KeyLimit before the first produce
+
+	// A keyed entry that nobody has read yet (no consumer runs): Replace
+	// must not delete it from under its slot.
+	unread := mustProduce(t, p, "unread", "v1", Key("u"))
+	_, err = p.Produce(ctx, "unread", "v2", Replace())
+	assert.ErrorIs(t, err, ErrInvalidOptions, "Replace on a keyed entry not read yet")
+
+	stop := runConsumer(t, c)
+	defer stop()
+	v, err := unread.Wait(waitCtx(t, 10*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, "ran:v1", v)
+
+	blocker := mustProduce(t, p, "blocker", "x", Key("k"))
+	eventually(t, 10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return started["blocker"] == 1 }, "the blocker did not start")
+	waiting := mustProduce(t, p, "waiting", "v1", Key("k"))
+	_, err = p.Produce(ctx, "waiting", "v2", Replace())
+	assert.ErrorIs(t, err, ErrInvalidOptions, "Replace on a keyed request waiting for its key's turn")
+	_, err = p.Produce(ctx, "both", "x", Key("k"), Replace())
+	assert.ErrorIs(t, err, ErrInvalidOptions, "Key with Replace")
+
+	close(unblock)
+	for _, pr := range []*Promise[string]{blocker, waiting} {
+		_, err := pr.Wait(waitCtx(t, 10*time.Second))
+		require.NoError(t, err)
+	}
+	v, err = waiting.Wait(waitCtx(t, time.Second))
+	require.NoError(t, err)
+	require.Equal(t, "ran:v1", v)
+
+	// Key u is free again: a new job of it runs.
+	after := mustProduce(t, p, "after", "x", Key("u"))
+	_, err = after.Wait(waitCtx(t, 10*time.Second))
+	require.NoError(t, err, "key u's slot was left taken")
+
+	mu.Lock()
+	for _, id := range []string{"unread", "blocker", "waiting", "after"} {
+		require.Equal(t, 1, started[id], "runs of %s", id)
+	}
+	require.Zero(t, started["both"])
+	mu.Unlock()
+	require.Equal(t, 1, runs.mostOf("k"), "handlers of key k at once (KeyLimit 1)")
+	eventually(t, 10*time.Second, func() bool { return len(fairKeysLeft(t, client, q)) == 1 },
+		"fair-queuing keys left after the drain: %v", fairKeysLeft(t, client, q))
+}
