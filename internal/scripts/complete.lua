@@ -562,9 +562,16 @@ for i = 1, n do
     ids[#ids + 1] = eid
   end
 end
--- unpack() has a limit of a few thousand values: go in chunks.
+-- unpack() has a limit of a few thousand values: go in chunks. Fewer
+-- acknowledged than sent: an item was completed before (this call resent
+-- after a lost reply, or a consumer whose lease lapsed completing an entry
+-- another one completed), so step 3 checks such items' records first.
+local replayed = false
 for i = 1, #ids, 1000 do
-  redis.call("XACK", KEYS[1], group, unpack(ids, i, math.min(i + 999, #ids)))
+  local j = math.min(i + 999, #ids)
+  if redis.call("XACK", KEYS[1], group, unpack(ids, i, j)) < j - i + 1 then
+    replayed = true
+  end
 end
 -- The start counts of completed entries are no longer needed (HDEL frees, so
 -- it is not refused under maxmemory either).
@@ -680,6 +687,19 @@ local function followUp(key, data)
   redis.call("SET", key, "P" .. eid, "PX", d[2])
 end
 
+-- superseded reports whether record rec names another entry of the request
+-- than eid ("P<entry id>", with or without a follow-up behind it): the run
+-- that entry carries (a Replace's follow-up, appended when eid was first
+-- completed) decides the outcome, so a completion of eid again records,
+-- announces and dead-letters nothing.
+local function superseded(rec, eid)
+  if type(rec) ~= "string" or string.sub(rec, 1, 1) ~= "P" then
+    return false
+  end
+  local other = string.match(rec, "^P(%d+%-%d+)")
+  return other ~= nil and other ~= eid
+end
+
 -- 3. Outcomes.
 local notice = {}
 local kept = keep and {} -- the members of the completed list (step 6)
@@ -692,8 +712,11 @@ for i = 1, n do
   elseif code ~= "S" then
     local outcome = code .. value
     local first = true
-    if rid ~= "" then
-      local key = KEYS[3 + i]
+    local key = KEYS[3 + i]
+    if replayed and rid ~= "" and not (childOf and childOf[i]) and superseded(redis.pcall("GET", key), eid) then
+      -- A second completion of an entry whose record names another entry
+      -- now: nothing to record, announce or dead-letter (see superseded).
+    elseif rid ~= "" then
       local rec = outcome
       if code == "R" and not store then
         rec = "N"
