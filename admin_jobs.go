@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -546,7 +547,8 @@ func (a *Admin) cancel(ctx context.Context, k keys.Keys, id, group, parent, msg,
 	if group != "" {
 		starts = [3]string{k.Starts(group), high.Starts(group), low.Starts(group)}
 	}
-	for attempt := 0; ; attempt++ {
+	var waitKey, waitJob string // a keyed job waiting for its key's turn (code 4)
+	for attempt, looked := 0, 0; ; attempt++ {
 		keyList := []string{k.Record(id), k.Schedule, k.ScheduleData, k.Counts, k.Retry, k.Stream, k.Flow(id), k.Progress(id),
 			starts[0], high.Stream, low.Stream, starts[1], starts[2]}
 		if rec, stream, ok := keys.FlowParent(parent); ok {
@@ -556,12 +558,27 @@ func (a *Admin) cancel(ctx context.Context, k keys.Keys, id, group, parent, msg,
 			a.beforeCancel()
 		}
 		res, err := scripts.Cancel.Run(ctx, a.client, keyList,
-			id, a.opts.ResultTTL.Milliseconds(), k.Channel, publishCommand(isCluster(a.client)), msg, group, mode, parent, k.Wake).Slice()
+			id, a.opts.ResultTTL.Milliseconds(), k.Channel, publishCommand(isCluster(a.client)), msg, group, mode, parent, k.Wake,
+			waitKey, waitJob).Slice()
 		if err != nil {
 			if errors.Is(err, redis.Nil) {
 				return nil, fmt.Errorf("%w: request %q of %s", ErrNotFound, id, a.queue)
 			}
 			return nil, fmt.Errorf("streamq: cancel %q: %w", id, err)
+		}
+		if code, _ := res[0].(int64); code == 4 && len(res) == 1 {
+			// Waiting for its key's turn: its stream fields (and so its
+			// parent) are in its key's list, read here in pages. A job that
+			// left the list meanwhile was appended: the next run finds it
+			// in the stream.
+			if looked++; looked > 3 {
+				return nil, fmt.Errorf("streamq: cancel %q: the request kept moving in its key's list while cancelling; try again", id)
+			}
+			if waitKey, waitJob, err = a.waitingKeyedJob(ctx, k, k.Record(id)); err != nil {
+				return nil, fmt.Errorf("streamq: cancel %q: %w", id, err)
+			}
+			attempt--
+			continue
 		}
 		if code, _ := res[0].(int64); code == 3 && len(res) == 2 && attempt == 0 {
 			parent, _ = res[1].(string)
@@ -572,6 +589,50 @@ func (a *Admin) cancel(ctx context.Context, k keys.Keys, id, group, parent, msg,
 		}
 		return res, nil
 	}
+}
+
+// waitingKeyedJob finds the job of record rec waiting in a key's list of
+// shard k (fair.lua: every key with waiting jobs is in keys:ready,
+// keys:parked or keys:timed), reading each list in pages so that no call
+// blocks Redis for long. It returns the key and the job's element, or "" and
+// "" when no list holds it (it was appended, or its turn dropped it).
+func (a *Admin) waitingKeyedJob(ctx context.Context, k keys.Keys, rec string) (string, string, error) {
+	ready, err := a.client.LRange(ctx, k.KeysReady(), 0, -1).Result()
+	if err != nil {
+		return "", "", fmt.Errorf("read the keys with waiting jobs: %w", err)
+	}
+	parked, err := a.client.SMembers(ctx, k.KeysParked()).Result()
+	if err != nil {
+		return "", "", fmt.Errorf("read the keys with waiting jobs: %w", err)
+	}
+	timed, err := a.client.ZRange(ctx, k.KeysTimed(), 0, -1).Result()
+	if err != nil {
+		return "", "", fmt.Errorf("read the keys with waiting jobs: %w", err)
+	}
+	prefix := strconv.Itoa(len(rec)) + ":" + rec
+	const page = 500
+	seen := map[string]bool{}
+	for _, key := range slices.Concat(ready, parked, timed) {
+		if seen[key] {
+			continue
+		}
+		seen[key] = true
+		for start := int64(0); ; start += page {
+			els, err := a.client.LRange(ctx, k.KeyQueue(key), start, start+page-1).Result()
+			if err != nil {
+				return "", "", fmt.Errorf("read the waiting jobs of key %q: %w", key, err)
+			}
+			for _, el := range els {
+				if strings.HasPrefix(el, prefix) {
+					return key, el, nil
+				}
+			}
+			if len(els) < page {
+				break
+			}
+		}
+	}
+	return "", "", nil
 }
 
 // cancelChildren cancels the children of a cancelled flow parent (flow is

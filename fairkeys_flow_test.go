@@ -117,3 +117,74 @@ func mustProduceOn(t *testing.T, p *Producer[string, string], id string, opts ..
 	require.NoError(t, err)
 	return pr
 }
+
+// TestFairKeysFlowCancelWaitingChild: Admin.Cancel of a keyed child that
+// waits for its key's turn (record "P%": another job holds its key's one
+// slot) counts the child's cancelled outcome in its flow, so the parent
+// (RunAnyway) runs once its other child is done, without waiting for the key. Before, the
+// cancellation found no parent in the schedule's data, counted nothing, and
+// the parent waited until its record expired.
+func TestFairKeysFlowCancelWaitingChild(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	qn := queueName(t)
+	q := NewQueue[string, string](qn)
+	p, err := q.NewProducer(client, nil)
+	require.NoError(t, err)
+	defer p.Close()
+	ks, err := keys.Shards(qn, 1)
+	require.NoError(t, err)
+	a, err := q.NewAdmin(client, nil)
+	require.NoError(t, err)
+
+	var mu sync.Mutex
+	started := map[string]int{}
+	unblock := make(chan struct{})
+	opts := fastOpts(t, "flowcancel", 30*time.Second)
+	opts.Workers, opts.KeyLimit = 4, 1
+	c, err := q.NewConsumer(client, func(ctx context.Context, m *Message[string]) (string, error) {
+		mu.Lock()
+		started[m.ID]++
+		mu.Unlock()
+		if m.ID == "blocker" {
+			<-unblock
+		}
+		return "r:" + m.ID, nil
+	}, opts)
+	require.NoError(t, err)
+	require.NoError(t, c.writeKeySettings(ctx))
+	runConsumer(t, c)
+	defer func() {
+		select {
+		case <-unblock:
+		default:
+			close(unblock)
+		}
+	}()
+
+	blocker := mustProduceOn(t, p, "blocker", Key("k"))
+	eventually(t, 10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return started["blocker"] == 1 }, "the blocker did not start")
+	pr, err := p.ProduceFlow(ctx, "parent", "x", []Child{
+		ChildOf(q, "keyed", "x", Key("k")),
+		ChildOf(q, "plain", "x"),
+	}, &FlowOptions{Policy: RunAnyway})
+	require.NoError(t, err)
+	eventually(t, 10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return started["plain"] == 1 }, "the plain child did not run")
+	require.Equal(t, "P%", client.Get(ctx, ks[0].Record("keyed")).Val(), "the keyed child waits for its key's turn")
+
+	require.NoError(t, a.Cancel(ctx, "keyed"))
+	v, err := pr.Wait(waitCtx(t, 10*time.Second))
+	require.NoError(t, err, "the parent after its waiting keyed child was cancelled")
+	require.Equal(t, "r:parent", v)
+
+	close(unblock)
+	_, err = blocker.Wait(waitCtx(t, 10*time.Second))
+	require.NoError(t, err)
+	eventually(t, 10*time.Second, func() bool { return len(fairKeysLeft(t, client, qn)) == 1 },
+		"fair-queuing keys left after the drain: %v", fairKeysLeft(t, client, qn))
+	mu.Lock()
+	defer mu.Unlock()
+	require.Zero(t, started["keyed"], "the cancelled child ran")
+	require.Equal(t, 1, started["parent"])
+}

@@ -73,6 +73,11 @@
 --              waiting) only
 -- ARGV[8]      the flow hash the caller takes for the request's parent ("": none)
 -- ARGV[9]      the shard's wake channel (cancel notices to consumers)
+-- ARGV[10]     optional: the key (Key) of a request waiting for its key's
+--              turn (record "P%"), and ARGV[11] its job as it waits in that
+--              key's list (fair.lua's element: record key, start-count key,
+--              start count, stream fields), which the caller read: its
+--              stream fields name its parent, if any
 --
 -- Returns {0} when the id has no record, {1, record} when it is not
 -- cancelled (completed; or, without "a", in the stream: the record says
@@ -80,7 +85,10 @@
 -- it was cancelled, now or before (a record "C...": a second call, or one
 -- that go-redis resent after a lost reply, changes, counts and announces
 -- nothing); {3, parent} when the request's parent is not ARGV[8] (nothing
--- written).
+-- written); {4} when the record says "P%" and ARGV[11] is not the request's
+-- job in the list of key ARGV[10] (nothing written): the caller finds it
+-- there (the list is read in pages, never in this step) and runs the script
+-- again with it.
 local cur = redis.pcall("GET", KEYS[1])
 if type(cur) == "table" then
   return redis.error_reply("WRONGTYPE key " .. KEYS[1] .. " is not a streamq record")
@@ -137,6 +145,16 @@ elseif cur == "P&" then
   local raw = redis.pcall("HGET", KEYS[7], "e")
   if type(raw) == "string" then
     fields = flowDec(raw)
+  end
+elseif cur == "P%" then
+  -- Waiting for its key's turn: its fields are in its key's list only.
+  local el = ARGV[11] or ""
+  local d = flowDec(el)
+  if d[1] ~= KEYS[1] or not redis.call("LPOS", fairBase(KEYS[6]) .. "keys:q:" .. (ARGV[10] or ""), el) then
+    return {4}
+  end
+  for j = 4, #d do
+    fields[#fields + 1] = d[j]
   end
 else
   local raw = redis.pcall("HGET", KEYS[3], "r" .. ARGV[1])
