@@ -683,7 +683,18 @@ local function followUp(key, data)
     base = string.sub(base, 1, -5)
   end
   local to = d[1] ~= "" and base .. ":" .. d[1] or base
-  local eid = redis.call("XADD", to, "*", unpack(dec(d[3])))
+  local eid
+  if to == base then
+    eid = redis.call("XADD", to, "*", unpack(dec(d[3])))
+  else
+    -- A level's stream: the append that creates it tells the consumers, as
+    -- produce.lua's do (a "+<level>" wake notice).
+    eid = redis.call("XADD", to, "NOMKSTREAM", "*", unpack(dec(d[3])))
+    if not eid then
+      eid = redis.call("XADD", to, "*", unpack(dec(d[3])))
+      redis.call(ARGV[8], string.sub(base, 1, -7) .. "wake", "+" .. d[1])
+    end
+  end
   redis.call("SET", key, "P" .. eid, "PX", d[2])
 end
 

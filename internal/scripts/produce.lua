@@ -297,6 +297,21 @@ local function scheduleItem(id, payload, fa, fz, due, produced, mode)
   return {"", "", "0", enc(fields), "", produced, mode}
 end
 
+-- appendTo appends fields to stream to as the general path does: a level's
+-- stream with NOMKSTREAM, and the append that creates it tells the
+-- consumers (newLevels, published at the end).
+local function appendTo(to, fields)
+  if to == stream then
+    return redis.call("XADD", to, "*", unpack(fields))
+  end
+  local eid = redis.call("XADD", to, "NOMKSTREAM", "*", unpack(fields))
+  if not eid then
+    eid = redis.call("XADD", to, "*", unpack(fields))
+    newLevels[#newLevels + 1] = to == KEYS[n + 4] and "+high" or "+low"
+  end
+  return eid
+end
+
 -- idAfter reports whether stream entry id a is after b ("<ms>-<seq>").
 local function idAfter(a, b)
   local am, as = string.match(a, "^(%d+)-(%d+)$")
@@ -407,7 +422,7 @@ local function replace(key, cur, id, payload, due, flags, fa, fz)
       if not read then
         -- Nobody has read it: this item takes its place.
         redis.call("XDEL", s, eid)
-        local neid = redis.call("XADD", streamOf(flags), "*", unpack(fields))
+        local neid = appendTo(streamOf(flags), fields)
         redis.call("SET", key, "P" .. neid, "PX", ttl)
         return 1, neid
       end
@@ -444,7 +459,7 @@ local function replace(key, cur, id, payload, due, flags, fa, fz)
     return 0, ""
   end
   local to = streamOf(flags)
-  local eid = redis.call("XADD", to, "*", unpack(fields))
+  local eid = appendTo(to, fields)
   local err = claimRecord(key, cur, "P" .. eid, ttl)
   if err then
     redis.call("XDEL", to, eid)
@@ -481,7 +496,11 @@ local function flowControl(i, key, id, payload, flags, fa, fz, mode, ma, mb, due
       return 4, ""
     end
     local to = streamOf(flags)
-    local eid = redis.call("XADD", to, "*", "id", id, "p", payload, unpack(ARGV, fa, fz))
+    local fields = {"id", id, "p", payload}
+    for j = fa, fz do
+      fields[#fields + 1] = ARGV[j]
+    end
+    local eid = appendTo(to, fields)
     local err = claimRecord(key, cur, "P" .. eid, ttl)
     if err then
       redis.call("XDEL", to, eid)

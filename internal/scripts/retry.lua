@@ -207,7 +207,17 @@ for i = 1, n do
       elseif string.sub(base, -11) == ":stream:low" then
         base = string.sub(base, 1, -5)
       end
-      local eid = redis.call("XADD", d[1] ~= "" and base .. ":" .. d[1] or base, "*", unpack(dec(d[3])))
+      local eid
+      if d[1] == "" then
+        eid = redis.call("XADD", base, "*", unpack(dec(d[3])))
+      else
+        -- A level's stream: the append that creates it tells the consumers.
+        eid = redis.call("XADD", base .. ":" .. d[1], "NOMKSTREAM", "*", unpack(dec(d[3])))
+        if not eid then
+          eid = redis.call("XADD", base .. ":" .. d[1], "*", unpack(dec(d[3])))
+          redis.call(ARGV[6], ARGV[5], "+" .. d[1])
+        end
+      end
       redis.call("SET", it.key, "P" .. eid, "PX", d[2])
     elseif fanout then
       member = "g" .. #group .. ":" .. group .. it.rid

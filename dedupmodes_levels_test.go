@@ -1,0 +1,78 @@
+package streamq
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestDedupModesFirstRequestOfALevelStartsAtOnce: the first request of a
+// priority level, appended by a Throttle produce, a Replace produce (a new
+// run) or a Replace follow-up (of a run that ended, or of a failed attempt
+// with retries left), starts
+// without waiting for the consumers' next check for the level's stream
+// (ClaimInterval, 30 s here), as one produced plainly does: the append that
+// creates the level's stream announces it. Before, those appends created the
+// stream silently and each request waited for the check (the calls below
+// timed out).
+func TestDedupModesFirstRequestOfALevelStartsAtOnce(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	for _, tc := range []struct {
+		name string
+		run  func(t *testing.T, p *Producer[string, string], held chan string, release chan struct{}) *Promise[string]
+	}{
+		{"throttle", func(t *testing.T, p *Producer[string, string], _ chan string, _ chan struct{}) *Promise[string] {
+			return mustProduce(t, p, "t", "x", Throttle(time.Minute), Priority(PriorityHigh))
+		}},
+		{"replace new run", func(t *testing.T, p *Producer[string, string], _ chan string, _ chan struct{}) *Promise[string] {
+			return mustProduce(t, p, "r", "x", Replace(), Priority(PriorityLow))
+		}},
+		{"replace follow-up", func(t *testing.T, p *Producer[string, string], held chan string, release chan struct{}) *Promise[string] {
+			first := mustProduce(t, p, "f", "hold")
+			require.Equal(t, "f", <-held)
+			pr := mustProduce(t, p, "f", "x", Replace(), Priority(PriorityHigh))
+			close(release)
+			_ = first
+			return pr
+		}},
+		{"replace follow-up of a failed attempt", func(t *testing.T, p *Producer[string, string], held chan string, release chan struct{}) *Promise[string] {
+			mustProduce(t, p, "g", "holdfail")
+			require.Equal(t, "g", <-held)
+			pr := mustProduce(t, p, "g", "x", Replace(), Priority(PriorityLow))
+			close(release)
+			return pr
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			q := queueName(t)
+			held, release := make(chan string, 1), make(chan struct{})
+			opts := fastOpts(t, "levels", 30*time.Second)
+			opts.ClaimInterval = 30 * time.Second
+			c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+				if m.Payload == "hold" || m.Payload == "holdfail" {
+					held <- m.ID
+					<-release
+				}
+				if m.Payload == "holdfail" {
+					return "", errors.New("failed with retries left")
+				}
+				return "ran:" + m.Payload, nil
+			}, opts)
+			require.NoError(t, err)
+			runConsumer(t, c)
+			p := newStringProducer(t, client, q)
+			warm := mustProduce(t, p, "warm", "x") // the consumer runs, its level feeders wait
+			_, err = warm.Wait(waitCtx(t, 10*time.Second))
+			require.NoError(t, err)
+
+			pr := tc.run(t, p, held, release)
+			v, err := pr.Wait(waitCtx(t, 5*time.Second))
+			require.NoError(t, err, "the first request of a level waited for the check")
+			require.Equal(t, "ran:x", v)
+		})
+	}
+}
