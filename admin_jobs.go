@@ -359,7 +359,8 @@ func recordEntryID(rec string) string {
 var ErrJobRunning = errors.New("streamq: the request is running")
 
 // Forget makes Redis forget a request id, so that producing the id again runs
-// it again. A finished request's record (result or error) is deleted. A
+// it again (an open Throttle window of the id ends too, also when Forget
+// finds no record). A finished request's record (result or error) is deleted. A
 // queued request is removed from the stream too, and a scheduled one from the
 // schedule: it will not run (a caller waiting for it is not told; Cancel
 // tells callers). A running
@@ -389,7 +390,7 @@ func (a *Admin) Forget(ctx context.Context, id string, force bool) error {
 	}
 	high, low := k.AtLevel(levelNames[levelHigh]), k.AtLevel(levelNames[levelLow])
 	res, err := scripts.Forget.Run(ctx, a.client, []string{k.Record(id), k.Stream, k.Starts(t.group), k.Schedule, k.ScheduleData, k.Retry,
-		high.Stream, low.Stream, k.Progress(id), k.Errors(id), high.Starts(t.group), low.Starts(t.group)}, t.group, f, id, publishCommand(isCluster(a.client))).StringSlice()
+		high.Stream, low.Stream, k.Progress(id), k.Errors(id), high.Starts(t.group), low.Starts(t.group), k.Mode(id)}, t.group, f, id, publishCommand(isCluster(a.client))).StringSlice()
 	if err != nil {
 		return fmt.Errorf("streamq: forget %q in %s: %w", id, a.queue, err)
 	}

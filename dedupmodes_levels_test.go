@@ -76,3 +76,47 @@ func TestDedupModesFirstRequestOfALevelStartsAtOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestDedupModesForgetEndsTheThrottleWindow: Admin.Forget of an id in an
+// open Throttle window makes the next Throttle produce run it again, as
+// Forget promises ("producing the id again runs it again"), also when the
+// outcome had expired already (Forget then reports ErrNotFound). Before, the
+// window's key outlived the record and the produce failed with
+// ErrRecordLost.
+func TestDedupModesForgetEndsTheThrottleWindow(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	opts := fastOpts(t, "forget", time.Second)
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		return "ran:" + m.Payload, nil
+	}, opts)
+	require.NoError(t, err)
+	runConsumer(t, c)
+	p := newStringProducer(t, client, q)
+	a, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	ks, err := a.shards(ctx)
+	require.NoError(t, err)
+
+	first := mustProduce(t, p, "t", "v1", Throttle(time.Hour))
+	v, err := first.Wait(waitCtx(t, 10*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, "ran:v1", v)
+	require.NoError(t, a.Forget(ctx, "t", false))
+	again := mustProduce(t, p, "t", "v2", Throttle(time.Hour))
+	require.Equal(t, DedupNone, again.Deduplicated(), "the produce after Forget")
+	v, err = again.Wait(waitCtx(t, 10*time.Second))
+	require.NoError(t, err, "the produce after Forget")
+	require.Equal(t, "ran:v2", v)
+
+	// The outcome expired inside the window: Forget finds no record, and
+	// still ends the window.
+	require.NoError(t, client.Del(ctx, ks[0].Record("t")).Err())
+	require.ErrorIs(t, a.Forget(ctx, "t", false), ErrNotFound)
+	third := mustProduce(t, p, "t", "v3", Throttle(time.Hour))
+	v, err = third.Wait(waitCtx(t, 10*time.Second))
+	require.NoError(t, err, "the produce after Forget of an expired outcome")
+	require.Equal(t, "ran:v3", v)
+}

@@ -24,6 +24,10 @@
 -- KEYS[11] the group's start-count hash of KEYS[7] (entry ids are per
 --          stream, and so are start counts)
 -- KEYS[12] the group's start-count hash of KEYS[8]
+-- KEYS[13] optional: the request's mode key (an open Throttle window),
+--          deleted with the record, and also when there is no record (an
+--          outcome that expired inside the window): producing the id again
+--          then runs it again, as Forget promises
 -- ARGV[1]  consumer group
 -- ARGV[2]  "1": forget even while a consumer holds the entry
 -- ARGV[3]  the request id (its member in the schedule is "r" .. id)
@@ -38,6 +42,9 @@
 -- holding an entry: KEYS[2] or a level stream, KEYS[7] or KEYS[8].
 local member = "r" .. ARGV[3]
 local rec = redis.call("GET", KEYS[1])
+if KEYS[13] then
+  redis.call("DEL", KEYS[13])
+end
 if not rec then
   return {"missing"}
 end
