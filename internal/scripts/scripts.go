@@ -72,7 +72,7 @@ var (
 // The scripts. Run uses EVALSHA and falls back to EVAL when the server lacks the script.
 var (
 	Produce  = redis.NewScript(withFair(produceSrc))
-	Complete = redis.NewScript(fairSrc + flowReleaseSrc + completeSrc)
+	Complete = redis.NewScript(lazyLib("completeLib", fairSrc+flowReleaseSrc) + completeSrc)
 	Claim    = redis.NewScript(claimSrc)
 	Lease    = redis.NewScript(leaseSrc)
 	Trim     = redis.NewScript(trimSrc)
@@ -112,6 +112,16 @@ var (
 // the one-job path, which never meets a keyed item, so that path runs
 // exactly as it did before keys existed.
 const fairMarker = "-- fair.lua goes here\n"
+
+// lazyLib wraps fair.lua and flowrelease.lua (lib) in a function named
+// name, which returns fairRelease, flowLib and a setter of fairPub. A script
+// that calls it only when an item needs it (complete.lua: a keyed item, a
+// flow's child or dead letter) does not make lib's closures, about twenty,
+// on every call.
+func lazyLib(name, lib string) string {
+	return "local function " + name + "()\n" + lib +
+		"\nreturn fairRelease, flowLib, function(pub) fairPub = pub end\nend\n"
+}
 
 // withFair puts fair.lua at src's marker.
 func withFair(src string) string {
