@@ -123,10 +123,15 @@ func lazyLib(name, lib string) string {
 		"\nreturn fairRelease, flowLib, function(pub) fairPub = pub end\nend\n"
 }
 
-// withFair puts fair.lua at src's marker.
+// withFair puts fair.lua at src's marker, wrapped in fairLib, which returns
+// the functions produce.lua uses and a setter of fairPub: only a call with
+// keyed items calls it, so the other calls of the general path (batches)
+// do not make fair.lua's closures either.
 func withFair(src string) string {
 	if !strings.Contains(src, fairMarker) {
 		panic("scripts: produce.lua lost its fair.lua marker")
 	}
-	return strings.Replace(src, fairMarker, fairSrc, 1)
+	lib := "local function fairLib()\n" + fairSrc + "\nreturn fairBase, fairKeyOf, fairMayAppend, fairWait, fairEnc, fairTake, " +
+		"function(pub) fairPub = pub end\nend\n"
+	return strings.Replace(src, fairMarker, lib, 1)
 }
