@@ -277,7 +277,7 @@ func (c *committer[Req, Resp]) work(lane int) {
 			// Yield before taking again, as after a poke: the workers this
 			// tick released (write-ahead) or confirmed queue their starts
 			// and outcomes first, and the next tick carries them together.
-			runtime.Gosched()
+			c.gather()
 			continue
 		}
 		if closing && c.finished() {
@@ -301,11 +301,39 @@ func (c *committer[Req, Resp]) work(lane int) {
 			// one that poked (by a read that brought several entries, or by
 			// outcomes confirmed together) queue their starts first, and
 			// one tick carries them all instead of one tick each.
-			runtime.Gosched()
+			c.gather()
 		case <-c.quit:
 			return
 		}
 	}
+}
+
+// gather yields before a tick worker takes the queue, again and again while
+// the queue grows (at most gatherYields times): the workers woken by one read
+// (or by one tick's write-ahead or confirmed counts) run one after another
+// on a loaded machine, and a single yield let only the first of them queue
+// its start before the tick left. It stops at the first yield after which
+// nothing was queued, so an idle shard pays one yield, as before.
+func (c *committer[Req, Resp]) gather() {
+	n := c.queued()
+	for range gatherYields {
+		runtime.Gosched()
+		m := c.queued()
+		if m == n {
+			return
+		}
+		n = m
+	}
+}
+
+// gatherYields bounds gather's yields.
+const gatherYields = 4
+
+// queued returns how many starts and outcomes are queued.
+func (c *committer[Req, Resp]) queued() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.starts) + len(c.outcomes)
 }
 
 // quitOnce tells every tick worker to return.

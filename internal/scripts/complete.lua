@@ -122,6 +122,17 @@
 -- outcome), 2 dropped (not pending for this consumer: nothing done), or a string,
 -- the error that made it a dead letter (a staged write refused). An error reply,
 -- before any write, when the dead-letter key holds another type.
+-- fair.lua and flowrelease.lua come wrapped in completeLib (scripts.go):
+-- their functions are made only in a call that needs them (a keyed item, a
+-- flow's child or dead letter), once per call.
+local libFns
+local function lib()
+  if not libFns then
+    libFns = {completeLib()}
+  end
+  return libFns[1], libFns[2], libFns[3]
+end
+
 local group, channel, ttl, store = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == "1"
 local flag, txlen, extralen, children, progressed, keep, keyed = ARGV[9], 0, 0, nil, nil, nil, false
 if #flag > 1 then
@@ -531,8 +542,7 @@ end
 
 -- 1. Checks.
 for i = 1, n do
-  local _, _, _, code = item(i)
-  if code == "L" then
+  if ARGV[12 + 6 * (i - 1)] == "L" then
     local t = redis.call("TYPE", KEYS[2])
     t = t["ok"] or t
     if t ~= "stream" and t ~= "none" then
@@ -575,13 +585,18 @@ for i = 1, #ids, 1000 do
 end
 -- The start counts of completed entries are no longer needed (HDEL frees, so
 -- it is not refused under maxmemory either).
-for i = 1, n, 1000 do
-  local chunk = {}
-  for j = i, math.min(i + 999, n) do
-    local _, eid = item(j)
-    chunk[#chunk + 1] = eid
+-- ids holds every item's entry id, in item order, unless a fan-out group
+-- acknowledged dead letters one by one above.
+local eids = ids
+if #ids < n then
+  eids = {}
+  for i = 1, n do
+    local _, eid = item(i)
+    eids[i] = eid
   end
-  redis.call("HDEL", starts, unpack(chunk))
+end
+for i = 1, n, 1000 do
+  redis.call("HDEL", starts, unpack(eids, i, math.min(i + 999, n)))
 end
 -- Delete the entries only when no other group may still need them; with
 -- fan-out groups (the marker, set by their consumers before they create their
@@ -589,12 +604,7 @@ end
 -- with. A fan-out group never deletes: the answering group may not exist yet.
 if not fanout and n > 0 and redis.call("EXISTS", KEYS[3]) == 0 then
   for i = 1, n, 1000 do
-    local chunk = {}
-    for j = i, math.min(i + 999, n) do
-      local _, eid = item(j)
-      chunk[#chunk + 1] = eid
-    end
-    redis.call("XDEL", KEYS[1], unpack(chunk))
+    redis.call("XDEL", KEYS[1], unpack(eids, i, math.min(i + 999, n)))
   end
 end
 
@@ -603,7 +613,9 @@ end
 -- without keys runs exactly the commands it ran before keys existed.
 local keyOf -- entry id -> key of the released slots (dead letters keep it)
 if keyed and not fanout and #ids > 0 then
-  fairPub = ARGV[8] -- a level's stream created by a turn is announced (fair.lua)
+  -- A level's stream created by a turn is announced (fair.lua).
+  local fairRelease, _, setPub = lib()
+  setPub(ARGV[8])
   keyOf = fairRelease(KEYS[1], ids, 1, #ids)
 end
 
@@ -638,6 +650,7 @@ local function deadLetter(i)
   if extra and extra[i] then
     -- A flow's parent or child keeps its flow fields ("pa", "fp", "ff"),
     -- which requeue.lua copies back into the new entry.
+    local _, flowLib = lib()
     local flowDec = flowLib()
     for _, f in ipairs(flowDec(extra[i])) do
       fields[#fields + 1] = f
@@ -777,6 +790,7 @@ for i = 1, n do
           -- A flow's child: its first outcome counts in the flow, and the last
           -- child's releases the parent.
           local fk = childOf[i]
+          local _, flowLib = lib()
           local _, childDone, release = flowLib()
           if childDone(KEYS[fk + 1], key, rec) then
             release(KEYS[fk + 1], KEYS[fk + 2], KEYS[fk + 3])

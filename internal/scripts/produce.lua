@@ -135,10 +135,15 @@ local ttl = tonumber(ARGV[1])
 local atomic = string.sub(ARGV[2], 1, 1) == "1"
 local leveled = string.find(ARGV[2], "L", 2, true) ~= nil
 local moded = string.find(ARGV[2], "M", 2, true) ~= nil
--- "K": items may carry a key (field "k"): see fair.lua.
-local fairShard = string.find(ARGV[2], "K", 2, true) ~= nil and fairBase(KEYS[1])
-if fairShard then
-  fairPub = ARGV[#ARGV] -- the wake channel's publish command ends ARGV
+-- "K": items may carry a key (field "k"): see fair.lua, whose functions are
+-- made only then (fairLib, scripts.go).
+local fairBase, fairKeyOf, fairMayAppend, fairWait, fairEnc, fairTake
+local fairShard = false
+if string.find(ARGV[2], "K", 2, true) ~= nil then
+  local setPub
+  fairBase, fairKeyOf, fairMayAppend, fairWait, fairEnc, fairTake, setPub = fairLib()
+  fairShard = fairBase(KEYS[1])
+  setPub(ARGV[#ARGV]) -- the wake channel's publish command ends ARGV
 end
 local n = #KEYS - 3
 if leveled then

@@ -72,7 +72,7 @@ var (
 // The scripts. Run uses EVALSHA and falls back to EVAL when the server lacks the script.
 var (
 	Produce  = redis.NewScript(withFair(produceSrc))
-	Complete = redis.NewScript(fairSrc + flowReleaseSrc + completeSrc)
+	Complete = redis.NewScript(lazyLib("completeLib", fairSrc+flowReleaseSrc) + completeSrc)
 	Claim    = redis.NewScript(claimSrc)
 	Lease    = redis.NewScript(leaseSrc)
 	Trim     = redis.NewScript(trimSrc)
@@ -113,10 +113,25 @@ var (
 // exactly as it did before keys existed.
 const fairMarker = "-- fair.lua goes here\n"
 
-// withFair puts fair.lua at src's marker.
+// lazyLib wraps fair.lua and flowrelease.lua (lib) in a function named
+// name, which returns fairRelease, flowLib and a setter of fairPub. A script
+// that calls it only when an item needs it (complete.lua: a keyed item, a
+// flow's child or dead letter) does not make lib's closures, about twenty,
+// on every call.
+func lazyLib(name, lib string) string {
+	return "local function " + name + "()\n" + lib +
+		"\nreturn fairRelease, flowLib, function(pub) fairPub = pub end\nend\n"
+}
+
+// withFair puts fair.lua at src's marker, wrapped in fairLib, which returns
+// the functions produce.lua uses and a setter of fairPub: only a call with
+// keyed items calls it, so the other calls of the general path (batches)
+// do not make fair.lua's closures either.
 func withFair(src string) string {
 	if !strings.Contains(src, fairMarker) {
 		panic("scripts: produce.lua lost its fair.lua marker")
 	}
-	return strings.Replace(src, fairMarker, fairSrc, 1)
+	lib := "local function fairLib()\n" + fairSrc + "\nreturn fairBase, fairKeyOf, fairMayAppend, fairWait, fairEnc, fairTake, " +
+		"function(pub) fairPub = pub end\nend\n"
+	return strings.Replace(src, fairMarker, lib, 1)
 }
