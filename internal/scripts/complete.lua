@@ -597,7 +597,12 @@ end
 local keyOf -- entry id -> key of the released slots (dead letters keep it)
 if keyed and not fanout and #ids > 0 then
   fairPub = ARGV[8] -- a level's stream created by a turn is announced (fair.lua)
-  keyOf = fairRelease(KEYS[1], ids, 1, #ids)
+  local dead = false -- only dead letters need the keys (they keep them)
+  for i = 1, n do
+    local _, _, _, code = item(i)
+    dead = dead or code == "L"
+  end
+  keyOf = fairRelease(KEYS[1], ids, 1, #ids, dead)
 end
 
 if txApply then
