@@ -610,7 +610,6 @@ func (a *Admin) waitingKeyedJob(ctx context.Context, k keys.Keys, rec string) (s
 	if err != nil {
 		return "", "", fmt.Errorf("read the keys with waiting jobs: %w", err)
 	}
-	prefix := strconv.Itoa(len(rec)) + ":" + rec
 	const page = 500
 	seen := map[string]bool{}
 	for _, key := range slices.Concat(ready, parked, timed) {
@@ -624,7 +623,7 @@ func (a *Admin) waitingKeyedJob(ctx context.Context, k keys.Keys, rec string) (s
 				return "", "", fmt.Errorf("read the waiting jobs of key %q: %w", key, err)
 			}
 			for _, el := range els {
-				if strings.HasPrefix(el, prefix) {
+				if waitingJobRecord(el) == rec {
 					return key, el, nil
 				}
 			}
@@ -634,6 +633,57 @@ func (a *Admin) waitingKeyedJob(ctx context.Context, k keys.Keys, rec string) (s
 		}
 	}
 	return "", "", nil
+}
+
+// waitingJobRecord returns the record key of a waiting keyed job's element
+// (its first string; see fair.lua's fairEnc): a MessagePack array of
+// strings where the server has cmsgpack, length-prefixed strings
+// ("<len>:<s>"...) otherwise. It returns "" for anything else.
+func waitingJobRecord(el string) string {
+	if el == "" {
+		return ""
+	}
+	if c := el[0]; c >= '0' && c <= '9' {
+		n, rest, ok := strings.Cut(el, ":")
+		size, err := strconv.Atoi(n)
+		if !ok || err != nil || size > len(rest) {
+			return ""
+		}
+		return rest[:size]
+	}
+	// The array's header: fixarray, array 16 or array 32.
+	i := 0
+	switch c := el[0]; {
+	case c >= 0x90 && c <= 0x9f:
+		i = 1
+	case c == 0xdc:
+		i = 3
+	case c == 0xdd:
+		i = 5
+	default:
+		return ""
+	}
+	// The first string's header: fixstr, str 8, str 16 or str 32.
+	if i >= len(el) {
+		return ""
+	}
+	size, head := 0, 0
+	switch c := el[i]; {
+	case c >= 0xa0 && c <= 0xbf:
+		size, head = int(c&0x1f), 1
+	case c == 0xd9 && i+2 <= len(el):
+		size, head = int(el[i+1]), 2
+	case c == 0xda && i+3 <= len(el):
+		size, head = int(el[i+1])<<8|int(el[i+2]), 3
+	case c == 0xdb && i+5 <= len(el):
+		size, head = int(el[i+1])<<24|int(el[i+2])<<16|int(el[i+3])<<8|int(el[i+4]), 5
+	default:
+		return ""
+	}
+	if start := i + head; size <= len(el)-start {
+		return el[start : start+size]
+	}
+	return ""
 }
 
 // cancelChildren cancels the children of a cancelled flow parent (flow is

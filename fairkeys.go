@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/streamq/streamq/internal/keys"
+	"github.com/streamq/streamq/internal/scripts"
 )
 
 // DefaultKeyWindow is the most keyed jobs a shard lets its consumers hold at
@@ -84,9 +85,10 @@ func anyKeyed(items []*produceItem) bool {
 	return false
 }
 
-// writeKeySettings stores the consumer's KeyWindow and KeyLimit in each
-// shard's settings hash, only those set: a consumer that sets neither
-// writes nothing.
+// writeKeySettings stores the consumer's KeyWindow, KeyLimit and KeyRate in
+// each shard's settings hash, only those set: a consumer that sets none
+// writes nothing. fairadmin.lua stores them, so that a limit that appears
+// starts the shard's count of slots per key (fair.lua's fairRetrack).
 func (c *Consumer[Req, Resp]) writeKeySettings(ctx context.Context) error {
 	o := &c.opts
 	if o.KeyWindow == 0 && o.KeyLimit == 0 && o.KeyRate == nil {
@@ -102,8 +104,9 @@ func (c *Consumer[Req, Resp]) writeKeySettings(ctx context.Context) error {
 	if o.KeyRate != nil {
 		vals = append(vals, "rate", o.KeyRate.stored())
 	}
+	args := append(append([]any{"set"}, vals...), publishCommand(isCluster(c.client)))
 	for shard := range c.nShards {
-		if err := c.client.HSet(ctx, c.shards[shard].KeysConfig(), vals...).Err(); err != nil {
+		if err := scripts.FairAdmin.Run(ctx, c.client, []string{c.shards[shard].Stream}, args...).Err(); err != nil {
 			return fmt.Errorf("streamq: store the key settings of %s: %w", c.queue, err)
 		}
 	}

@@ -149,7 +149,7 @@ elseif cur == "P&" then
 elseif cur == "P%" then
   -- Waiting for its key's turn: its fields are in its key's list only.
   local el = ARGV[11] or ""
-  local d = flowDec(el)
+  local d = el ~= "" and fairDec(el) or {} -- MessagePack or length-prefixed (fair.lua)
   if d[1] ~= KEYS[1] or not redis.call("LPOS", fairBase(KEYS[6]) .. "keys:q:" .. (ARGV[10] or ""), el) then
     return {4}
   end

@@ -616,7 +616,12 @@ if keyed and not fanout and #ids > 0 then
   -- A level's stream created by a turn is announced (fair.lua).
   local fairRelease, _, setPub = lib()
   setPub(ARGV[8])
-  keyOf = fairRelease(KEYS[1], ids, 1, #ids)
+  local dead = false -- only dead letters need the keys (they keep them)
+  for i = 1, n do
+    local _, _, _, code = item(i)
+    dead = dead or code == "L"
+  end
+  keyOf = fairRelease(KEYS[1], ids, 1, #ids, dead)
 end
 
 if txApply then

@@ -16,8 +16,8 @@
 -- Keys of a shard (base "streamq:{Q}:"), each absent while empty (a key is
 -- in exactly one of keys:ready, keys:parked and keys:timed while its list
 -- exists):
---   keys:q:<key>   list: the key's waiting jobs, oldest first, each
---                  length-prefixed strings: record key ("" for none),
+--   keys:q:<key>   list: the key's waiting jobs, oldest first, each an
+--                  array of strings (fairEnc): record key ("" for none),
 --                  start-count key ("" for none), start count, stream fields
 --   keys:ready     list: the keys with waiting jobs that may append, in
 --                  turn order (a key is in ready, parked or timed, one only,
@@ -27,11 +27,16 @@
 --   keys:slots     hash: slot (entry id, or "<level>/<entry id>" for a
 --                  level's entry: fairSlot) -> key, the keyed entries
 --                  appended and not yet released
---   keys:running   hash: key -> its slots
+--   keys:running   hash: key -> its slots, kept only while a limit is set
+--                  (fairTracked: "limit", or a key's "l:<key>"), the one
+--                  thing that reads it on a job's way; without one a
+--                  key's slots are counted in keys:slots when an operator
+--                  asks (fairRunning)
 --   keys:cfg       hash, optional: "window" (the most slots of the shard,
 --                  default 128), "limit" (the most slots of a key, 0 or
 --                  absent: no limit), "rate" (every key's rate limit, see
---                  below), and per key "l:<key>" (its limit), "p:<key>"
+--                  below), "lk" (how many keys have their own limit;
+--                  absent: none), and per key "l:<key>" (its limit), "p:<key>"
 --                  ("1": paused), "w:<key>" (its weight, default 1),
 --                  "r:<key>" (its own rate limit)
 --   keys:timed     sorted set: the keys with waiting jobs that their rate
@@ -138,15 +143,29 @@ local function fairBase(stream)
   return string.match(stream, "^(.*}:)stream")
 end
 
+-- fairEnc encodes a waiting job (an array of strings) as a MessagePack
+-- array, which cmsgpack packs and unpacks in C: length-prefixed strings
+-- cost about 2.5 us per job to read back in Lua, and as much to write (a
+-- number concatenated to a string is formatted as a double). A server
+-- without cmsgpack (an embedded test server) gets length-prefixed strings
+-- ("<len>:<s>"...), which fairDec tells apart by their first byte, a digit
+-- (a MessagePack array's is 0x90 or more).
+local fairMsgpack = rawget(_G, "cmsgpack") -- read without the undefined-global check
 local function fairEnc(list)
+  if fairMsgpack then
+    return fairMsgpack.pack(list)
+  end
   local parts = {}
   for i, v in ipairs(list) do
-    parts[i] = #v .. ":" .. v
+    parts[i] = string.format("%d:", #v) .. v
   end
   return table.concat(parts)
 end
 
 local function fairDec(s)
+  if string.byte(s, 1) > 57 then
+    return fairMsgpack.unpack(s)
+  end
   local out = {}
   local pos = 1
   while pos <= #s do
@@ -160,13 +179,15 @@ end
 
 -- The shard's settings, read once per call: window, default limit, and
 -- whether the settings hash exists (per-key settings are read only then).
+-- fairCfg is {window, default limit, default rate or false, how many keys
+-- have their own limit}, or false without settings.
 local fairCfg
 local function fairConf(base)
   if fairCfg == nil then
     local c = base .. "keys:cfg"
     if redis.call("EXISTS", c) == 1 then
-      local v = redis.call("HMGET", c, "window", "limit", "rate")
-      fairCfg = {tonumber(v[1]) or fairDefaultWindow, tonumber(v[2]) or 0, v[3] or false}
+      local v = redis.call("HMGET", c, "window", "limit", "rate", "lk")
+      fairCfg = {tonumber(v[1]) or fairDefaultWindow, tonumber(v[2]) or 0, v[3] or false, tonumber(v[4]) or 0}
     else
       fairCfg = false
     end
@@ -189,6 +210,76 @@ local function fairKeyConf(base, key, limit, on)
   return tonumber(v[1]) or limit, v[2] == "1", math.max(1, tonumber(v[3]) or 1), rate
 end
 
+-- fairTracked says whether the shard keeps keys:running: only while a
+-- limit may apply (a default limit, or a key's own), the one reader of a
+-- key's count on a job's way. Without one, a take is one HSET of
+-- keys:slots and a call's releases one HDEL.
+local function fairTracked(base)
+  local _, limit, on = fairConf(base)
+  return on and (limit > 0 or fairCfg[4] > 0)
+end
+
+-- fairRetrack brings keys:running in step after a change of keys:cfg
+-- (fairadmin.lua), given whether it was kept before: counted again from
+-- keys:slots when a limit appears, deleted when the last one goes.
+local function fairRetrack(base, was)
+  fairCfg = nil
+  local now = fairTracked(base)
+  if now == was then
+    return
+  end
+  local running = base .. "keys:running"
+  redis.call("DEL", running)
+  if now then
+    local count, order = {}, {}
+    for _, k in ipairs(redis.call("HVALS", base .. "keys:slots")) do
+      if not count[k] then
+        order[#order + 1] = k
+      end
+      count[k] = (count[k] or 0) + 1
+    end
+    -- In chunks: Lua's unpack takes about 8,000 values.
+    for i = 1, #order, 1000 do
+      local args = {}
+      for j = i, math.min(i + 999, #order) do
+        args[#args + 1], args[#args + 2] = order[j], count[order[j]]
+      end
+      redis.call("HSET", running, unpack(args))
+    end
+  end
+end
+
+-- fairRunning returns key -> its slots for the keys of want (a set), or
+-- for every key with a slot when want is nil: from keys:running while it
+-- is kept, else counted in keys:slots (one HVALS of at most the window's
+-- fields: the operator's views only).
+local function fairRunning(base, want)
+  local out = {}
+  if fairTracked(base) then
+    local running = base .. "keys:running"
+    if want then
+      for k in pairs(want) do
+        out[k] = tonumber(redis.call("HGET", running, k)) or 0
+      end
+    else
+      local all = redis.call("HGETALL", running)
+      for i = 1, #all, 2 do
+        out[all[i]] = tonumber(all[i + 1])
+      end
+    end
+    return out
+  end
+  for _, k in ipairs(redis.call("HVALS", base .. "keys:slots")) do
+    if not want or want[k] then
+      out[k] = (out[k] or 0) + 1
+    end
+  end
+  for k in pairs(want or {}) do
+    out[k] = out[k] or 0
+  end
+  return out
+end
+
 -- fairSlot names the slot of entry eid of stream (a stream of the shard of
 -- base): the entry id for the default level's stream, "<level>/<entry id>"
 -- for a level's ("...}:stream:high").
@@ -199,13 +290,21 @@ local function fairSlot(base, stream, eid)
   return string.sub(stream, #base + 8) .. "/" .. eid
 end
 
--- fairTake gives entry eid of stream a slot of key; it returns the slot's
--- name.
-local function fairTake(base, key, eid, stream)
+-- fairTake gives entry eid of stream a slot of key (and counts it in
+-- keys:running while that is kept). undo, when set, gets how to take it
+-- back.
+local function fairTake(base, key, eid, stream, undo)
   local slot = fairSlot(base, stream, eid)
   redis.call("HSET", base .. "keys:slots", slot, key)
-  redis.call("HINCRBY", base .. "keys:running", key, 1)
-  return slot
+  if undo then
+    undo[#undo + 1] = {"HDEL", base .. "keys:slots", slot}
+  end
+  if fairTracked(base) then
+    redis.call("HINCRBY", base .. "keys:running", key, 1)
+    if undo then
+      undo[#undo + 1] = {"HINCRBY", base .. "keys:running", key, -1}
+    end
+  end
 end
 
 -- fairAppend appends one waiting job of key (its encoded element) to the
@@ -215,17 +314,14 @@ end
 local function fairAppend(base, key, el)
   local d = fairDec(el)
   local rec, starts, count = d[1], d[2], tonumber(d[3]) or 0
-  local fields = {}
   local level
-  for j = 4, #d do
-    fields[#fields + 1] = d[j]
-    if j % 2 == 0 and d[j] == "pr" then
+  for j = 4, #d - 1, 2 do
+    if d[j] == "pr" then
       level = d[j + 1]
     end
   end
   if count > 0 then
-    fields[#fields + 1] = "n"
-    fields[#fields + 1] = tostring(count)
+    d[#d + 1], d[#d + 2] = "n", tostring(count)
   end
   local stream = base .. "stream"
   local eid
@@ -233,15 +329,15 @@ local function fairAppend(base, key, el)
     -- Its level's stream (see the header): NOMKSTREAM as every append to a
     -- level; the append that creates the stream tells the consumers.
     stream = stream .. ":" .. level
-    eid = redis.call("XADD", stream, "NOMKSTREAM", "*", unpack(fields))
+    eid = redis.call("XADD", stream, "NOMKSTREAM", "*", unpack(d, 4))
     if not eid then
-      eid = redis.call("XADD", stream, "*", unpack(fields))
+      eid = redis.call("XADD", stream, "*", unpack(d, 4))
       if fairPub then
         redis.call(fairPub, base .. "wake", "+" .. level)
       end
     end
   else
-    eid = redis.call("XADD", stream, "*", unpack(fields))
+    eid = redis.call("XADD", stream, "*", unpack(d, 4))
   end
   if rec ~= "" then
     -- One command for the record: "P<entry id>" (its TTL kept). A record
@@ -368,7 +464,10 @@ local function fairWait(base, key, el, undo)
   if redis.call("RPUSH", q, el) == 1 then
     local window, limit, on = fairConf(base)
     local lim, paused, _, rate = fairKeyConf(base, key, limit, on)
-    local run = tonumber(redis.call("HGET", base .. "keys:running", key)) or 0
+    local run = 0
+    if lim > 0 then
+      run = tonumber(redis.call("HGET", base .. "keys:running", key)) or 0
+    end
     local may, tat = 1, nil
     if rate then
       may, tat = fairRateRoom(base, key, rate, 1)
@@ -393,32 +492,58 @@ local function fairWait(base, key, el, undo)
   end
 end
 
--- fairRelease gives back the slots of the entries in eids of stream (those
--- that hold one) and appends waiting jobs in their place; it returns entry
--- id -> key of the released slots, or nil. A shard without slots costs one
--- EXISTS.
-local function fairRelease(stream, eids, from, to)
+-- fairRelease gives back the slots of the entries in eids of stream (from
+-- index from to to; those that hold one) and appends waiting jobs in their
+-- place. With wantKeys it returns entry id -> key of the released slots
+-- (dead letters keep the key). A shard without slots costs one EXISTS.
+-- Only a kept keys:running (fairTracked), a parked key or wantKeys needs
+-- the slots' keys (one HMGET, then one HDEL of those found, and per key
+-- one HINCRBY and its unpark); else a call's slots go in one HDEL.
+local function fairRelease(stream, eids, from, to, wantKeys)
   local base = fairBase(stream)
   local slots = base .. "keys:slots"
   if redis.call("EXISTS", slots) == 0 then
     return nil
   end
-  local released = {}
   local running, parked, ready = base .. "keys:running", base .. "keys:parked", base .. "keys:ready"
+  local tracked = fairTracked(base)
   local anyParked = redis.call("EXISTS", parked) == 1
-  for i = from, to do
-    local eid = eids[i]
-    local slot = fairSlot(base, stream, eid)
-    local key = redis.call("HGET", slots, slot)
-    if key then
-      released[eid] = key
-      redis.call("HDEL", slots, slot)
-      if redis.call("HINCRBY", running, key, -1) <= 0 then
-        redis.call("HDEL", running, key)
+  local released = wantKeys and {} or nil
+  -- In chunks: Lua's unpack takes about 8,000 values.
+  for i = from, to, 1000 do
+    local names = {}
+    for j = i, math.min(i + 999, to) do
+      names[#names + 1] = fairSlot(base, stream, eids[j])
+    end
+    if tracked or anyParked or wantKeys then
+      local held = redis.call("HMGET", slots, unpack(names))
+      local gone, count, order = {}, {}, {}
+      for j = 1, #names do
+        local key = held[j]
+        if key then
+          gone[#gone + 1] = names[j]
+          if released then
+            released[eids[i + j - 1]] = key
+          end
+          if not count[key] then
+            order[#order + 1] = key
+          end
+          count[key] = (count[key] or 0) + 1
+        end
       end
-      if anyParked and redis.call("SREM", parked, key) == 1 then
-        redis.call("RPUSH", ready, key)
+      if #gone > 0 then
+        redis.call("HDEL", slots, unpack(gone))
       end
+      for _, key in ipairs(order) do
+        if tracked and redis.call("HINCRBY", running, key, -count[key]) <= 0 then
+          redis.call("HDEL", running, key)
+        end
+        if anyParked and redis.call("SREM", parked, key) == 1 then
+          redis.call("RPUSH", ready, key)
+        end
+      end
+    else
+      redis.call("HDEL", slots, unpack(names))
     end
   end
   fairPump(base)

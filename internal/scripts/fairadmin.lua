@@ -19,6 +19,8 @@
 --   "rate" key r the key's own rate limit ("<N>:<Per ns>:<Burst>"; "": the
 --                shard's default again)
 --   "defrate" r  the shard's default rate per key ("": none)
+--   "set" f v... the consumer's settings (fields "window", "limit",
+--                "rate"), stored as given; lets nothing in
 -- ARGV[#ARGV]  "PUBLISH" or "SPUBLISH": a key held back for its rate is
 --              announced on the wake channel (fair.lua's fairTime)
 -- Changes return how many waiting jobs they let in at once.
@@ -27,15 +29,22 @@ local cfg = base .. "keys:cfg"
 local op = ARGV[1]
 fairPub = ARGV[#ARGV]
 
-local function stat(key)
+-- stat returns key's reply; runOf, when given, holds the slots of every
+-- key (fairRunning), else the key's are read alone.
+local function stat(key, runOf)
   local window, limit, on = fairConf(base)
   local lim, paused, w = fairKeyConf(base, key, limit, on)
   local rate = ""
   if on then
     rate = redis.call("HGET", cfg, "r:" .. key) or fairCfg[3] or ""
   end
-  return {key, redis.call("LLEN", base .. "keys:q:" .. key),
-    tonumber(redis.call("HGET", base .. "keys:running", key)) or 0, paused and 1 or 0, lim, w,
+  local run
+  if runOf then
+    run = runOf[key] or 0
+  else
+    run = fairRunning(base, {[key] = true})[key]
+  end
+  return {key, redis.call("LLEN", base .. "keys:q:" .. key), run, paused and 1 or 0, lim, w,
     rate, redis.call("ZSCORE", base .. "keys:timed", key) and 1 or 0}
 end
 
@@ -44,29 +53,49 @@ if op == "get" then
 end
 if op == "top" then
   local seen, list = {}, {}
-  local function add(k)
-    if not seen[k] then
-      seen[k] = true
-      list[#list + 1] = stat(k)
-    end
-  end
   -- At most topScan keys of each kind are looked at (the next in turn, the
   -- parked, those with slots, the held), so a call's work is bounded
   -- whatever the number of active keys: 10,000 keys in the ring blocked
   -- the server 37-56 ms per call, and the dashboard polls every 2 s.
   local topScan = 500
-  local parked, running = base .. "keys:parked", base .. "keys:running"
+  local parked, running, slots = base .. "keys:parked", base .. "keys:running", base .. "keys:slots"
+  -- Without keys:running (fairTracked), every key's slots are counted
+  -- once from keys:slots (slot -> key): every slot while there are at
+  -- most 10 times topScan, else a sample of topScan slots (a key's count
+  -- is then its slots in the sample).
+  local runOf, held = nil, {}
+  if not fairTracked(base) then
+    if redis.call("HLEN", slots) <= 10 * topScan then
+      runOf = fairRunning(base)
+      for k in pairs(runOf) do held[#held + 1] = k end
+    else
+      runOf = {}
+      local sample = redis.call("HRANDFIELD", slots, topScan, "WITHVALUES")
+      for i = 2, #sample, 2 do
+        local k = sample[i]
+        if not runOf[k] then held[#held + 1] = k end
+        runOf[k] = (runOf[k] or 0) + 1
+      end
+    end
+    table.sort(held)
+  elseif redis.call("HLEN", running) <= topScan then
+    held = redis.call("HKEYS", running)
+  else
+    held = redis.call("HRANDFIELD", running, topScan)
+  end
+  local function add(k)
+    if not seen[k] then
+      seen[k] = true
+      list[#list + 1] = stat(k, runOf)
+    end
+  end
   for _, k in ipairs(redis.call("LRANGE", base .. "keys:ready", 0, topScan - 1)) do add(k) end
   if redis.call("SCARD", parked) <= topScan then
     for _, k in ipairs(redis.call("SMEMBERS", parked)) do add(k) end
   else
     for _, k in ipairs(redis.call("SRANDMEMBER", parked, topScan)) do add(k) end
   end
-  if redis.call("HLEN", running) <= topScan then
-    for _, k in ipairs(redis.call("HKEYS", running)) do add(k) end
-  else
-    for _, k in ipairs(redis.call("HRANDFIELD", running, topScan)) do add(k) end
-  end
+  for i = 1, math.min(#held, topScan) do add(held[i]) end
   for _, k in ipairs(redis.call("ZRANGE", base .. "keys:timed", 0, topScan - 1)) do add(k) end
   table.sort(list, function(a, b)
     if a[2] ~= b[2] then return a[2] > b[2] end
@@ -83,16 +112,28 @@ if op == "top" then
 end
 
 local key = ARGV[2]
-if op == "pause" then
+-- Whether keys:running was kept before this change (fair.lua's
+-- fairRetrack brings it in step after).
+local was = fairTracked(base)
+if op == "set" then
+  for i = 2, #ARGV - 2, 2 do
+    redis.call("HSET", cfg, ARGV[i], ARGV[i + 1])
+  end
+  fairRetrack(base, was)
+  return 0
+elseif op == "pause" then
   redis.call("HSET", cfg, "p:" .. key, "1")
   return 0
 elseif op == "resume" then
   redis.call("HDEL", cfg, "p:" .. key)
 elseif op == "limit" then
+  -- "lk" counts the keys with their own limit (fairTracked).
   if tonumber(ARGV[3]) > 0 then
-    redis.call("HSET", cfg, "l:" .. key, ARGV[3])
-  else
-    redis.call("HDEL", cfg, "l:" .. key)
+    if redis.call("HSET", cfg, "l:" .. key, ARGV[3]) == 1 then
+      redis.call("HINCRBY", cfg, "lk", 1)
+    end
+  elseif redis.call("HDEL", cfg, "l:" .. key) == 1 and redis.call("HINCRBY", cfg, "lk", -1) <= 0 then
+    redis.call("HDEL", cfg, "lk")
   end
 elseif op == "weight" then
   if tonumber(ARGV[3]) > 1 then
@@ -110,6 +151,7 @@ elseif op == "rate" then
   -- would hold the key for the old rate's time): a key held back by its
   -- old rate takes its turn again (the pump holds it back again if it must
   -- wait).
+  fairRetrack(base, was)
   redis.call("DEL", base .. "keys:t:" .. key)
   if redis.call("ZREM", base .. "keys:timed", key) == 1 then
     redis.call("RPUSH", base .. "keys:ready", key)
@@ -122,6 +164,7 @@ elseif op == "window" or op == "deflimit" or op == "defrate" then
   else
     redis.call("HDEL", cfg, field)
   end
+  fairRetrack(base, was)
   -- A raised default may let parked or held keys in: each takes its turn
   -- again (the pump parks or holds again those that must wait).
   for _, k in ipairs(redis.call("SMEMBERS", base .. "keys:parked")) do
@@ -140,6 +183,7 @@ elseif op == "window" or op == "deflimit" or op == "defrate" then
 else
   return redis.error_reply("fairadmin: unknown operation " .. tostring(op))
 end
+fairRetrack(base, was)
 -- A parked key may append again: it takes its turn at the end of the ring.
 if redis.call("SREM", base .. "keys:parked", key) == 1 then
   redis.call("RPUSH", base .. "keys:ready", key)

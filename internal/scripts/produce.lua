@@ -672,11 +672,7 @@ for i = 1, n do
             undo[#undo + 1] = {"XDEL", to, eid}
           end
           if fk then
-            local slot = fairTake(fairShard, fk, eid, to)
-            if undo then
-              undo[#undo + 1] = {"HDEL", fairShard .. "keys:slots", slot}
-              undo[#undo + 1] = {"HINCRBY", fairShard .. "keys:running", fk, -1}
-            end
+            fairTake(fairShard, fk, eid, to, undo)
           end
           written[key] = eid
           out[o + 1], out[o + 2] = 0, eid
