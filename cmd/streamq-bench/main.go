@@ -74,7 +74,8 @@
 //	            ("streamq-keyed"); a note gives keyed/nokey jobs/s and
 //	            used_memory after each drain. Then key A gets a backlog of n
 //	            jobs and keys B..K 10 jobs each: a note gives the worst start
-//	            of B..K's jobs (other starts after its produce, ms) beside
+//	            of B..K's jobs (other starts after its produce, ms; one
+//	            consumer of all the workers) beside
 //	            the bound j*(K-1)+KeyWindow+workers. No go-redis baseline.
 //	all         every scenario above, in that order.
 //
