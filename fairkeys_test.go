@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -500,5 +501,47 @@ func TestFairKeysRequeueKeepsKey(t *testing.T) {
 			eventually(t, 5*time.Second, func() bool { return len(fairKeysLeft(t, client, q)) == 0 }, "keyed state left: %v", fairKeysLeft(t, client, q))
 			stop()
 		}
+	})
+}
+
+// TestFairKeysWeightTurns: a key of weight 3 appends three jobs per turn
+// even when each outcome frees one place of the window at a time (window
+// one here; the default window of 128 is full the same way under a
+// backlog), so it gets three starts for every one of the other keys.
+func TestFairKeysWeightTurns(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		p := newStringProducer(t, client, q)
+		a, err := NewAdmin(client, q, nil)
+		require.NoError(t, err)
+		require.NoError(t, a.SetKeyDefaults(ctx, 0, 1))
+		require.NoError(t, a.SetKeyWeight(ctx, "A", 3))
+		for i := range 12 {
+			mustProduce(t, p, fmt.Sprint("a", i), "x", Key("A")).Release()
+		}
+		for _, k := range []string{"B", "C"} {
+			for i := range 4 {
+				mustProduce(t, p, fmt.Sprint(k, i), "x", Key(k)).Release()
+			}
+		}
+		var mu sync.Mutex
+		var order strings.Builder
+		opts := fastOpts(t, "weights", 5*time.Second)
+		opts.KeyWindow = 1
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+			mu.Lock()
+			order.WriteString(m.Key)
+			mu.Unlock()
+			return "", nil
+		}, opts)
+		require.NoError(t, err)
+		runConsumer(t, c)
+		eventually(t, 10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return order.Len() == 20 }, "not every job ran")
+		mu.Lock()
+		defer mu.Unlock()
+		// The first A was appended at once; then A takes three per turn.
+		require.Equal(t, "A"+"AAABC"+"AAABC"+"AAABC"+"AABC", order.String())
+		require.Zero(t, client.Exists(ctx, "streamq:{"+q+"}:keys:turn").Val(), "no turn is left once every key is done")
 	})
 }

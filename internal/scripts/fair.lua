@@ -43,6 +43,9 @@
 --                  limit holds back, scored by the Unix ms at which the
 --                  next may append (promote.lua moves them back to
 --                  keys:ready then)
+--   keys:turn      string "<n>:<key>", with a TTL of a minute: what is left
+--                  of the turn of a key of weight > 1 at the head of
+--                  keys:ready, when the window's room ended it early
 --   keys:t:<key>   string, with a TTL: the key's rate-limit state (its
 --                  theoretical arrival time in µs of the server's clock),
 --                  gone once the key is idle
@@ -385,7 +388,18 @@ local function fairPump(base)
       run = tonumber(redis.call("HGET", base .. "keys:running", key)) or 0
     end
     local q = base .. "keys:q:" .. key
-    local take = math.min(w, room)
+    -- A weighted key's turn lasts w appends, across calls: under a backlog
+    -- each outcome frees one place, so a turn cut at the window's edge goes
+    -- on at the next free place (keys:turn holds what is left of it).
+    local credit, turn = w, false
+    if w > 1 then
+      turn = redis.call("GET", base .. "keys:turn")
+      local n, k = string.match(turn or "", "^(%d+):(.*)$")
+      if k == key then
+        credit = tonumber(n)
+      end
+    end
+    local take = math.min(credit, room)
     if lim > 0 then
       take = math.min(take, lim - run)
     end
@@ -412,6 +426,7 @@ local function fairPump(base)
     if tat then
       nextAt = fairRateUse(base, key, rate, tat, appended)
     end
+    local keep = false -- its weighted turn goes on
     if not (left and redis.call("EXISTS", q) == 1) then
       redis.call("RPOP", ready) -- nothing waits any more
     elseif paused or (lim > 0 and run >= lim) then
@@ -421,6 +436,13 @@ local function fairPump(base)
       -- Its rate lets nothing more in now: out of the ring until then.
       redis.call("RPOP", ready)
       fairTime(base, key, nextAt)
+    elseif credit - appended > 0 and room == 0 then
+      keep = true
+      redis.call("LMOVE", ready, ready, "RIGHT", "LEFT") -- back to the head
+      redis.call("SET", base .. "keys:turn", (credit - appended) .. ":" .. key, "PX", 60000)
+    end
+    if turn and not keep then
+      redis.call("DEL", base .. "keys:turn")
     end
   end
   return moved
