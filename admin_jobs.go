@@ -578,6 +578,9 @@ func (a *Admin) cancel(ctx context.Context, k keys.Keys, id, group, parent, msg,
 			if waitKey, waitJob, err = a.waitingKeyedJob(ctx, k, k.Record(id)); err != nil {
 				return nil, fmt.Errorf("streamq: cancel %q: %w", id, err)
 			}
+			if waitJob == "" && looked > 1 {
+				waitJob = "-" // in no list twice: cancelled without a parent
+			}
 			attempt--
 			continue
 		}
