@@ -680,10 +680,13 @@ func (a *Admin) cancelChildren(ctx context.Context, flow, msg string, depth int)
 			return err
 		}
 		if code, _ := res[0].(int64); code == 2 {
-			if prev, _ := res[1].(string); prev == "P&" {
-				if err := a.cancelChildren(ctx, ck.Flow(id), msg, depth+1); err != nil {
-					return err
-				}
+			// A nested parent's children too. Not only when the script says
+			// it replaced "P&": a call go-redis resent after a lost reply
+			// finds the parent cancelled already, and its children must
+			// still be cancelled. A child that is no parent has no flow
+			// hash: one HGETALL that finds nothing.
+			if err := a.cancelChildren(ctx, ck.Flow(id), msg, depth+1); err != nil {
+				return err
 			}
 		}
 	}
