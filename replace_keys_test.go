@@ -20,8 +20,8 @@ import (
 //     with ErrInvalidOptions and leaves the waiting job as it was (it failed
 //     with a Redis error, "Invalid stream ID", after reading "%" as an
 //     entry id);
-//   - Key combined with Replace is refused at once (it appended the request
-//     past its key's turn: two handlers of k at once);
+//   - Key combined with Replace is refused at once (it was already; the
+//     error now names Replace);
 //   - Replace on a keyed entry nobody has read yet is refused (it deleted the
 //     entry and appended a new one, leaving the old entry's slot taken for
 //     good: key k never ran again).
