@@ -578,6 +578,9 @@ func (a *Admin) cancel(ctx context.Context, k keys.Keys, id, group, parent, msg,
 			if waitKey, waitJob, err = a.waitingKeyedJob(ctx, k, k.Record(id)); err != nil {
 				return nil, fmt.Errorf("streamq: cancel %q: %w", id, err)
 			}
+			if waitJob == "" && looked > 1 {
+				waitJob = "-" // in no list twice: cancelled without a parent
+			}
 			attempt--
 			continue
 		}
@@ -727,10 +730,13 @@ func (a *Admin) cancelChildren(ctx context.Context, flow, msg string, depth int)
 			return err
 		}
 		if code, _ := res[0].(int64); code == 2 {
-			if prev, _ := res[1].(string); prev == "P&" {
-				if err := a.cancelChildren(ctx, ck.Flow(id), msg, depth+1); err != nil {
-					return err
-				}
+			// A nested parent's children too. Not only when the script says
+			// it replaced "P&": a call go-redis resent after a lost reply
+			// finds the parent cancelled already, and its children must
+			// still be cancelled. A child that is no parent has no flow
+			// hash: one HGETALL that finds nothing.
+			if err := a.cancelChildren(ctx, ck.Flow(id), msg, depth+1); err != nil {
+				return err
 			}
 		}
 	}

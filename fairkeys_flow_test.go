@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamq/streamq/internal/keys"
@@ -187,4 +188,23 @@ func TestFairKeysFlowCancelWaitingChild(t *testing.T) {
 	defer mu.Unlock()
 	require.Zero(t, started["keyed"], "the cancelled child ran")
 	require.Equal(t, 1, started["parent"])
+}
+
+// TestCancelWaitingKeyedRecordInNoList: a record saying "P%" whose job is
+// in no key's list (a state no script leaves, e.g. keys deleted by hand) is
+// still cancelled by Admin.Cancel, without a parent.
+func TestCancelWaitingKeyedRecordInNoList(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		qn := queueName(t)
+		p := newStringProducer(t, client, qn)
+		mustProduceOn(t, p, "warm") // records the shard count
+		ks, err := keys.Shards(qn, 1)
+		require.NoError(t, err)
+		require.NoError(t, client.Set(ctx, ks[0].Record("lone"), "P%", time.Minute).Err())
+		a, err := NewAdmin(client, qn, nil)
+		require.NoError(t, err)
+		require.NoError(t, a.Cancel(ctx, "lone"))
+		require.Equal(t, "C", client.Get(ctx, ks[0].Record("lone")).Val()[:1])
+	})
 }

@@ -65,8 +65,14 @@ func (r *run[Req, Resp]) progress(ctx context.Context, shard int, id, entryID st
 		return fmt.Errorf("%w: a progress value of %d bytes, the limit is MaxProgressBytes=%d", ErrPayloadTooLarge, len(b), MaxProgressBytes)
 	}
 	k := r.c.shards[shard]
-	err = scripts.Progress.Run(ctx, r.c.client, []string{k.Record(id), k.Progress(id)},
-		entryID, b, r.c.opts.ResultTTL.Milliseconds(), k.Channel, publishCommand(r.c.sharded), id).Err()
+	// Bounded by ctx even when the connection stalls: go-redis does not
+	// interrupt a call whose ctx ended (the call itself ends with its
+	// ReadTimeout; its late value is stored only while the record still
+	// names the entry).
+	_, err = callBounded(ctx, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, scripts.Progress.Run(ctx, r.c.client, []string{k.Record(id), k.Progress(id)},
+			entryID, b, r.c.opts.ResultTTL.Milliseconds(), k.Channel, publishCommand(r.c.sharded), id).Err()
+	})
 	if err != nil {
 		return fmt.Errorf("streamq: report the progress of %q: %w", id, err)
 	}

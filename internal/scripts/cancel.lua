@@ -77,7 +77,8 @@
 --              turn (record "P%"), and ARGV[11] its job as it waits in that
 --              key's list (fair.lua's element: record key, start-count key,
 --              start count, stream fields), which the caller read: its
---              stream fields name its parent, if any
+--              stream fields name its parent, if any ("-": found in no
+--              list, cancelled without a parent)
 --
 -- Returns {0} when the id has no record, {1, record} when it is not
 -- cancelled (completed; or, without "a", in the stream: the record says
@@ -148,13 +149,17 @@ elseif cur == "P&" then
   end
 elseif cur == "P%" then
   -- Waiting for its key's turn: its fields are in its key's list only.
+  -- ARGV[11] "-": the caller found it in no list (a state no script
+  -- leaves): cancelled as before, without a parent.
   local el = ARGV[11] or ""
-  local d = el ~= "" and fairDec(el) or {} -- MessagePack or length-prefixed (fair.lua)
-  if d[1] ~= KEYS[1] or not redis.call("LPOS", fairBase(KEYS[6]) .. "keys:q:" .. (ARGV[10] or ""), el) then
-    return {4}
-  end
-  for j = 4, #d do
-    fields[#fields + 1] = d[j]
+  if el ~= "-" then
+    local d = el ~= "" and fairDec(el) or {} -- MessagePack or length-prefixed (fair.lua)
+    if d[1] ~= KEYS[1] or not redis.call("LPOS", fairBase(KEYS[6]) .. "keys:q:" .. (ARGV[10] or ""), el) then
+      return {4}
+    end
+    for j = 4, #d do
+      fields[#fields + 1] = d[j]
+    end
   end
 else
   local raw = redis.pcall("HGET", KEYS[3], "r" .. ARGV[1])

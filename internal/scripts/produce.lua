@@ -425,7 +425,21 @@ local function replace(key, cur, id, payload, due, flags, fa, fz)
         end
       end
       if not read then
-        -- Nobody has read it: this item takes its place.
+        -- Nobody has read it: this item takes its place. A promoted retry's
+        -- group ("g": other groups skip the entry) goes with it, as for a
+        -- retry replaced while it waits; its start count ("n", also in the
+        -- group's start-count hash under the entry id) restarts, and leaves
+        -- the hash with the entry.
+        for j = 1, #ef - 1, 2 do
+          if ef[j] == "g" then
+            fields[#fields + 1], fields[#fields + 2] = "g", ef[j + 1]
+            local starts = s .. ":starts:" .. ef[j + 1]
+            if s == stream then
+              starts = string.sub(s, 1, -7) .. "starts:" .. ef[j + 1]
+            end
+            redis.call("HDEL", starts, eid)
+          end
+        end
         redis.call("XDEL", s, eid)
         local neid = appendTo(streamOf(flags), fields)
         redis.call("SET", key, "P" .. neid, "PX", ttl)
