@@ -1,0 +1,64 @@
+package scripts
+
+import (
+	"context"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// A Head starts the EVALSHA command of one script, for the calls made once
+// per job: the caller appends keys and arguments to the list Args returns
+// and sends it with Run. Script.Run copies its keys and arguments into a
+// new list and boxes the command's name, the hash and every key (each a
+// separate allocation); a Head's list is the command itself, and its name
+// and hash are boxed once.
+type Head struct {
+	script *redis.Script
+	sha    any
+}
+
+// NewHead returns the head of s's EVALSHA calls.
+func NewHead(s *redis.Script) *Head { return &Head{script: s, sha: s.Hash()} }
+
+// ProduceHead is produce.lua's, for the producer's appends.
+var ProduceHead = NewHead(Produce)
+
+// Client is what Run needs of a go-redis client: a single node's, a
+// cluster's or a ring's.
+type Client interface {
+	redis.Scripter
+	Process(ctx context.Context, cmd redis.Cmder) error
+}
+
+// Args returns an EVALSHA argument list with room for n more values: the
+// command, the hash and numKeys. The caller appends numKeys keys, then the
+// script's arguments.
+func (h *Head) Args(numKeys, n int) []any {
+	args := make([]any, 3, 3+n)
+	args[0], args[1], args[2] = "evalsha", h.sha, numKeys
+	return args
+}
+
+// Run sends args (built on Args). A server without the script (restarted,
+// SCRIPT FLUSH) answers NOSCRIPT: Run loads the script and sends args again,
+// as Script.Run falls back to EVAL. The list belongs to the returned command.
+func (h *Head) Run(ctx context.Context, c Client, args []any) *redis.Cmd {
+	cmd := send(ctx, c, args)
+	if err := cmd.Err(); err == nil || !redis.HasErrorPrefix(err, "NOSCRIPT") {
+		return cmd
+	}
+	if err := h.script.Load(ctx, c).Err(); err != nil {
+		cmd.SetErr(err)
+		return cmd
+	}
+	return send(ctx, c, args)
+}
+
+func send(ctx context.Context, c Client, args []any) *redis.Cmd {
+	cmd := redis.NewCmd(ctx, args...)
+	if n, _ := args[2].(int); n > 0 {
+		cmd.SetFirstKeyPos(3) // a cluster routes the call by its first key
+	}
+	_ = c.Process(ctx, cmd)
+	return cmd
+}
