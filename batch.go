@@ -8,7 +8,6 @@ import (
 	"strings"
 	"sync"
 
-
 	"github.com/streamq/streamq/internal/keys"
 	"github.com/streamq/streamq/internal/scripts"
 )

@@ -21,18 +21,18 @@ import (
 // for concurrent use; concurrent Produce calls are coalesced into shared round
 // trips with no added wait.
 type Producer[Req, Resp any] struct {
-	client  redis.UniversalClient
-	queue   string
-	shards  []keys.Keys // one per shard; shard i holds the ids keys.ShardOf maps to i
+	client redis.UniversalClient
+	queue  string
+	shards []keys.Keys // one per shard; shard i holds the ids keys.ShardOf maps to i
 	// boxed holds, per shard, the produce.lua arguments that never change,
 	// and inflightTTL the in-flight TTL in milliseconds, each boxed once:
 	// boxing a string or a large integer into an argument list allocates.
 	boxed       []produceConsts
 	inflightTTL any
-	sharded bool        // notices use sharded pub/sub (Redis Cluster)
-	slots   *slotRefresher
-	opts    ProducerOptions
-	log     *slog.Logger
+	sharded     bool // notices use sharded pub/sub (Redis Cluster)
+	slots       *slotRefresher
+	opts        ProducerOptions
+	log         *slog.Logger
 
 	// lifetime is cancelled by Close once the accepted requests are sent (or
 	// CloseTimeout ran out); sends, setup attempts and the loops use it.
