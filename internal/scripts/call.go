@@ -20,8 +20,11 @@ type Head struct {
 // NewHead returns the head of s's EVALSHA calls.
 func NewHead(s *redis.Script) *Head { return &Head{script: s, sha: s.Hash()} }
 
-// ProduceHead is produce.lua's, for the producer's appends.
-var ProduceHead = NewHead(Produce)
+// The heads of the scripts called once per job or per tick.
+var (
+	ProduceHead  = NewHead(Produce)
+	CompleteHead = NewHead(Complete)
+)
 
 // Client is what Run needs of a go-redis client: a single node's, a
 // cluster's or a ring's.
@@ -39,7 +42,19 @@ func (h *Head) Args(numKeys, n int) []any {
 	return args
 }
 
-// Run sends args (built on Args). A server without the script (restarted,
+// Command returns the EVALSHA argument list of keys and args.
+func (h *Head) Command(keys, args []any) []any {
+	list := h.Args(len(keys), len(keys)+len(args))
+	return append(append(list, keys...), args...)
+}
+
+// Queue adds args (built on Args or Command) to a pipeline, whose caller
+// sends the command again with Run if it fails with NOSCRIPT.
+func (h *Head) Queue(ctx context.Context, pipe redis.Pipeliner, args []any) *redis.Cmd {
+	return send(ctx, pipe, args)
+}
+
+// Run sends args (built on Args or Command). A server without the script (restarted,
 // SCRIPT FLUSH) answers NOSCRIPT: Run loads the script and sends args again,
 // as Script.Run falls back to EVAL. The list belongs to the returned command.
 func (h *Head) Run(ctx context.Context, c Client, args []any) *redis.Cmd {
