@@ -403,7 +403,7 @@ func (c *committer[Req, Resp]) tick(li int, starts []*startReq, outcomes []*comp
 		ln = c.lanes[li]
 		client = ln.client
 	}
-	starter := k.Starts(o.Group)
+	starter := c.fixed.starts
 	pipe := client.Pipeline()
 	var completeCmd, retryCmd, chargeCmd *redis.Cmd
 	var retryKeys, chargeKeys []string
@@ -418,11 +418,15 @@ func (c *committer[Req, Resp]) tick(li int, starts []*startReq, outcomes []*comp
 	}
 	var hsetCmd *redis.IntCmd
 	if len(fresh) > 0 {
-		fields := make([]any, 0, 2*len(fresh))
+		// The command's list built in place: HSet would copy it and box
+		// the key.
+		hset := make([]any, 2, 2+2*len(fresh))
+		hset[0], hset[1] = "hset", c.fixed.startsKey
 		for _, q := range fresh {
-			fields = append(fields, q.eid, q.seen+1)
+			hset = append(hset, q.eid, q.seen+1)
 		}
-		hsetCmd = pipe.HSet(r.bg, starter, fields...)
+		hsetCmd = redis.NewIntCmd(r.bg, hset...)
+		_ = pipe.Process(r.bg, hsetCmd)
 		if last := c.expired.Load(); last == 0 || now-last >= int64(startsExpireEvery) {
 			if c.expired.CompareAndSwap(last, now) {
 				pipe.PExpire(r.bg, starter, startsTTL)
