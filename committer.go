@@ -457,10 +457,9 @@ func (c *committer[Req, Resp]) tick(li int, starts []*startReq, outcomes []*comp
 	}
 
 	// A server that lost its scripts (restarted, SCRIPT FLUSH) answers
-	// NOSCRIPT: that part is sent again, with its source (retry, charge) or
-	// after loading it (complete).
+	// NOSCRIPT: that part is sent again with its source, which loads it.
 	if isNoScript(completeCmd) {
-		completeCmd = scripts.CompleteHead.Run(r.bg, client, completeCall)
+		completeCmd = scripts.CompleteHead.Eval(r.bg, client, completeCall)
 	}
 	if isNoScript(retryCmd) {
 		retryCmd = scripts.Retry.Eval(r.bg, client, retryKeys, retryArgs...)

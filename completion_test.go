@@ -385,7 +385,7 @@ func TestRetriedCompletionWritesItsDeadLetter(t *testing.T) {
 
 // TestCompleteAfterScriptFlush: a server that lost its scripts (a restart,
 // SCRIPT FLUSH) answers the committer's complete.lua call with NOSCRIPT;
-// the call is sent again once the script is loaded, and the outcome is
+// the call is sent again as an EVAL with the source, and the outcome is
 // recorded.
 func TestCompleteAfterScriptFlush(t *testing.T) {
 	t.Parallel()

@@ -94,8 +94,8 @@ func (evalCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 
 // TestEnqueueAfterScriptFlush: a server that lost its scripts (a restart,
 // SCRIPT FLUSH) answers produce.lua's EVALSHA with NOSCRIPT; the producer
-// loads the script and sends the call again, on the direct path and in a
-// batch, and each request is appended once.
+// sends the call again as an EVAL with the source, on the direct path and in
+// a batch, and each request is appended once.
 func TestEnqueueAfterScriptFlush(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -13,23 +13,23 @@ import (
 // separate allocation); a Head's list is the command itself, and its name
 // and hash are boxed once.
 type Head struct {
-	script *redis.Script
-	sha    any
+	src string // the script's source, for EVAL after NOSCRIPT
+	sha any
 }
 
-// NewHead returns the head of s's EVALSHA calls.
-func NewHead(s *redis.Script) *Head { return &Head{script: s, sha: s.Hash()} }
+// newHead returns the head of the EVALSHA calls of the script whose source
+// is src.
+func newHead(src string) *Head { return &Head{src: src, sha: redis.NewScript(src).Hash()} }
 
 // The heads of the scripts called once per job or per tick.
 var (
-	ProduceHead  = NewHead(Produce)
-	CompleteHead = NewHead(Complete)
+	ProduceHead  = newHead(produceFull)
+	CompleteHead = newHead(completeFull)
 )
 
 // Client is what Run needs of a go-redis client: a single node's, a
 // cluster's or a ring's.
 type Client interface {
-	redis.Scripter
 	Process(ctx context.Context, cmd redis.Cmder) error
 }
 
@@ -49,24 +49,31 @@ func (h *Head) Command(keys, args []any) []any {
 }
 
 // Queue adds args (built on Args or Command) to a pipeline, whose caller
-// sends the command again with Run if it fails with NOSCRIPT.
+// sends the command again with Eval if it fails with NOSCRIPT.
 func (h *Head) Queue(ctx context.Context, pipe redis.Pipeliner, args []any) *redis.Cmd {
 	return send(ctx, pipe, args)
 }
 
-// Run sends args (built on Args or Command). A server without the script (restarted,
-// SCRIPT FLUSH) answers NOSCRIPT: Run loads the script and sends args again,
-// as Script.Run falls back to EVAL. The list belongs to the returned command.
+// Run sends args (built on Args or Command). A server without the script
+// (restarted, SCRIPT FLUSH) answers NOSCRIPT: Run sends the call again as an
+// EVAL with the source, which loads it, as Script.Run does (a user limited
+// to the commands streamq needs may not run SCRIPT LOAD). The list belongs
+// to the returned command.
 func (h *Head) Run(ctx context.Context, c Client, args []any) *redis.Cmd {
 	cmd := send(ctx, c, args)
 	if err := cmd.Err(); err == nil || !redis.HasErrorPrefix(err, "NOSCRIPT") {
 		return cmd
 	}
-	if err := h.script.Load(ctx, c).Err(); err != nil {
-		cmd.SetErr(err)
-		return cmd
-	}
-	return send(ctx, c, args)
+	return h.Eval(ctx, c, args)
+}
+
+// Eval sends args (built on Args or Command) as an EVAL with the script's
+// source, which loads the script: the call again after NOSCRIPT.
+func (h *Head) Eval(ctx context.Context, c Client, args []any) *redis.Cmd {
+	eval := make([]any, len(args))
+	copy(eval, args)
+	eval[0], eval[1] = "eval", h.src
+	return send(ctx, c, eval)
 }
 
 func send(ctx context.Context, c Client, args []any) *redis.Cmd {
