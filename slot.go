@@ -41,6 +41,10 @@ type slot struct {
 	fetchFailures int
 
 	outcome <-chan struct{} // set by the worker at hand-off: closed when recorded
+	// completion is the slot's outcome from its hand-off (run.handOff) until
+	// it is recorded, owned by the committer then: a slot is handed off
+	// once, so its outcome needs no allocation of its own.
+	completion completion
 	// tx holds the writes a successful handler staged, applied with its
 	// outcome (complete.lua); nil when none. Set by the worker before the
 	// hand-off.
