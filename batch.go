@@ -8,8 +8,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/streamq/streamq/internal/keys"
 	"github.com/streamq/streamq/internal/scripts"
 )
@@ -280,9 +278,19 @@ func (p *Producer[Req, Resp]) runShards(ctx context.Context, items []*produceIte
 
 // runShardsOn is runShards on client: the producer's client, or the
 // connection of a call sent from its caller's goroutine (see direct).
-func (p *Producer[Req, Resp]) runShardsOn(ctx context.Context, client redis.Scripter, items []*produceItem, atomic bool) ([]produceOutcome, []error) {
-	outs := make([]produceOutcome, len(items))
+func (p *Producer[Req, Resp]) runShardsOn(ctx context.Context, client scripts.Client, items []*produceItem, atomic bool) ([]produceOutcome, []error) {
 	errs := make([]error, len(items))
+	if len(p.shards) == 1 {
+		outs, err := p.runProduce(ctx, client, 0, items, atomic)
+		if err != nil {
+			for i := range errs {
+				errs[i] = err
+			}
+			return make([]produceOutcome, len(items)), errs
+		}
+		return outs, errs
+	}
+	outs := make([]produceOutcome, len(items))
 	run := func(shard int, idx []int) {
 		group := make([]*produceItem, len(idx))
 		for j, i := range idx {
@@ -297,14 +305,6 @@ func (p *Producer[Req, Resp]) runShardsOn(ctx context.Context, client redis.Scri
 			}
 		}
 	}
-	if len(p.shards) == 1 {
-		idx := make([]int, len(items))
-		for i := range idx {
-			idx[i] = i
-		}
-		run(0, idx)
-		return outs, errs
-	}
 	groups := make(map[int][]int)
 	for i, it := range items {
 		groups[it.shard] = append(groups[it.shard], i)
@@ -315,6 +315,21 @@ func (p *Producer[Req, Resp]) runShardsOn(ctx context.Context, client redis.Scri
 	}
 	wg.Wait()
 	return outs, errs
+}
+
+// produceConsts are one shard's produce.lua arguments that never change, as
+// argument list values (see Producer.boxed).
+type produceConsts struct {
+	stream, schedule, scheduleData, wake, publish any
+}
+
+func boxProduceConsts(shards []keys.Keys, sharded bool) []produceConsts {
+	out := make([]produceConsts, len(shards))
+	for i, k := range shards {
+		out[i] = produceConsts{stream: k.Stream, schedule: k.Schedule, scheduleData: k.ScheduleData,
+			wake: k.Wake, publish: publishCommand(sharded)}
+	}
+	return out
 }
 
 // produceItem is one request on its way to Redis.
@@ -435,33 +450,53 @@ const (
 
 // runProduce appends items of one shard with one script call and returns one
 // outcome per item.
-func (p *Producer[Req, Resp]) runProduce(ctx context.Context, client redis.Scripter, shard int, items []*produceItem, atomic bool) ([]produceOutcome, error) {
+func (p *Producer[Req, Resp]) runProduce(ctx context.Context, client scripts.Client, shard int, items []*produceItem, atomic bool) ([]produceOutcome, error) {
 	k := p.shards[shard]
-	keys := make([]string, 1, len(items)+1)
-	keys[0] = k.Stream
-	args := make([]any, 2, 2+5*len(items))
-	args[0] = p.opts.InflightTTL.Milliseconds()
-	args[1] = "0"
+	b := &p.boxed[shard]
+	call := "0"
 	if atomic {
-		args[1] = "1"
+		call = "1"
 	}
 	leveled, moded := false, false
+	n := 2 + 2 // the arguments around the items
 	for _, it := range items {
 		// Replace looks for an id's entry in every level's stream.
 		leveled = leveled || it.level != levelNormal || it.mode == modeReplace
 		moded = moded || it.mode != modeNone
+		n += 1 + 5 + 3 + len(it.fields) // its record key, arguments and mode's
 	}
 	if leveled {
-		args[1] = args[1].(string) + "L" // the level streams follow the schedule's keys
+		call += "L" // the level streams follow the schedule's keys
 	}
 	if moded {
-		args[1] = args[1].(string) + "M" // each item carries its mode; the mode keys come last
+		call += "M" // each item carries its mode; the mode keys come last
 	}
 	if anyKeyed(items) {
-		args[1] = args[1].(string) + keyedCall // keyed items take their key's turn (fair.lua)
+		call += keyedCall // keyed items take their key's turn (fair.lua)
 	}
+	numKeys := 1 + len(items) + 2
+	if leveled {
+		numKeys += 2
+	}
+	if moded {
+		numKeys += len(items)
+	}
+	args := scripts.ProduceHead.Args(numKeys, n+numKeys)
+	args = append(args, b.stream)
 	for _, it := range items {
-		keys = append(keys, k.Record(it.id))
+		args = append(args, k.Record(it.id))
+	}
+	args = append(args, b.schedule, b.scheduleData)
+	if leveled {
+		args = append(args, k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow]))
+	}
+	if moded {
+		for _, it := range items {
+			args = append(args, k.Mode(it.id))
+		}
+	}
+	args = append(args, p.inflightTTL, boxedCall(call))
+	for _, it := range items {
 		args = append(args, it.id, it.payload, it.due, it.flags, len(it.fields))
 		for _, f := range it.fields {
 			args = append(args, f)
@@ -474,17 +509,8 @@ func (p *Producer[Req, Resp]) runProduce(ctx context.Context, client redis.Scrip
 			args = append(args, mode, it.modeA, it.modeB)
 		}
 	}
-	keys = append(keys, k.Schedule, k.ScheduleData)
-	if leveled {
-		keys = append(keys, k.LevelStream(levelNames[levelHigh]), k.LevelStream(levelNames[levelLow]))
-	}
-	if moded {
-		for _, it := range items {
-			keys = append(keys, k.Mode(it.id))
-		}
-	}
-	args = append(args, k.Wake, publishCommand(p.sharded))
-	res, err := scripts.Produce.Run(ctx, client, keys, args...).Slice()
+	args = append(args, b.wake, b.publish)
+	res, err := scripts.ProduceHead.Run(ctx, client, args).Slice()
 	if err != nil {
 		p.slots.onError(err)
 		if strings.HasPrefix(err.Error(), "WRONGTYPE") {
@@ -514,6 +540,18 @@ func (p *Producer[Req, Resp]) runProduce(ctx context.Context, client redis.Scrip
 		outs[i] = produceOutcome{code: code, data: data}
 	}
 	return outs, nil
+}
+
+// boxedCall returns produce.lua's ARGV[2] as an argument list value: the
+// plain calls' constants box without allocating.
+func boxedCall(call string) any {
+	switch call {
+	case "0":
+		return "0"
+	case "1":
+		return "1"
+	}
+	return call
 }
 
 // cutLengthPrefixed splits "<len>:<s>rest" into s and rest.

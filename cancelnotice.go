@@ -114,7 +114,7 @@ func (s *slot) isCanceled() bool {
 // before the notice may have written after cancel.lua ran.
 func (r *run[Req, Resp]) dropCanceled(s *slot) {
 	s.tx = nil
-	r.handOff(&completion{s: s, code: recordSkip})
+	r.handOff(completion{s: s, code: recordSkip})
 }
 
 // pokeLease asks the leaser for a renewal of every held entry at once (one

@@ -403,14 +403,14 @@ func (c *committer[Req, Resp]) tick(li int, starts []*startReq, outcomes []*comp
 		ln = c.lanes[li]
 		client = ln.client
 	}
-	starter := k.Starts(o.Group)
+	starter := c.fixed.starts
 	pipe := client.Pipeline()
 	var completeCmd, retryCmd, chargeCmd *redis.Cmd
-	var completeKeys, retryKeys, chargeKeys []string
-	var completeArgs, retryArgs, chargeArgs []any
+	var retryKeys, chargeKeys []string
+	var completeCall, retryArgs, chargeArgs []any
 	if len(results) > 0 {
-		completeKeys, completeArgs = r.completeArgs(c.shard, &c.fixed, results)
-		completeCmd = scripts.Complete.EvalSha(r.bg, pipe, completeKeys, completeArgs...)
+		completeCall = scripts.CompleteHead.Command(r.completeArgs(c.shard, &c.fixed, results))
+		completeCmd = scripts.CompleteHead.Queue(r.bg, pipe, completeCall)
 	}
 	if len(retries) > 0 {
 		retryKeys, retryArgs = r.retryArgs(c.shard, retries)
@@ -418,11 +418,15 @@ func (c *committer[Req, Resp]) tick(li int, starts []*startReq, outcomes []*comp
 	}
 	var hsetCmd *redis.IntCmd
 	if len(fresh) > 0 {
-		fields := make([]any, 0, 2*len(fresh))
+		// The command's list built in place: HSet would copy it and box
+		// the key.
+		hset := make([]any, 2, 2+2*len(fresh))
+		hset[0], hset[1] = "hset", c.fixed.startsKey
 		for _, q := range fresh {
-			fields = append(fields, q.eid, q.seen+1)
+			hset = append(hset, q.eid, q.seen+1)
 		}
-		hsetCmd = pipe.HSet(r.bg, starter, fields...)
+		hsetCmd = redis.NewIntCmd(r.bg, hset...)
+		_ = pipe.Process(r.bg, hsetCmd)
 		if last := c.expired.Load(); last == 0 || now-last >= int64(startsExpireEvery) {
 			if c.expired.CompareAndSwap(last, now) {
 				pipe.PExpire(r.bg, starter, startsTTL)
@@ -455,7 +459,7 @@ func (c *committer[Req, Resp]) tick(li int, starts []*startReq, outcomes []*comp
 	// A server that lost its scripts (restarted, SCRIPT FLUSH) answers
 	// NOSCRIPT: that part is sent again with its source, which loads it.
 	if isNoScript(completeCmd) {
-		completeCmd = scripts.Complete.Eval(r.bg, client, completeKeys, completeArgs...)
+		completeCmd = scripts.CompleteHead.Eval(r.bg, client, completeCall)
 	}
 	if isNoScript(retryCmd) {
 		retryCmd = scripts.Retry.Eval(r.bg, client, retryKeys, retryArgs...)
@@ -685,8 +689,11 @@ const startsExpireEvery = time.Minute
 // time (6).
 type completeFixed struct {
 	dead, fanout, starts string
-	args                 []any
-	keep                 string // ConsumerOptions.Retention's mark of ARGV[9], "" without
+	// stream, deadKey, fanoutKey and startsKey are the keys as argument
+	// list values (boxing a string allocates).
+	stream, deadKey, fanoutKey, startsKey any
+	args                                  []any
+	keep                                  string // ConsumerOptions.Retention's mark of ARGV[9], "" without
 }
 
 func (r *run[Req, Resp]) completeFixedArgs(shard int) completeFixed {
@@ -705,17 +712,17 @@ func (r *run[Req, Resp]) completeFixedArgs(shard int) completeFixed {
 	}
 	f.args = []any{o.Group, k.Channel, o.ResultTTL.Milliseconds(), store,
 		o.DeadLetterMaxLen, o.Name, nil, publishCommand(r.c.sharded), fanout}
+	f.stream, f.deadKey, f.fanoutKey, f.startsKey = k.Stream, f.dead, f.fanout, f.starts
 	return f
 }
 
 // completeArgs builds the keys and arguments of a complete.lua call for a
 // shard's outcomes.
-func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*completion) ([]string, []any) {
+func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*completion) ([]any, []any) {
 	o := &r.c.opts
 	k := r.c.shards[shard]
-	dead := fixed.dead
-	keyList := make([]string, 3, 5+len(batch))
-	keyList[0], keyList[1], keyList[2] = k.Stream, dead, fixed.fanout
+	keyList := make([]any, 3, 5+len(batch))
+	keyList[0], keyList[1], keyList[2] = fixed.stream, fixed.deadKey, fixed.fanoutKey
 	args := make([]any, len(fixed.args), len(fixed.args)+6*len(batch))
 	copy(args, fixed.args)
 	now := time.Now().UnixMilli()
@@ -749,7 +756,7 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 				}
 			}
 		} else {
-			keyList = append(keyList, dead)
+			keyList = append(keyList, fixed.deadKey)
 		}
 		var payload []byte
 		value := cp.value
@@ -779,19 +786,27 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 		}
 		args[8] = string(flag)
 	}
-	keyList = append(keyList, flowKeys...)
+	keyList = appendStrings(keyList, flowKeys)
 	keyList = append(keyList, historyKey(k, o, now)) // the minute's history (complete.lua)
-	keyList = append(keyList, fixed.starts)          // complete.lua drops start counts there
-	keyList = append(keyList, progKeys...)
+	keyList = append(keyList, fixed.startsKey)       // complete.lua drops start counts there
+	keyList = appendStrings(keyList, progKeys)
 	// The flow fields after the items, then the staged writes (their keys
 	// last, declared for a cluster).
 	args = append(args, extra...)
-	keyList = append(keyList, txKeys...)
+	keyList = appendStrings(keyList, txKeys)
 	args = append(args, txArgs...)
 	if fixed.keep != "" {
 		keyList = append(keyList, k.Completed) // the completed list, last (complete.lua)
 	}
 	return keyList, args
+}
+
+// appendStrings appends each of ss to list.
+func appendStrings(list []any, ss []string) []any {
+	for _, s := range ss {
+		list = append(list, s)
+	}
+	return list
 }
 
 // appendItem appends item i to a list of complete.lua's ARGV[9] that starts

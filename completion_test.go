@@ -382,3 +382,30 @@ func TestRetriedCompletionWritesItsDeadLetter(t *testing.T) {
 	require.Len(t, dl, 1, "exactly one dead letter")
 	require.Equal(t, "poison", dl[0].Values["id"])
 }
+
+// TestCompleteAfterScriptFlush: a server that lost its scripts (a restart,
+// SCRIPT FLUSH) answers the committer's complete.lua call with NOSCRIPT;
+// the call is sent again as an EVAL with the source, and the outcome is
+// recorded.
+func TestCompleteAfterScriptFlush(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	client := realRedis(t)
+	q := queueName(t)
+	p := newStringProducer(t, client, q)
+	c, err := NewConsumer(client, q, func(_ context.Context, m *Message[string]) (string, error) {
+		return "done " + m.Payload, nil
+	}, &ConsumerOptions{Logger: testLogger(t), ReadBlock: 50 * time.Millisecond})
+	require.NoError(t, err)
+	runConsumer(t, c)
+	for _, id := range []string{"a", "b"} {
+		require.NoError(t, client.ScriptFlush(ctx).Err())
+		pr, err := p.Produce(ctx, id, id)
+		require.NoError(t, err)
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		got, err := pr.Wait(wctx)
+		cancel()
+		require.NoError(t, err)
+		require.Equal(t, "done "+id, got)
+	}
+}

@@ -134,11 +134,11 @@ func (p *Producer[Req, Resp]) sendDirect(ctx context.Context, it *produceItem) (
 		stop = context.AfterFunc(ctx, d.interrupt)
 	}
 	d.begin()
-	outs, errs := p.runShardsOn(ctx, d.client, []*produceItem{it}, false)
+	outs, err := p.runProduce(ctx, d.client, it.shard, []*produceItem{it}, false)
 	d.end()
 	stop()
 	switch {
-	case errs[0] == nil:
+	case err == nil:
 		return outs[0], true, nil
 	case ctx.Err() != nil:
 		return produceOutcome{}, true, ctx.Err() // the outcome is unknown, as when a wait ends

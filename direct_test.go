@@ -91,3 +91,24 @@ func (h evalCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (evalCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
+
+// TestEnqueueAfterScriptFlush: a server that lost its scripts (a restart,
+// SCRIPT FLUSH) answers produce.lua's EVALSHA with NOSCRIPT; the producer
+// sends the call again as an EVAL with the source, on the direct path and in
+// a batch, and each request is appended once.
+func TestEnqueueAfterScriptFlush(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	client := realRedis(t)
+	q := queueName(t)
+	p, err := NewProducer[string, string](client, q, &ProducerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	require.NoError(t, p.Enqueue(ctx, "a", "x"))
+	require.NoError(t, client.ScriptFlush(ctx).Err())
+	require.NoError(t, p.Enqueue(ctx, "b", "x"))
+	require.NoError(t, client.ScriptFlush(ctx).Err())
+	_, err = p.ProduceBatch(ctx, []Job[string]{{ID: "c", Request: "x"}, {ID: "d", Request: "x"}})
+	require.NoError(t, err)
+	require.EqualValues(t, 4, client.XLen(ctx, benchStream(q)).Val())
+}

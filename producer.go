@@ -21,13 +21,18 @@ import (
 // for concurrent use; concurrent Produce calls are coalesced into shared round
 // trips with no added wait.
 type Producer[Req, Resp any] struct {
-	client  redis.UniversalClient
-	queue   string
-	shards  []keys.Keys // one per shard; shard i holds the ids keys.ShardOf maps to i
-	sharded bool        // notices use sharded pub/sub (Redis Cluster)
-	slots   *slotRefresher
-	opts    ProducerOptions
-	log     *slog.Logger
+	client redis.UniversalClient
+	queue  string
+	shards []keys.Keys // one per shard; shard i holds the ids keys.ShardOf maps to i
+	// boxed holds, per shard, the produce.lua arguments that never change,
+	// and inflightTTL the in-flight TTL in milliseconds, each boxed once:
+	// boxing a string or a large integer into an argument list allocates.
+	boxed       []produceConsts
+	inflightTTL any
+	sharded     bool // notices use sharded pub/sub (Redis Cluster)
+	slots       *slotRefresher
+	opts        ProducerOptions
+	log         *slog.Logger
 
 	// lifetime is cancelled by Close once the accepted requests are sent (or
 	// CloseTimeout ran out); sends, setup attempts and the loops use it.
@@ -97,6 +102,7 @@ func NewProducer[Req, Resp any](client redis.UniversalClient, queue string, opts
 		client:  client,
 		queue:   queue,
 		shards:  shards,
+		boxed:   boxProduceConsts(shards, isCluster(client)),
 		sharded: isCluster(client),
 		slots:   newSlotRefresher(client),
 		opts:    o,
@@ -107,6 +113,7 @@ func NewProducer[Req, Resp any](client redis.UniversalClient, queue string, opts
 		closing: make(chan struct{}),
 		stopped: make(chan struct{}),
 	}
+	p.inflightTTL = o.InflightTTL.Milliseconds()
 	p.lifetime, p.cancel = context.WithCancel(context.Background())
 	p.batcher = newCoalescer(o.Concurrency, o.MaxBatchItems, o.MaxBatchBytes, o.Linger,
 		(*produceItem).size, p.sendCoalesced)

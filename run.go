@@ -388,7 +388,7 @@ func (r *run[Req, Resp]) admit(shard int, msgs []redis.XMessage, at int64, start
 	level := r.c.levelIndex(shard)
 	for i, m := range msgs {
 		n := starts(i)
-		s := &slot{shard: shard, queue: r.queue, level: level, ready: make(chan struct{}), meta: parseMeta(m.Values, now)}
+		s := &slot{shard: shard, queue: r.queue, level: level, meta: parseMeta(m.Values, now)}
 		s.entry = Entry{EntryID: m.ID, Deliveries: n + 1}
 		id, idOK := m.Values[keys.FieldID].(string)
 		data, dataOK := m.Values[keys.FieldPayload].(string)

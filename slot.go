@@ -17,8 +17,9 @@ import (
 
 // slot is one message in the prefetch ring.
 //
-// The feeder goroutine creates it; its fetch goroutine writes data and fetchErr
-// and then closes ready; after ready, the worker that took the slot owns it.
+// The feeder goroutine creates it and sets ready (startFetch) before it pushes
+// it into the ring; its fetch goroutine writes data and fetchErr and then
+// closes ready; after ready, the worker that took the slot owns it.
 // lost and cancel are shared with the lease loop and guarded by mu.
 type slot struct {
 	shard int // the stream's index (see Consumer.shards)
@@ -40,6 +41,10 @@ type slot struct {
 	fetchFailures int
 
 	outcome <-chan struct{} // set by the worker at hand-off: closed when recorded
+	// completion is the slot's outcome from its hand-off (run.handOff) until
+	// it is recorded, owned by the committer then: a slot is handed off
+	// once, so its outcome needs no allocation of its own.
+	completion completion
 	// tx holds the writes a successful handler staged, applied with its
 	// outcome (complete.lua); nil when none. Set by the worker before the
 	// hand-off.
@@ -67,11 +72,13 @@ type slot struct {
 	// scriptCharge sends the slot's next charge through charge.lua (an HSET
 	// was refused). Set by a committer tick before it answers the worker.
 	scriptCharge bool
-	// counted is closed once Redis confirmed the start count of the slot's
-	// handler (nil before its first charge): its outcome is sent only then
-	// (see committer.take). counting guards the close.
-	counted  chan struct{}
-	counting sync.Once
+	// counting is countNone before the slot's first charge, countExpected
+	// from then until Redis confirmed the start count of its handler, then
+	// countConfirmed: its outcome is sent only when it is not countExpected
+	// (see committer.take). Nothing waits on it: the committer looks when it
+	// takes outcomes, and the tick that confirms a count wakes a tick worker
+	// when it settles.
+	counting atomic.Int32
 
 	mu       sync.Mutex
 	lost     bool
@@ -79,30 +86,32 @@ type slot struct {
 	cancel   context.CancelCauseFunc // the running handler's, or nil
 }
 
+// The states of slot.counting.
+const (
+	countNone      = iota // never charged
+	countExpected         // charged, its count not confirmed yet
+	countConfirmed        // Redis confirmed the count
+)
+
 // expectCount makes the slot's outcome wait for the confirmation of its
 // start count. Called by the worker before its first charge is queued.
-func (s *slot) expectCount() {
-	if s.counted == nil {
-		s.counted = make(chan struct{})
-	}
-}
+func (s *slot) expectCount() { s.counting.CompareAndSwap(countNone, countExpected) }
 
 // markCounted confirms the slot's start count (committer ticks).
-func (s *slot) markCounted() { s.counting.Do(func() { close(s.counted) }) }
+func (s *slot) markCounted() { s.counting.Store(countConfirmed) }
 
 // isCounted reports whether the slot's outcome may be sent: its start count
 // is confirmed, or it was never charged.
-func (s *slot) isCounted() bool {
-	if s.counted == nil {
-		return true
-	}
-	select {
-	case <-s.counted:
-		return true
-	default:
-		return false
-	}
-}
+func (s *slot) isCounted() bool { return s.counting.Load() != countExpected }
+
+// fetchedInline is the ready channel of every slot whose payload came with
+// its entry: closed from the start, shared, so that such a slot costs no
+// channel of its own.
+var fetchedInline = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
 
 // monoBase anchors mono.
 var monoBase = time.Now()
@@ -170,9 +179,10 @@ func (s *slot) setCancel(cancel context.CancelCauseFunc) bool {
 func (r *run[Req, Resp]) startFetch(ctx context.Context, s *slot) {
 	if _, inline := r.c.opts.Fetcher.(InlineFetcher); inline || s.dead != "" || s.skip {
 		s.data = s.entry.Data
-		close(s.ready)
+		s.ready = fetchedInline
 		return
 	}
+	s.ready = make(chan struct{})
 	r.fetches.Add(1)
 	go func() {
 		defer r.fetches.Done()

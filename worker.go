@@ -39,7 +39,7 @@ func (r *run[Req, Resp]) process(s *slot, flush func()) (owed bool) {
 		return false
 	}
 	if s.skip {
-		r.handOff(&completion{s: s, code: recordSkip})
+		r.handOff(completion{s: s, code: recordSkip})
 		return true
 	}
 	if s.dead != "" {
@@ -49,7 +49,7 @@ func (r *run[Req, Resp]) process(s *slot, flush func()) (owed bool) {
 	if s.meta.flowFailed != "" {
 		// A flow's parent whose children failed: its outcome is that
 		// failure, and the handler does not run (no start is charged).
-		r.handOff(&completion{s: s, code: keys.RecordFailed, value: []byte(s.meta.flowFailed)})
+		r.handOff(completion{s: s, code: keys.RecordFailed, value: []byte(s.meta.flowFailed)})
 		return true
 	}
 	// A paused queue's slot goes back into the ring; then wait for a
@@ -131,15 +131,18 @@ func (r *run[Req, Resp]) process(s *slot, flush func()) (owed bool) {
 		return true
 	}
 	s.tx = tx
-	r.handOff(&completion{s: s, code: keys.RecordResult, value: payload})
+	r.handOff(completion{s: s, code: keys.RecordResult, value: payload})
 	return true
 }
 
 // handOff queues an outcome with its shard's committer, without waking it
 // (the worker pokes it: see work). The slot keeps its place (the entry is
 // held, and leased, until its outcome is recorded), so the entries a consumer
-// holds never exceed Prefetch; the payload is dropped at once.
-func (r *run[Req, Resp]) handOff(cp *completion) {
+// holds never exceed Prefetch; the payload is dropped at once. The outcome
+// is kept in the slot (slot.completion): a slot is handed off once.
+func (r *run[Req, Resp]) handOff(out completion) {
+	cp := &out.s.completion
+	*cp = out
 	cp.done = make(chan struct{})
 	cp.s.outcome = cp.done
 	cp.s.handedOff.Store(true)
@@ -227,7 +230,7 @@ func (r *run[Req, Resp]) fail(s *slot, err error) {
 		"deliveries", s.entry.Deliveries, "retry_in", delay, "err", err)
 	// Round up: a retry never runs before its delay.
 	ms := int64((delay + time.Millisecond - 1) / time.Millisecond)
-	r.handOff(&completion{s: s, code: recordRetry, value: []byte(strconv.FormatInt(ms, 10)), errMsg: err.Error()})
+	r.handOff(completion{s: s, code: recordRetry, value: []byte(strconv.FormatInt(ms, 10)), errMsg: err.Error()})
 }
 
 // fetchFailed handles a message whose payload could not be fetched (after
@@ -249,7 +252,7 @@ func (r *run[Req, Resp]) fetchFailed(s *slot, err error) {
 	r.c.log.WarnContext(s.logContext(r.runCtx), "streamq: fetch failed; will retry (the handler did not run)", "id", s.entry.ID, "entry", s.entry.EntryID,
 		"fetch_failures", failures, "retry_in", delay, "err", err)
 	ms := int64((delay + time.Millisecond - 1) / time.Millisecond)
-	r.handOff(&completion{s: s, code: recordRetry, value: []byte(strconv.FormatInt(ms, 10) + retryFetchFailed),
+	r.handOff(completion{s: s, code: recordRetry, value: []byte(strconv.FormatInt(ms, 10) + retryFetchFailed),
 		errMsg: fmt.Sprintf("payload fetch failed %d times (the handler did not run): %s", failures, unprefixed(err))})
 }
 
@@ -285,7 +288,7 @@ func (r *run[Req, Resp]) deadLetter(s *slot, reason string) {
 	reason = strings.TrimPrefix(reason, "streamq: ")
 	r.c.log.WarnContext(s.logContext(r.runCtx), "streamq: dead-lettering message", "id", s.entry.ID, "entry", s.entry.EntryID,
 		"deliveries", s.entry.Deliveries, "reason", reason)
-	r.handOff(&completion{s: s, code: keys.RecordDead, value: []byte(reason)})
+	r.handOff(completion{s: s, code: keys.RecordDead, value: []byte(reason)})
 }
 
 // recordSkip completes an entry requeued for another group: acknowledged,

@@ -71,8 +71,8 @@ var (
 
 // The scripts. Run uses EVALSHA and falls back to EVAL when the server lacks the script.
 var (
-	Produce  = redis.NewScript(withFair(produceSrc))
-	Complete = redis.NewScript(lazyLib("completeLib", fairSrc+flowReleaseSrc) + completeSrc)
+	Produce  = redis.NewScript(produceFull)
+	Complete = redis.NewScript(completeFull)
 	Claim    = redis.NewScript(claimSrc)
 	Lease    = redis.NewScript(leaseSrc)
 	Trim     = redis.NewScript(trimSrc)
@@ -112,6 +112,12 @@ var (
 // the one-job path, which never meets a keyed item, so that path runs
 // exactly as it did before keys existed.
 const fairMarker = "-- fair.lua goes here\n"
+
+// The sources of the scripts that Heads call too (see call.go).
+var (
+	produceFull  = withFair(produceSrc)
+	completeFull = lazyLib("completeLib", fairSrc+flowReleaseSrc) + completeSrc
+)
 
 // lazyLib wraps fair.lua and flowrelease.lua (lib) in a function named
 // name, which returns fairRelease, flowLib and a setter of fairPub. A script
