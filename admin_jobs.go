@@ -170,6 +170,11 @@ func parseAttemptError(s string) (AttemptError, bool) {
 // group (AdminOptions.Group; default the answering group).
 func (a *Admin) Job(ctx context.Context, id string) (JobInfo, error) {
 	mustContext(ctx, "Admin.Job")
+	return callBounded(ctx, func(ctx context.Context) (JobInfo, error) { return a.job(ctx, id) })
+}
+
+// job is the body of Job, run by callBounded.
+func (a *Admin) job(ctx context.Context, id string) (JobInfo, error) {
 	info := JobInfo{ID: id}
 	if err := validateID(id); err != nil {
 		return info, err
@@ -372,6 +377,11 @@ var ErrJobRunning = errors.New("streamq: the request is running")
 // ErrNotFound when Redis holds no record of the id.
 func (a *Admin) Forget(ctx context.Context, id string, force bool) error {
 	mustContext(ctx, "Admin.Forget")
+	return callBoundedErr(ctx, func(ctx context.Context) error { return a.forget(ctx, id, force) })
+}
+
+// forget is the body of Forget, run by callBounded.
+func (a *Admin) forget(ctx context.Context, id string, force bool) error {
 	if err := validateID(id); err != nil {
 		return err
 	}
@@ -483,6 +493,11 @@ func (a *Admin) existingShards(ctx context.Context) ([]keys.Keys, error) {
 // cancelled it. A nil ctx panics.
 func (a *Admin) Cancel(ctx context.Context, id string) error {
 	mustContext(ctx, "Admin.Cancel")
+	return callBoundedErr(ctx, func(ctx context.Context) error { return a.cancelJob(ctx, id) })
+}
+
+// cancelJob is the body of Cancel, run by callBounded.
+func (a *Admin) cancelJob(ctx context.Context, id string) error {
 	if err := validateID(id); err != nil {
 		return err
 	}
@@ -761,6 +776,11 @@ const runNowMarkerTTL = 10 * time.Minute
 // panics.
 func (a *Admin) RunNow(ctx context.Context, id string) error {
 	mustContext(ctx, "Admin.RunNow")
+	return callBoundedErr(ctx, func(ctx context.Context) error { return a.runNow(ctx, id) })
+}
+
+// runNow is the body of RunNow, run by callBounded.
+func (a *Admin) runNow(ctx context.Context, id string) error {
 	if err := validateID(id); err != nil {
 		return err
 	}

@@ -1,0 +1,146 @@
+package streamq
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamq/streamq/internal/faultproxy"
+)
+
+// stallClient returns a client of the shared real redis-server through a
+// fault proxy, with a ReadTimeout far beyond the short contexts the stall
+// tests give their calls (so a call that waits for the client's timeouts
+// shows), and a pool large enough that no call waits for a connection.
+func stallClient(t *testing.T) (*redis.Client, *redis.Client, *faultproxy.Proxy) {
+	t.Helper()
+	direct := realRedis(t)
+	px, err := faultproxy.New(direct.Options().Addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = px.Close() })
+	client := redis.NewClient(&redis.Options{Addr: px.Addr(), ReadTimeout: 5 * time.Second, PoolSize: 128})
+	t.Cleanup(func() { _ = client.Close() })
+	return direct, client, px
+}
+
+// stallCall is one public call made while the connection stalls.
+type stallCall struct {
+	name string
+	call func(ctx context.Context) error
+}
+
+// callsDuringStall stalls px and makes every call at once, each with a ctx
+// of 200ms: each must return ctx's error within a second of its ctx's end.
+// The stall ends with the test (the abandoned calls then finish).
+func callsDuringStall(t *testing.T, px *faultproxy.Proxy, calls []stallCall) {
+	t.Helper()
+	const timeout = 200 * time.Millisecond
+	type result struct {
+		err  error
+		took time.Duration
+	}
+	results := make([]result, len(calls))
+	px.Stall(time.Minute)
+	var wg sync.WaitGroup
+	for i, c := range calls {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			t0 := time.Now()
+			err := c.call(ctx)
+			results[i] = result{err, time.Since(t0)}
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		px.Resume()
+		<-done
+		t.Error("calls still stalled after 20s; the stall was ended")
+	}
+	px.Resume()
+	for i, c := range calls {
+		r := results[i]
+		assert.ErrorIs(t, r.err, context.DeadlineExceeded, "%s: took %v", c.name, r.took)
+		assert.Less(t, r.took, timeout+time.Second, "%s returned late (ctx %v): %v", c.name, timeout, r.err)
+	}
+}
+
+// TestAdminCallsReturnWithinContextDuringStall: every Admin method (and
+// Queues) returns ctx's error when its ctx ends, also while the connection
+// stalls (Redis or the network stops answering). Before, each waited for the
+// client's ReadTimeout (5s here) whatever its ctx said: go-redis does not
+// interrupt a socket read when the ctx ends.
+func TestAdminCallsReturnWithinContextDuringStall(t *testing.T) {
+	t.Parallel()
+	direct, client, px := stallClient(t)
+	q := queueName(t)
+	p := newStringProducer(t, direct, q)
+	require.NoError(t, p.Enqueue(context.Background(), "job", "x"))
+	a, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	_, err = a.Stats(waitCtx(t, 10*time.Second)) // checks the server once
+	require.NoError(t, err)
+
+	calls := []stallCall{
+		{"Stats", func(ctx context.Context) error { _, err := a.Stats(ctx); return err }},
+		{"Keys", func(ctx context.Context) error { _, err := a.Keys(ctx); return err }},
+		{"History", func(ctx context.Context) error { _, err := a.History(ctx, time.Hour); return err }},
+		{"Completed", func(ctx context.Context) error { _, err := a.Completed(ctx, "", 10); return err }},
+		{"DeadLetters", func(ctx context.Context) error { _, err := a.DeadLetters(ctx, "", 10); return err }},
+		{"DeadLetter", func(ctx context.Context) error { _, err := a.DeadLetter(ctx, "1-1"); return err }},
+		{"Requeue", func(ctx context.Context) error { _, err := a.Requeue(ctx, "1-1"); return err }},
+		{"PurgeDeadLetters", func(ctx context.Context) error { _, err := a.PurgeDeadLetters(ctx, "1-1"); return err }},
+		{"RequeueAll", func(ctx context.Context) error { _, err := a.RequeueAll(ctx, DeadLetterFilter{}); return err }},
+		{"PurgeMatching", func(ctx context.Context) error { _, err := a.PurgeMatching(ctx, DeadLetterFilter{}); return err }},
+		{"Job", func(ctx context.Context) error { _, err := a.Job(ctx, "job"); return err }},
+		{"Forget", func(ctx context.Context) error { return a.Forget(ctx, "job", false) }},
+		{"Cancel", func(ctx context.Context) error { return a.Cancel(ctx, "job") }},
+		{"RunNow", func(ctx context.Context) error { return a.RunNow(ctx, "job") }},
+		{"Jobs", func(ctx context.Context) error { _, err := a.Jobs(ctx, JobsQuery{State: JobQueued}); return err }},
+		{"TopKeys", func(ctx context.Context) error { _, err := a.TopKeys(ctx, 5); return err }},
+		{"KeyStats", func(ctx context.Context) error { _, err := a.KeyStats(ctx, "k"); return err }},
+		{"PauseKey", func(ctx context.Context) error { return a.PauseKey(ctx, "k") }},
+		{"ResumeKey", func(ctx context.Context) error { return a.ResumeKey(ctx, "k") }},
+		{"SetKeyLimit", func(ctx context.Context) error { return a.SetKeyLimit(ctx, "k", 2) }},
+		{"SetKeyWeight", func(ctx context.Context) error { return a.SetKeyWeight(ctx, "k", 2) }},
+		{"SetKeyDefaults", func(ctx context.Context) error { return a.SetKeyDefaults(ctx, 2, 0) }},
+		{"SetKeyRate", func(ctx context.Context) error {
+			return a.SetKeyRate(ctx, "k", &RateLimit{N: 1, Per: time.Second})
+		}},
+		{"SetKeyRateDefault", func(ctx context.Context) error {
+			return a.SetKeyRateDefault(ctx, &RateLimit{N: 1, Per: time.Second})
+		}},
+		{"Consumers", func(ctx context.Context) error { _, err := a.Consumers(ctx); return err }},
+		{"Trim", func(ctx context.Context) error { _, err := a.Trim(ctx); return err }},
+		{"Pause", func(ctx context.Context) error { return a.Pause(ctx) }},
+		{"Resume", func(ctx context.Context) error { return a.Resume(ctx) }},
+		{"TxKeys", func(ctx context.Context) error { _, err := a.TxKeys(ctx, "n"); return err }},
+		{"TxSum", func(ctx context.Context) error { _, err := a.TxSum(ctx, "n"); return err }},
+		{"Queues", func(ctx context.Context) error { _, err := Queues(ctx, client); return err }},
+	}
+	callsDuringStall(t, px, calls)
+}
+
+// TestAdminStallFirstCall: an Admin's first call also checks the server
+// (one round trip more, before the call's own): it too ends with its ctx.
+func TestAdminStallFirstCall(t *testing.T) {
+	t.Parallel()
+	_, client, px := stallClient(t)
+	q := queueName(t)
+	var calls []stallCall
+	for i := range 3 {
+		a, err := NewAdmin(client, q, nil)
+		require.NoError(t, err)
+		calls = append(calls, stallCall{fmt.Sprintf("Stats#%d", i), func(ctx context.Context) error { _, err := a.Stats(ctx); return err }})
+	}
+	callsDuringStall(t, px, calls)
+}
