@@ -144,3 +144,94 @@ func TestAdminStallFirstCall(t *testing.T) {
 	}
 	callsDuringStall(t, px, calls)
 }
+
+// TestClientCallsReturnWithinContextDuringStall: the consumer's and the
+// producer's public calls made outside a handler return within their ctx
+// while the connection stalls, as the Admin's do.
+func TestClientCallsReturnWithinContextDuringStall(t *testing.T) {
+	t.Parallel()
+	_, client, px := stallClient(t)
+	q := queueName(t)
+	p := newStringProducer(t, client, q)
+	require.NoError(t, p.Enqueue(waitCtx(t, 10*time.Second), "warm", "x")) // the producer's setup
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		return "ok", nil
+	}, fastOpts(t, "stall", 30*time.Second))
+	require.NoError(t, err)
+
+	calls := []stallCall{
+		{"Consumer.Trim", func(ctx context.Context) error { _, err := c.Trim(ctx); return err }},
+		{"Consumer.PruneConsumers", func(ctx context.Context) error { _, err := c.PruneConsumers(ctx); return err }},
+		{"Producer.Enqueue", func(ctx context.Context) error { return p.Enqueue(ctx, "e", "x") }},
+		{"Producer.Produce", func(ctx context.Context) error { _, err := p.Produce(ctx, "p", "x"); return err }},
+		{"Producer.EnqueueBatch", func(ctx context.Context) error {
+			return p.EnqueueBatch(ctx, []Job[string]{{ID: "b1", Request: "x"}})
+		}},
+		{"Producer.ProduceBatch", func(ctx context.Context) error {
+			_, err := p.ProduceBatch(ctx, []Job[string]{{ID: "b2", Request: "x"}})
+			return err
+		}},
+		{"Producer.ProduceFlow", func(ctx context.Context) error {
+			_, err := p.ProduceFlow(ctx, "f", "x", []Child{ChildOf(NewQueue[string, string](q), "f1", "x")}, nil)
+			return err
+		}},
+		{"Producer.Send+Flush", func(ctx context.Context) error {
+			if err := p.Send(ctx, "s", "x"); err != nil {
+				return err
+			}
+			return p.Flush(ctx)
+		}},
+	}
+	callsDuringStall(t, px, calls)
+}
+
+// TestChildrenReturnsWithinContextDuringStall: Message.Children, one read
+// bounded by its ctx as documented, returns when its ctx ends also while
+// the connection stalls, so the parent's handler goes on.
+func TestChildrenReturnsWithinContextDuringStall(t *testing.T) {
+	t.Parallel()
+	direct, client, px := stallClient(t)
+	q := queueName(t)
+	started, proceed := make(chan struct{}), make(chan struct{})
+	type result struct {
+		err  error
+		took time.Duration
+	}
+	read := make(chan result, 1)
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		if m.ID != "parent" {
+			return "child", nil
+		}
+		close(started)
+		<-proceed
+		cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		t0 := time.Now()
+		_, err := m.Children(cctx)
+		read <- result{err, time.Since(t0)}
+		return "ok", nil
+	}, fastOpts(t, "stall", 30*time.Second))
+	require.NoError(t, err)
+	runConsumer(t, c)
+	p := newStringProducer(t, direct, q)
+	pr, err := p.ProduceFlow(waitCtx(t, 10*time.Second), "parent", "x",
+		[]Child{ChildOf(NewQueue[string, string](q), "child", "x")}, nil)
+	require.NoError(t, err)
+	<-started
+
+	px.Stall(time.Minute)
+	close(proceed)
+	var r result
+	select {
+	case r = <-read:
+	case <-time.After(4 * time.Second):
+		px.Resume()
+		r = <-read
+		t.Fatalf("Children returned after %v (ctx 200ms), only once the stall ended", r.took)
+	}
+	px.Resume()
+	require.ErrorIs(t, r.err, context.DeadlineExceeded)
+	require.Less(t, r.took, time.Second, "Children returned late")
+	_, err = pr.Wait(waitCtx(t, 20*time.Second))
+	require.NoError(t, err)
+}
