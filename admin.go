@@ -17,6 +17,14 @@ import (
 // Admin inspects and repairs a queue: statistics and the dead-letter stream.
 // It reads the queue's shard count from Redis and covers every shard. It is
 // safe for concurrent use.
+//
+// Every call returns within its ctx, also when Redis or the network stops
+// answering (go-redis alone would wait for the client's ReadTimeout): when
+// ctx ends first, the call returns ctx's error at once and its Redis work
+// is left to finish in the background, where it sends no further command.
+// A write under way then may or may not have taken effect, as when a reply
+// is lost: after a Cancel, Requeue or Forget that returned ctx's error, look
+// (Job) before trying again.
 type Admin struct {
 	client   redis.UniversalClient
 	queue    string

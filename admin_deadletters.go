@@ -201,6 +201,10 @@ const requeueMarkerTTL = 10 * time.Minute
 // second entry would run the request twice. (A fan-out group's requeue does
 // not check: the record is the answering group's.) A malformed deadLetterID
 // (not as DeadLetters lists it) is ErrInvalidDeadLetterID.
+//
+// When ctx ends before Redis answers, Requeue returns ctx's error at once
+// (see Admin) and the dead letter may or may not have been requeued: call
+// it again (within 10 minutes it returns the entry id when it was).
 func (a *Admin) Requeue(ctx context.Context, deadLetterID string) (string, error) {
 	mustContext(ctx, "Admin.Requeue")
 	return callBounded(ctx, func(ctx context.Context) (string, error) { return a.requeue(ctx, deadLetterID) })
