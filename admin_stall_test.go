@@ -3,6 +3,7 @@ package streamq
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -234,4 +235,66 @@ func TestChildrenReturnsWithinContextDuringStall(t *testing.T) {
 	require.Less(t, r.took, time.Second, "Children returned late")
 	_, err = pr.Wait(waitCtx(t, 20*time.Second))
 	require.NoError(t, err)
+}
+
+// stallOnHook stalls the proxy right before the first command named one of
+// names whose arguments include arg is sent.
+type stallOnHook struct {
+	px    *faultproxy.Proxy
+	names []string
+	arg   string
+	once  sync.Once
+}
+
+func (h *stallOnHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *stallOnHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *stallOnHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if slices.Contains(h.names, cmd.Name()) && slices.ContainsFunc(cmd.Args(), func(a any) bool { return a == h.arg }) {
+			h.once.Do(func() { h.px.Stall(time.Minute) })
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestAdminRequeueAllStalledReturnsWhatItDid: when RequeueAll's ctx ends
+// while a requeue waits for a stalled connection, it returns at once what
+// it did by then (Done false, no error, as when ctx ends between two
+// requeues). The requeue it gave up on still lands once the stall ends (as
+// a write whose reply was lost), and nothing after it is sent: the third
+// dead letter stays.
+func TestAdminRequeueAllStalledReturnsWhatItDid(t *testing.T) {
+	t.Parallel()
+	direct, client, px := stallClient(t)
+	q := queueName(t)
+	dls := deadLetters(t, direct, q, "d1", "d2", "d3")
+	client.AddHook(&stallOnHook{px: px, names: []string{"evalsha", "eval"}, arg: dls[1].DeadLetterID})
+	a, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	t0 := time.Now()
+	res, err := a.RequeueAll(ctx, DeadLetterFilter{})
+	took := time.Since(t0)
+	px.Resume()
+	require.NoError(t, err)
+	require.Less(t, took, 1500*time.Millisecond, "RequeueAll returned late")
+	require.False(t, res.Done)
+	require.EqualValues(t, 1, res.Requeued, "d1 requeued; d2's requeue was given up on")
+
+	da, err := NewAdmin(direct, q, nil)
+	require.NoError(t, err)
+	eventually(t, 10*time.Second, func() bool {
+		left, err := da.DeadLetters(context.Background(), "", 10)
+		return err == nil && len(left) == 1
+	}, "d2's requeue lands once the stall ends")
+	left, err := da.DeadLetters(context.Background(), "", 10)
+	require.NoError(t, err)
+	require.Len(t, left, 1)
+	require.Equal(t, "d3", left[0].ID, "nothing after the abandoned requeue is sent")
 }
