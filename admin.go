@@ -17,6 +17,14 @@ import (
 // Admin inspects and repairs a queue: statistics and the dead-letter stream.
 // It reads the queue's shard count from Redis and covers every shard. It is
 // safe for concurrent use.
+//
+// Every call returns within its ctx, also when Redis or the network stops
+// answering (go-redis alone would wait for the client's ReadTimeout): when
+// ctx ends first, the call returns ctx's error at once and its Redis work
+// is left to finish in the background, where it sends no further command.
+// A write under way then may or may not have taken effect, as when a reply
+// is lost: after a Cancel, Requeue or Forget that returned ctx's error, look
+// (Job) before trying again.
 type Admin struct {
 	client   redis.UniversalClient
 	queue    string
@@ -209,6 +217,11 @@ type GroupStats struct {
 // consumer ever used it) is ErrNotFound.
 func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	mustContext(ctx, "Admin.Stats")
+	return callBounded(ctx, a.stats)
+}
+
+// stats is the body of Stats, run by callBounded.
+func (a *Admin) stats(ctx context.Context) (Stats, error) {
 	var s Stats
 	shards, err := a.existingShards(ctx)
 	if err != nil {
@@ -544,6 +557,11 @@ type QueueKeys struct {
 // operators and scripts.
 func (a *Admin) Keys(ctx context.Context) ([]QueueKeys, error) {
 	mustContext(ctx, "Admin.Keys")
+	return callBounded(ctx, a.keys)
+}
+
+// keys is the body of Keys, run by callBounded.
+func (a *Admin) keys(ctx context.Context) ([]QueueKeys, error) {
 	shards, err := a.shards(ctx)
 	if err != nil {
 		return nil, err
@@ -577,6 +595,11 @@ type HistoryPoint struct {
 // clamped to 24 hours, which the hashes keep (25 hours).
 func (a *Admin) History(ctx context.Context, span time.Duration) ([]HistoryPoint, error) {
 	mustContext(ctx, "Admin.History")
+	return callBounded(ctx, func(ctx context.Context) ([]HistoryPoint, error) { return a.history(ctx, span) })
+}
+
+// history is the body of History, run by callBounded.
+func (a *Admin) history(ctx context.Context, span time.Duration) ([]HistoryPoint, error) {
 	if span <= 0 || span > 24*time.Hour {
 		span = 24 * time.Hour
 	}

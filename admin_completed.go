@@ -51,6 +51,11 @@ type CompletedPage struct {
 // ctx panics.
 func (a *Admin) Completed(ctx context.Context, cursor string, limit int) (CompletedPage, error) {
 	mustContext(ctx, "Admin.Completed")
+	return callBounded(ctx, func(ctx context.Context) (CompletedPage, error) { return a.completed(ctx, cursor, limit) })
+}
+
+// completed is the body of Completed, run by callBounded.
+func (a *Admin) completed(ctx context.Context, cursor string, limit int) (CompletedPage, error) {
 	var page CompletedPage
 	switch {
 	case limit == 0:

@@ -7,8 +7,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -78,6 +80,11 @@ type DeadLetter struct {
 // for the start): oldest first within a shard, shard after shard.
 func (a *Admin) DeadLetters(ctx context.Context, after string, count int64) ([]DeadLetter, error) {
 	mustContext(ctx, "Admin.DeadLetters")
+	return callBounded(ctx, func(ctx context.Context) ([]DeadLetter, error) { return a.deadLetters(ctx, after, count) })
+}
+
+// deadLetters is the body of DeadLetters, run by callBounded.
+func (a *Admin) deadLetters(ctx context.Context, after string, count int64) ([]DeadLetter, error) {
 	shards, err := a.shards(ctx)
 	if err != nil {
 		return nil, err
@@ -194,8 +201,17 @@ const requeueMarkerTTL = 10 * time.Minute
 // second entry would run the request twice. (A fan-out group's requeue does
 // not check: the record is the answering group's.) A malformed deadLetterID
 // (not as DeadLetters lists it) is ErrInvalidDeadLetterID.
+//
+// When ctx ends before Redis answers, Requeue returns ctx's error at once
+// (see Admin) and the dead letter may or may not have been requeued: call
+// it again (within 10 minutes it returns the entry id when it was).
 func (a *Admin) Requeue(ctx context.Context, deadLetterID string) (string, error) {
 	mustContext(ctx, "Admin.Requeue")
+	return callBounded(ctx, func(ctx context.Context) (string, error) { return a.requeue(ctx, deadLetterID) })
+}
+
+// requeue is the body of Requeue, run by callBounded.
+func (a *Admin) requeue(ctx context.Context, deadLetterID string) (string, error) {
 	shards, err := a.shards(ctx)
 	if err != nil {
 		return "", err
@@ -288,6 +304,11 @@ func requeueInFlightError(deadLetterID, id, queue, rec string) error {
 // letters added meanwhile are either counted and deleted, or kept).
 func (a *Admin) PurgeDeadLetters(ctx context.Context, deadLetterIDs ...string) (int64, error) {
 	mustContext(ctx, "Admin.PurgeDeadLetters")
+	return callBounded(ctx, func(ctx context.Context) (int64, error) { return a.purgeDeadLetters(ctx, deadLetterIDs...) })
+}
+
+// purgeDeadLetters is the body of PurgeDeadLetters, run by callBounded.
+func (a *Admin) purgeDeadLetters(ctx context.Context, deadLetterIDs ...string) (int64, error) {
 	shards, err := a.shards(ctx)
 	if err != nil {
 		return 0, err
@@ -334,6 +355,11 @@ func (a *Admin) PurgeDeadLetters(ctx context.Context, deadLetterIDs ...string) (
 // or ErrNotFound.
 func (a *Admin) DeadLetter(ctx context.Context, deadLetterID string) (DeadLetter, error) {
 	mustContext(ctx, "Admin.DeadLetter")
+	return callBounded(ctx, func(ctx context.Context) (DeadLetter, error) { return a.deadLetter(ctx, deadLetterID) })
+}
+
+// deadLetter is the body of DeadLetter, run by callBounded.
+func (a *Admin) deadLetter(ctx context.Context, deadLetterID string) (DeadLetter, error) {
 	shards, err := a.existingShards(ctx)
 	if err != nil {
 		return DeadLetter{}, err
@@ -404,31 +430,54 @@ const deadLetterBatch = 100
 // far.
 func (a *Admin) RequeueAll(ctx context.Context, f DeadLetterFilter) (RequeueAllResult, error) {
 	mustContext(ctx, "Admin.RequeueAll")
-	var res RequeueAllResult
-	shards, err := a.shards(ctx)
-	if err != nil {
-		return res, err
-	}
-	t, err := a.target(ctx)
-	if err != nil {
-		return res, err
-	}
-	done, err := a.eachDeadLetter(ctx, shards, t, f, func(shard int, m redis.XMessage, d DeadLetter) error {
-		_, err := a.requeueEntry(ctx, shards[shard], t, d.DeadLetterID, m)
-		switch {
-		case err == nil:
-			res.Requeued++
-		case errors.Is(err, ErrNotFound): // requeued or purged meanwhile
-		case errors.Is(err, ErrRequeueInFlight):
-			d.Payload = nil
-			res.Skipped = append(res.Skipped, d)
-		default:
-			return err
+	// The work counts into res under mu, so that when ctx ends while a
+	// step waits for Redis, the call returns what was counted by then.
+	var (
+		mu       sync.Mutex
+		res      RequeueAllResult
+		begun    bool
+		finished bool
+	)
+	_, err := callBounded(ctx, func(ctx context.Context) (struct{}, error) {
+		shards, err := a.shards(ctx)
+		if err != nil {
+			return struct{}{}, err
 		}
-		return nil
+		t, err := a.target(ctx)
+		if err != nil {
+			return struct{}{}, err
+		}
+		mu.Lock()
+		begun = true
+		mu.Unlock()
+		done, err := a.eachDeadLetter(ctx, shards, t, f, func(shard int, m redis.XMessage, d DeadLetter) error {
+			_, err := a.requeueEntry(ctx, shards[shard], t, d.DeadLetterID, m)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				res.Requeued++
+			case errors.Is(err, ErrNotFound): // requeued or purged meanwhile
+			case errors.Is(err, ErrRequeueInFlight):
+				d.Payload = nil
+				res.Skipped = append(res.Skipped, d)
+			default:
+				return err
+			}
+			return nil
+		})
+		mu.Lock()
+		finished = done
+		mu.Unlock()
+		return struct{}{}, err
 	})
-	res.Done = done
-	return res, err
+	mu.Lock()
+	defer mu.Unlock()
+	out := RequeueAllResult{Requeued: res.Requeued, Skipped: slices.Clone(res.Skipped), Done: finished}
+	if err != nil && begun && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		err = nil // ended by ctx once it began: Done is false
+	}
+	return out, err
 }
 
 // PurgeMatching deletes the dead letters of the Admin's group that f
@@ -439,15 +488,35 @@ func (a *Admin) RequeueAll(ctx context.Context, f DeadLetterFilter) (RequeueAllR
 // and ctx's error).
 func (a *Admin) PurgeMatching(ctx context.Context, f DeadLetterFilter) (int64, error) {
 	mustContext(ctx, "Admin.PurgeMatching")
+	// The work counts into total under mu, so that when ctx ends while a
+	// step waits for Redis, the call returns what was deleted by then.
+	var (
+		mu    sync.Mutex
+		total int64
+	)
+	_, err := callBounded(ctx, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, a.purgeMatching(ctx, f, func(n int64) {
+			mu.Lock()
+			total += n
+			mu.Unlock()
+		})
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	return total, err
+}
+
+// purgeMatching is the body of PurgeMatching, run by callBounded; it
+// reports each batch it deleted to deleted.
+func (a *Admin) purgeMatching(ctx context.Context, f DeadLetterFilter, deleted func(int64)) error {
 	shards, err := a.shards(ctx)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	t, err := a.target(ctx)
 	if err != nil {
-		return 0, err
+		return err
 	}
-	var total int64
 	batch := map[int][]string{}
 	flush := func(shard int) error {
 		if len(batch[shard]) == 0 {
@@ -457,7 +526,7 @@ func (a *Admin) PurgeMatching(ctx context.Context, f DeadLetterFilter) (int64, e
 		if err != nil {
 			return fmt.Errorf("streamq: purge dead letters of %s: %w", a.queue, err)
 		}
-		total += n
+		deleted(n)
 		batch[shard] = batch[shard][:0]
 		return nil
 	}
@@ -481,7 +550,7 @@ func (a *Admin) PurgeMatching(ctx context.Context, f DeadLetterFilter) (int64, e
 	if err == nil && !done {
 		err = ctx.Err()
 	}
-	return total, err
+	return err
 }
 
 // eachDeadLetter calls fn, shard after shard and oldest first, for each dead

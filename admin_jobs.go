@@ -170,6 +170,11 @@ func parseAttemptError(s string) (AttemptError, bool) {
 // group (AdminOptions.Group; default the answering group).
 func (a *Admin) Job(ctx context.Context, id string) (JobInfo, error) {
 	mustContext(ctx, "Admin.Job")
+	return callBounded(ctx, func(ctx context.Context) (JobInfo, error) { return a.job(ctx, id) })
+}
+
+// job is the body of Job, run by callBounded.
+func (a *Admin) job(ctx context.Context, id string) (JobInfo, error) {
 	info := JobInfo{ID: id}
 	if err := validateID(id); err != nil {
 		return info, err
@@ -370,8 +375,16 @@ var ErrJobRunning = errors.New("streamq: the request is running")
 // finishes, records its outcome again (call Forget once more after it). The
 // id's dead letter, if any, stays in the dead-letter stream. It returns
 // ErrNotFound when Redis holds no record of the id.
+//
+// When ctx ends before Redis answers, Forget returns ctx's error at once
+// (see Admin) and the id may or may not be forgotten: call it again.
 func (a *Admin) Forget(ctx context.Context, id string, force bool) error {
 	mustContext(ctx, "Admin.Forget")
+	return callBoundedErr(ctx, func(ctx context.Context) error { return a.forget(ctx, id, force) })
+}
+
+// forget is the body of Forget, run by callBounded.
+func (a *Admin) forget(ctx context.Context, id string, force bool) error {
 	if err := validateID(id); err != nil {
 		return err
 	}
@@ -481,8 +494,17 @@ func (a *Admin) existingShards(ctx context.Context) ([]keys.Keys, error) {
 // alone. A fan-out group keeps no record, so Cancel returns ErrNotScheduled
 // when the group has no retry of the id waiting, also when an earlier call
 // cancelled it. A nil ctx panics.
+//
+// When ctx ends before Redis answers, Cancel returns ctx's error at once
+// (see Admin) and the request may or may not be cancelled, as when a reply
+// is lost: call Cancel again (nil when it was) or look with Job.
 func (a *Admin) Cancel(ctx context.Context, id string) error {
 	mustContext(ctx, "Admin.Cancel")
+	return callBoundedErr(ctx, func(ctx context.Context) error { return a.cancelJob(ctx, id) })
+}
+
+// cancelJob is the body of Cancel, run by callBounded.
+func (a *Admin) cancelJob(ctx context.Context, id string) error {
 	if err := validateID(id); err != nil {
 		return err
 	}
@@ -759,8 +781,17 @@ const runNowMarkerTTL = 10 * time.Minute
 // job is not waiting in the schedule (queued, running, completed or
 // cancelled) and ErrNotFound when the request has no record. A nil ctx
 // panics.
+//
+// When ctx ends before Redis answers, RunNow returns ctx's error at once
+// (see Admin) and the job may or may not have been appended: call it again
+// (a resend does nothing while the entry it appended is in the stream).
 func (a *Admin) RunNow(ctx context.Context, id string) error {
 	mustContext(ctx, "Admin.RunNow")
+	return callBoundedErr(ctx, func(ctx context.Context) error { return a.runNow(ctx, id) })
+}
+
+// runNow is the body of RunNow, run by callBounded.
+func (a *Admin) runNow(ctx context.Context, id string) error {
 	if err := validateID(id); err != nil {
 		return err
 	}

@@ -46,6 +46,11 @@ type KeyStat struct {
 // A nil ctx panics.
 func (a *Admin) TopKeys(ctx context.Context, n int) ([]KeyStat, error) {
 	mustContext(ctx, "Admin.TopKeys")
+	return callBounded(ctx, func(ctx context.Context) ([]KeyStat, error) { return a.topKeys(ctx, n) })
+}
+
+// topKeys is the body of TopKeys, run by callBounded.
+func (a *Admin) topKeys(ctx context.Context, n int) ([]KeyStat, error) {
 	if n <= 0 {
 		n = 20
 	}
@@ -89,6 +94,11 @@ func (a *Admin) TopKeys(ctx context.Context, n int) ([]KeyStat, error) {
 // queue's shards (zero counts for a key with none). A nil ctx panics.
 func (a *Admin) KeyStats(ctx context.Context, key string) (KeyStat, error) {
 	mustContext(ctx, "Admin.KeyStats")
+	return callBounded(ctx, func(ctx context.Context) (KeyStat, error) { return a.keyStats(ctx, key) })
+}
+
+// keyStats is the body of KeyStats, run by callBounded.
+func (a *Admin) keyStats(ctx context.Context, key string) (KeyStat, error) {
 	if err := validateKey(key); err != nil {
 		return KeyStat{}, err
 	}
@@ -109,12 +119,24 @@ func (a *Admin) KeyStats(ctx context.Context, key string) (KeyStat, error) {
 // and other keys are not affected. New jobs of the key wait too. A nil ctx
 // panics.
 func (a *Admin) PauseKey(ctx context.Context, key string) error {
+	mustContext(ctx, "Admin.PauseKey")
+	return callBoundedErr(ctx, func(ctx context.Context) error { return a.pauseKey(ctx, key) })
+}
+
+// pauseKey is the body of PauseKey, run by callBounded.
+func (a *Admin) pauseKey(ctx context.Context, key string) error {
 	return a.changeKey(ctx, "Admin.PauseKey", "pause", key)
 }
 
 // ResumeKey undoes PauseKey: the key takes its turns again at once.
 // A nil ctx panics.
 func (a *Admin) ResumeKey(ctx context.Context, key string) error {
+	mustContext(ctx, "Admin.ResumeKey")
+	return callBoundedErr(ctx, func(ctx context.Context) error { return a.resumeKey(ctx, key) })
+}
+
+// resumeKey is the body of ResumeKey, run by callBounded.
+func (a *Admin) resumeKey(ctx context.Context, key string) error {
 	return a.changeKey(ctx, "Admin.ResumeKey", "resume", key)
 }
 
@@ -125,6 +147,11 @@ func (a *Admin) ResumeKey(ctx context.Context, key string) error {
 // ctx panics.
 func (a *Admin) SetKeyLimit(ctx context.Context, key string, n int) error {
 	mustContext(ctx, "Admin.SetKeyLimit")
+	return callBoundedErr(ctx, func(ctx context.Context) error { return a.setKeyLimit(ctx, key, n) })
+}
+
+// setKeyLimit is the body of SetKeyLimit, run by callBounded.
+func (a *Admin) setKeyLimit(ctx context.Context, key string, n int) error {
 	if n < 0 {
 		return fmt.Errorf("%w: SetKeyLimit(%q, %d): the limit must be 0 (none) or more", ErrInvalidOptions, key, n)
 	}
@@ -135,6 +162,11 @@ func (a *Admin) SetKeyLimit(ctx context.Context, key string, n int) error {
 // default, is plain round robin). A nil ctx panics.
 func (a *Admin) SetKeyWeight(ctx context.Context, key string, w int) error {
 	mustContext(ctx, "Admin.SetKeyWeight")
+	return callBoundedErr(ctx, func(ctx context.Context) error { return a.setKeyWeight(ctx, key, w) })
+}
+
+// setKeyWeight is the body of SetKeyWeight, run by callBounded.
+func (a *Admin) setKeyWeight(ctx context.Context, key string, w int) error {
 	if w < 1 {
 		return fmt.Errorf("%w: SetKeyWeight(%q, %d): the weight must be at least 1", ErrInvalidOptions, key, w)
 	}
@@ -149,6 +181,11 @@ func (a *Admin) SetKeyWeight(ctx context.Context, key string, w int) error {
 // held back by the limit. A nil ctx panics.
 func (a *Admin) SetKeyDefaults(ctx context.Context, limit, window int) error {
 	mustContext(ctx, "Admin.SetKeyDefaults")
+	return callBoundedErr(ctx, func(ctx context.Context) error { return a.setKeyDefaults(ctx, limit, window) })
+}
+
+// setKeyDefaults is the body of SetKeyDefaults, run by callBounded.
+func (a *Admin) setKeyDefaults(ctx context.Context, limit, window int) error {
 	if limit < 0 || window < 0 {
 		return fmt.Errorf("%w: SetKeyDefaults(%d, %d): the limit and window must be 0 (the default) or more", ErrInvalidOptions, limit, window)
 	}
@@ -168,6 +205,11 @@ func (a *Admin) SetKeyDefaults(ctx context.Context, limit, window int) error {
 // (ErrInvalidOptions). A nil ctx panics.
 func (a *Admin) SetKeyRate(ctx context.Context, key string, limit *RateLimit) error {
 	mustContext(ctx, "Admin.SetKeyRate")
+	return callBoundedErr(ctx, func(ctx context.Context) error { return a.setKeyRate(ctx, key, limit) })
+}
+
+// setKeyRate is the body of SetKeyRate, run by callBounded.
+func (a *Admin) setKeyRate(ctx context.Context, key string, limit *RateLimit) error {
 	v, err := storedKeyRate(fmt.Sprintf("SetKeyRate(%q)", key), limit)
 	if err != nil {
 		return err
@@ -180,6 +222,11 @@ func (a *Admin) SetKeyRate(ctx context.Context, key string, limit *RateLimit) er
 // removes it (no rate per key, except the keys' own). A nil ctx panics.
 func (a *Admin) SetKeyRateDefault(ctx context.Context, limit *RateLimit) error {
 	mustContext(ctx, "Admin.SetKeyRateDefault")
+	return callBoundedErr(ctx, func(ctx context.Context) error { return a.setKeyRateDefault(ctx, limit) })
+}
+
+// setKeyRateDefault is the body of SetKeyRateDefault, run by callBounded.
+func (a *Admin) setKeyRateDefault(ctx context.Context, limit *RateLimit) error {
 	v, err := storedKeyRate("SetKeyRateDefault", limit)
 	if err != nil {
 		return err

@@ -231,6 +231,11 @@ type shardPart struct {
 // did not issue, is ErrInvalidCursor. An unknown queue has empty pages.
 func (a *Admin) Jobs(ctx context.Context, q JobsQuery) (JobsPage, error) {
 	mustContext(ctx, "Admin.Jobs")
+	return callBounded(ctx, func(ctx context.Context) (JobsPage, error) { return a.jobs(ctx, q) })
+}
+
+// jobs is the body of Jobs, run by callBounded.
+func (a *Admin) jobs(ctx context.Context, q JobsQuery) (JobsPage, error) {
 	page := JobsPage{Jobs: []JobSummary{}, Total: -1}
 	switch q.State {
 	case JobScheduled, JobRetrying, JobQueued, JobRunning, JobDeadLettered:
@@ -689,7 +694,7 @@ func levelNamed(name string) PriorityLevel {
 // record (Admin.Job): a page of that job, or an empty one.
 func (a *Admin) jobByID(ctx context.Context, q JobsQuery, shards []keys.Keys) (JobsPage, error) {
 	page := JobsPage{Jobs: []JobSummary{}, Total: -1}
-	info, err := a.Job(ctx, q.ID)
+	info, err := a.job(ctx, q.ID)
 	if errors.Is(err, ErrNotFound) {
 		return page, nil
 	}

@@ -26,6 +26,11 @@ func Queues(ctx context.Context, client redis.UniversalClient) ([]string, error)
 	if client == nil {
 		return nil, fmt.Errorf("%w: client is nil", ErrInvalidOptions)
 	}
+	return callBounded(ctx, func(ctx context.Context) ([]string, error) { return queues(ctx, client) })
+}
+
+// queues is the body of Queues, run by callBounded.
+func queues(ctx context.Context, client redis.UniversalClient) ([]string, error) {
 	var mu sync.Mutex
 	seen := map[string]bool{}
 	scan := func(ctx context.Context, c redis.Cmdable) error {
@@ -96,6 +101,11 @@ type ConsumerInfo struct {
 // name, with whether each is live. Unknown queue: ErrNotFound.
 func (a *Admin) Consumers(ctx context.Context) ([]ConsumerInfo, error) {
 	mustContext(ctx, "Admin.Consumers")
+	return callBounded(ctx, a.consumers)
+}
+
+// consumers is the body of Consumers, run by callBounded.
+func (a *Admin) consumers(ctx context.Context) ([]ConsumerInfo, error) {
 	shards, err := a.existingShards(ctx)
 	if err != nil {
 		return nil, err
@@ -216,6 +226,11 @@ func (a *Admin) groupConsumers(ctx context.Context, shards []keys.Keys, group st
 // a group has not acknowledged. Unknown queue: ErrNotFound.
 func (a *Admin) Trim(ctx context.Context) (int64, error) {
 	mustContext(ctx, "Admin.Trim")
+	return callBounded(ctx, a.trim)
+}
+
+// trim is the body of Trim, run by callBounded.
+func (a *Admin) trim(ctx context.Context) (int64, error) {
 	shards, err := a.existingShards(ctx)
 	if err != nil {
 		return 0, err
@@ -247,6 +262,11 @@ func (a *Admin) Queue() string { return a.queue }
 // changes nothing. A nil ctx panics.
 func (a *Admin) Pause(ctx context.Context) error {
 	mustContext(ctx, "Admin.Pause")
+	return callBoundedErr(ctx, a.pause)
+}
+
+// pause is the body of Pause, run by callBounded.
+func (a *Admin) pause(ctx context.Context) error {
 	err := a.client.SetArgs(ctx, keys.Paused(a.queue), time.Now().UnixMilli(), redis.SetArgs{Mode: "NX"}).Err()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("streamq: pause %s: %w", a.queue, err)
@@ -259,6 +279,11 @@ func (a *Admin) Pause(ctx context.Context) error {
 // changes nothing. A nil ctx panics.
 func (a *Admin) Resume(ctx context.Context) error {
 	mustContext(ctx, "Admin.Resume")
+	return callBoundedErr(ctx, a.resume)
+}
+
+// resume is the body of Resume, run by callBounded.
+func (a *Admin) resume(ctx context.Context) error {
 	if err := a.client.Del(ctx, keys.Paused(a.queue)).Err(); err != nil {
 		return fmt.Errorf("streamq: resume %s: %w", a.queue, err)
 	}

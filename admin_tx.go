@@ -45,6 +45,11 @@ func TxKeys(queue string, shards int, name string) ([]string, error) {
 // multi-key command.
 func (a *Admin) TxKeys(ctx context.Context, name string) ([]string, error) {
 	mustContext(ctx, "Admin.TxKeys")
+	return callBounded(ctx, func(ctx context.Context) ([]string, error) { return a.txKeys(ctx, name) })
+}
+
+// txKeys is the body of TxKeys, run by callBounded.
+func (a *Admin) txKeys(ctx context.Context, name string) ([]string, error) {
 	if name == "" {
 		return nil, errors.New("streamq: an empty Tx key name; pass the name the handlers give Tx.Key")
 	}
@@ -68,7 +73,12 @@ func (a *Admin) TxKeys(ctx context.Context, name string) ([]string, error) {
 // the sum overflows int64.
 func (a *Admin) TxSum(ctx context.Context, name string) (int64, error) {
 	mustContext(ctx, "Admin.TxSum")
-	names, err := a.TxKeys(ctx, name)
+	return callBounded(ctx, func(ctx context.Context) (int64, error) { return a.txSum(ctx, name) })
+}
+
+// txSum is the body of TxSum, run by callBounded.
+func (a *Admin) txSum(ctx context.Context, name string) (int64, error) {
+	names, err := a.txKeys(ctx, name)
 	if err != nil {
 		return 0, err
 	}

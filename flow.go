@@ -528,7 +528,10 @@ func (m *Message[Req]) Children(ctx context.Context) ([]ChildResult, error) {
 // children reads the flow hash of parent id (Message.Children).
 func (r *run[Req, Resp]) children(ctx context.Context, shard int, id string) ([]ChildResult, error) {
 	key := r.c.shards[shard].Flow(id)
-	h, err := r.c.client.HGetAll(ctx, key).Result()
+	// Bounded by ctx even when the connection stalls (callBounded).
+	h, err := callBounded(ctx, func(ctx context.Context) (map[string]string, error) {
+		return r.c.client.HGetAll(ctx, key).Result()
+	})
 	if err != nil {
 		return nil, fmt.Errorf("streamq: read the children of %q: %w", id, err)
 	}

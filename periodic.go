@@ -360,25 +360,3 @@ func (pd *Periodic[Req, Resp]) mark(ctx context.Context, name string, slot, next
 		return scripts.Periodic.Run(ctx, pd.p.client, []string{pd.key}, name, ms(slot), ms(next)).Int64()
 	})
 }
-
-// callBounded runs a Redis call and returns when it does or when ctx ends,
-// whichever is first: go-redis does not interrupt a stalled call when its
-// context ends (unless the client has ContextTimeoutEnabled).
-func callBounded[T any](ctx context.Context, call func(context.Context) (T, error)) (T, error) {
-	type result struct {
-		v   T
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		v, err := call(ctx)
-		ch <- result{v, err}
-	}()
-	select {
-	case r := <-ch:
-		return r.v, r.err
-	case <-ctx.Done():
-		var zero T
-		return zero, ctx.Err()
-	}
-}

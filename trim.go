@@ -73,16 +73,20 @@ func pruneConsumers[Req, Resp any](ctx context.Context, c *Consumer[Req, Resp]) 
 
 // Trim removes the stream entries that every consumer group has acknowledged,
 // as the consumer's periodic trim does, and returns how many were removed.
-// It never removes an entry a group has not acknowledged.
+// It never removes an entry a group has not acknowledged. It returns ctx's
+// error as soon as ctx ends, also while Redis does not answer (the
+// removal under way may still happen).
 func (c *Consumer[Req, Resp]) Trim(ctx context.Context) (int64, error) {
 	mustContext(ctx, "Consumer.Trim")
-	return trimStream(ctx, c)
+	return callBounded(ctx, func(ctx context.Context) (int64, error) { return trimStream(ctx, c) })
 }
 
 // PruneConsumers deletes consumers of the group, other than c, that hold no
 // pending entries and have been idle for ConsumerIdleTimeout, as the periodic
-// maintenance does, and returns their names.
+// maintenance does, and returns their names. It returns ctx's error as
+// soon as ctx ends, also while Redis does not answer (the deletion under
+// way may still happen).
 func (c *Consumer[Req, Resp]) PruneConsumers(ctx context.Context) ([]string, error) {
 	mustContext(ctx, "Consumer.PruneConsumers")
-	return pruneConsumers(ctx, c)
+	return callBounded(ctx, func(ctx context.Context) ([]string, error) { return pruneConsumers(ctx, c) })
 }

@@ -16,10 +16,13 @@
 -- KEYS[2]  the progress key ("<seq>:<value>")
 -- ARGV[1]  the entry id
 -- ARGV[2]  the value
--- ARGV[3]  the TTL of the progress key, ms, when the record has none (else
---          it takes the record's: the value never outlives the record, and
---          complete.lua expires it with the record when the outcome is
---          recorded; forget.lua and cancel.lua too)
+-- ARGV[3]  the least TTL of the progress key, ms (the consumer's ResultTTL):
+--          it lives the longer of this and the record's TTL. Not the
+--          record's alone: a running request's record is kept alive by the
+--          consumer's leases (lease.lua), which do not touch this key, so a
+--          handler running past the record's TTL of its last report lost
+--          the value. complete.lua expires it with the record when the
+--          outcome is recorded; forget.lua and cancel.lua too.
 -- ARGV[4]  the notice channel
 -- ARGV[5]  "PUBLISH" or "SPUBLISH"
 -- ARGV[6]  the request id
@@ -35,10 +38,7 @@ local cur = redis.pcall("GET", KEYS[2])
 if type(cur) == "string" then
   seq = (tonumber(string.match(cur, "^(%d+):")) or 0) + 1
 end
-local ttl = redis.call("PTTL", KEYS[1])
-if ttl <= 0 then
-  ttl = tonumber(ARGV[3])
-end
+local ttl = math.max(redis.call("PTTL", KEYS[1]), tonumber(ARGV[3]))
 redis.call("SET", KEYS[2], seq .. ":" .. ARGV[2], "PX", ttl)
 local s = tostring(seq)
 redis.call(ARGV[5], ARGV[4], "~" .. #ARGV[6] .. ":" .. ARGV[6] .. #s .. ":" .. s .. #ARGV[2] .. ":" .. ARGV[2])
