@@ -191,6 +191,25 @@ func TestClientCallsReturnWithinContextDuringStall(t *testing.T) {
 // the connection stalls, so the parent's handler goes on.
 func TestChildrenReturnsWithinContextDuringStall(t *testing.T) {
 	t.Parallel()
+	handlerCallDuringStall(t, "Children", "parent",
+		func(ctx context.Context, p *Producer[string, string], q string) (*Promise[string], error) {
+			return p.ProduceFlow(ctx, "parent", "x", []Child{ChildOf(NewQueue[string, string](q), "child", "x")}, nil)
+		},
+		func(ctx context.Context, m *Message[string]) error {
+			_, err := m.Children(ctx)
+			return err
+		})
+}
+
+// handlerCallDuringStall runs call in the handler of request id (produced
+// by produce; other requests of the queue just complete) while the
+// consumer's connection stalls, with a ctx of 200 ms: call must return the
+// ctx's error within a second, not when the stall ends, and the request
+// then completes.
+func handlerCallDuringStall(t *testing.T, name, id string,
+	produce func(ctx context.Context, p *Producer[string, string], q string) (*Promise[string], error),
+	call func(ctx context.Context, m *Message[string]) error) {
+	t.Helper()
 	direct, client, px := stallClient(t)
 	q := queueName(t)
 	started, proceed := make(chan struct{}), make(chan struct{})
@@ -198,25 +217,23 @@ func TestChildrenReturnsWithinContextDuringStall(t *testing.T) {
 		err  error
 		took time.Duration
 	}
-	read := make(chan result, 1)
+	done := make(chan result, 1)
 	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
-		if m.ID != "parent" {
-			return "child", nil
+		if m.ID != id {
+			return "other", nil
 		}
 		close(started)
 		<-proceed
 		cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 		defer cancel()
 		t0 := time.Now()
-		_, err := m.Children(cctx)
-		read <- result{err, time.Since(t0)}
+		err := call(cctx, m)
+		done <- result{err, time.Since(t0)}
 		return "ok", nil
 	}, fastOpts(t, "stall", 30*time.Second))
 	require.NoError(t, err)
 	runConsumer(t, c)
-	p := newStringProducer(t, direct, q)
-	pr, err := p.ProduceFlow(waitCtx(t, 10*time.Second), "parent", "x",
-		[]Child{ChildOf(NewQueue[string, string](q), "child", "x")}, nil)
+	pr, err := produce(waitCtx(t, 10*time.Second), newStringProducer(t, direct, q), q)
 	require.NoError(t, err)
 	<-started
 
@@ -224,15 +241,15 @@ func TestChildrenReturnsWithinContextDuringStall(t *testing.T) {
 	close(proceed)
 	var r result
 	select {
-	case r = <-read:
+	case r = <-done:
 	case <-time.After(4 * time.Second):
 		px.Resume()
-		r = <-read
-		t.Fatalf("Children returned after %v (ctx 200ms), only once the stall ended", r.took)
+		r = <-done
+		t.Fatalf("%s returned after %v (ctx 200ms), only once the stall ended", name, r.took)
 	}
 	px.Resume()
 	require.ErrorIs(t, r.err, context.DeadlineExceeded)
-	require.Less(t, r.took, time.Second, "Children returned late")
+	require.Less(t, r.took, time.Second, "%s returned late", name)
 	_, err = pr.Wait(waitCtx(t, 20*time.Second))
 	require.NoError(t, err)
 }
