@@ -12,7 +12,6 @@ package streamq
 // tick to the next.
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"runtime"
@@ -46,6 +45,25 @@ type startReq struct {
 	answered bool // done is closed; owned by the tick that carries the request
 }
 
+// rideReq is a feeder's read of new entries (XREADGROUP without BLOCK) that
+// rides a tick of its shard's committer instead of a round trip of its own.
+// A feeder asks for one after a short read while the shard was busy: the
+// entries that read brought are starting, and their outcomes follow. The read
+// waits for the tick that carries outcomes (or for the committer to have
+// nothing queued or in flight, or for shortReadPause), so that what arrived
+// meanwhile comes in one read and the read costs no round trip: a trickle of
+// requests takes two round trips per read (the starts' tick, then the
+// outcomes' tick with the next read) instead of three. The tick worker that
+// carries it sets res, err and busy, then closes done.
+type rideReq struct {
+	count int
+	at    int64 // mono time before the tick was sent (admit's read time)
+	res   []redis.XStream
+	err   error
+	busy  bool // the tick carried starts or outcomes, or more was queued or in flight
+	done  chan struct{}
+}
+
 // Results of charge.
 const (
 	chargeRun     = iota // counted (or written): the handler may run
@@ -75,9 +93,10 @@ type committer[Req, Resp any] struct {
 	// what follows them (which may queue their work again after a failure).
 	busy  int
 	alive int // tick workers that have not returned
-	// quiet, while a feeder waits for the committer to have nothing queued
-	// or in flight (awaitQuiet), is closed (and dropped) when it has.
-	quiet chan struct{}
+	// ride is the feeder's read waiting to ride a tick (see rideReq), or
+	// nil; hurried: its wait is over, it goes with the next tick.
+	ride    *rideReq
+	hurried bool
 
 	wake chan struct{} // capacity 1: "the queue grew, a count was confirmed, a tick settled, or closing"
 	quit chan struct{} // closed once the committer is done: the tick workers return
@@ -130,7 +149,7 @@ func (c *committer[Req, Resp]) close() {
 // outcome sent before that could overtake its start on another connection:
 // the start count's HDEL would run before its HSET and leave it behind).
 // A take that returns work counts it busy until settle.
-func (c *committer[Req, Resp]) take() ([]*startReq, []*completion, bool) {
+func (c *committer[Req, Resp]) take() ([]*startReq, []*completion, *rideReq, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	starts := c.starts
@@ -146,10 +165,38 @@ func (c *committer[Req, Resp]) take() ([]*startReq, []*completion, bool) {
 	}
 	clear(c.outcomes[len(keep):])
 	c.outcomes = keep
-	if len(starts) > 0 || len(outcomes) > 0 {
+	// A waiting read rides the tick after which nothing is queued or in
+	// flight (no start taken, no outcome left, no other tick): the one that
+	// records the last outcomes, or a tick of its own when there are none.
+	// Earlier, when its wait is over, or at shutdown.
+	var ride *rideReq
+	if c.ride != nil && (c.hurried || c.closing || (len(starts) == 0 && len(c.outcomes) == 0 && c.busy == 0)) {
+		ride, c.ride = c.ride, nil
+	}
+	if len(starts) > 0 || len(outcomes) > 0 || ride != nil {
 		c.busy++
 	}
-	return starts, outcomes, c.closing
+	return starts, outcomes, ride, c.closing
+}
+
+// rideAlong queues a feeder's read to ride the next tick that takes it (see
+// rideReq), waking a tick worker when nothing else would.
+func (c *committer[Req, Resp]) rideAlong(q *rideReq) {
+	c.mu.Lock()
+	c.ride, c.hurried = q, false
+	quiet := c.isQuiet()
+	c.mu.Unlock()
+	if quiet {
+		c.poke()
+	}
+}
+
+// hurry sends the waiting read with the next tick, at once.
+func (c *committer[Req, Resp]) hurry() {
+	c.mu.Lock()
+	c.hurried = true
+	c.mu.Unlock()
+	c.poke()
 }
 
 // settle ends a tick taken by take, once what follows it is done, and wakes
@@ -158,10 +205,6 @@ func (c *committer[Req, Resp]) take() ([]*startReq, []*completion, bool) {
 func (c *committer[Req, Resp]) settle() {
 	c.mu.Lock()
 	c.busy--
-	if c.quiet != nil && c.isQuiet() {
-		close(c.quiet)
-		c.quiet = nil
-	}
 	c.mu.Unlock()
 	c.poke()
 }
@@ -178,30 +221,6 @@ func (c *committer[Req, Resp]) quietNow() bool {
 	return c.isQuiet()
 }
 
-// awaitQuiet waits until nothing is queued or in flight, at most bound, or
-// until ctx ends. It yields first, so that workers woken by the caller queue
-// their starts before it looks.
-func (c *committer[Req, Resp]) awaitQuiet(ctx context.Context, bound time.Duration) {
-	runtime.Gosched()
-	c.mu.Lock()
-	if c.isQuiet() {
-		c.mu.Unlock()
-		return
-	}
-	if c.quiet == nil {
-		c.quiet = make(chan struct{})
-	}
-	ch := c.quiet
-	c.mu.Unlock()
-	t := time.NewTimer(bound)
-	defer t.Stop()
-	select {
-	case <-ch:
-	case <-t.C:
-	case <-ctx.Done():
-	}
-}
-
 // finished reports, while closing, whether the committer is done: nothing
 // queued and no tick unsettled, or shutdown's hard bound passed with no
 // tick unsettled (what is queued is then given up: abandon).
@@ -211,7 +230,7 @@ func (c *committer[Req, Resp]) finished() bool {
 		c.mu.Unlock()
 		return false // the tick's worker looks again when it settles
 	}
-	if len(c.starts) == 0 && len(c.outcomes) == 0 {
+	if len(c.starts) == 0 && len(c.outcomes) == 0 && c.ride == nil {
 		c.mu.Unlock()
 		return true
 	}
@@ -227,9 +246,13 @@ func (c *committer[Req, Resp]) finished() bool {
 // stay pending and are claimed by another consumer after MinIdle.
 func (c *committer[Req, Resp]) abandon() {
 	c.mu.Lock()
-	starts, outcomes := c.starts, c.outcomes
-	c.starts, c.outcomes = nil, nil
+	starts, outcomes, ride := c.starts, c.outcomes, c.ride
+	c.starts, c.outcomes, c.ride = nil, nil, nil
 	c.mu.Unlock()
+	if ride != nil {
+		ride.err = errGaveUp
+		close(ride.done)
+	}
 	for _, q := range starts {
 		if !q.answered {
 			q.answer(0, errGaveUp)
@@ -262,9 +285,9 @@ func (c *committer[Req, Resp]) begin() {
 func (c *committer[Req, Resp]) work(lane int) {
 	defer c.exit()
 	for {
-		starts, outcomes, closing := c.take()
-		if len(starts) > 0 || len(outcomes) > 0 {
-			after, slow := c.tick(lane, starts, outcomes)
+		starts, outcomes, ride, closing := c.take()
+		if len(starts) > 0 || len(outcomes) > 0 || ride != nil {
+			after, slow := c.tick(lane, starts, outcomes, ride)
 			if slow {
 				go func() {
 					after()
@@ -372,7 +395,7 @@ func (c *committer[Req, Resp]) exit() {
 // check wait for the reply. tick answers every start it carries and
 // returns what is left to do, and whether that may take long (a fetcher's
 // completion hook, or a failure's back-off).
-func (c *committer[Req, Resp]) tick(li int, starts []*startReq, outcomes []*completion) (after func(), slow bool) {
+func (c *committer[Req, Resp]) tick(li int, starts []*startReq, outcomes []*completion, ride *rideReq) (after func(), slow bool) {
 	r := c.r
 	o := &r.c.opts
 	k := r.c.shards[c.shard]
@@ -441,6 +464,14 @@ func (c *committer[Req, Resp]) tick(li int, starts []*startReq, outcomes []*comp
 			chargeArgs = append(chargeArgs, q.eid, q.seen)
 		}
 		chargeCmd = scripts.Charge.EvalSha(r.bg, pipe, chargeKeys, chargeArgs...)
+	}
+	var readCmd *redis.XStreamSliceCmd
+	if ride != nil {
+		// Last: the read sees this tick's outcomes done (their entries
+		// acknowledged), as a read after them would.
+		ride.at = now
+		readCmd = pipe.XReadGroup(r.bg, &redis.XReadGroupArgs{Group: o.Group, Consumer: o.Name,
+			Streams: []string{k.Stream, ">"}, Count: int64(ride.count), Block: -1})
 	}
 	if ln != nil && len(fresh) > 0 {
 		ln.arm(func() {
@@ -522,6 +553,17 @@ func (c *committer[Req, Resp]) tick(li int, starts []*startReq, outcomes []*comp
 		if err != nil {
 			failure = err
 		}
+	}
+
+	if ride != nil {
+		ride.res, ride.err = readCmd.Result()
+		if errors.Is(ride.err, redis.Nil) {
+			ride.res, ride.err = nil, nil
+		}
+		c.mu.Lock()
+		ride.busy = len(starts) > 0 || len(outcomes) > 0 || c.busy > 1 || len(c.starts) > 0 || len(c.outcomes) > 0
+		c.mu.Unlock()
+		close(ride.done)
 	}
 
 	var failed []*completion

@@ -19,8 +19,8 @@ import (
 )
 
 // shortReadPause bounds how long a feeder whose read came back short, while
-// the shard was busy, waits for the shard's committer to be quiet before it
-// reads again (see feed).
+// the shard was busy, waits for its next read to ride a tick of the shard's
+// committer (see rideReq) before that read goes with the next tick at once.
 // It is the most that a request arriving while the shard is busy waits
 // longer to be read; at idle a blocking read is already waiting for it.
 const shortReadPause = 2 * time.Millisecond
@@ -62,6 +62,7 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 	backlogged := r.presumed[shard]
 	firstRead, holding := backlogged, backlogged && r.startHeld
 	history, cursor := true, "-"
+	ride := false // the next read of new entries rides a tick (see rideReq)
 	claimCursor, nextClaim := "0-0", time.Now()
 	nextAdopt := time.Now().Add(o.ClaimInterval)
 	var b backoff
@@ -104,21 +105,23 @@ func (r *run[Req, Resp]) feed(ctx context.Context, shard int) {
 				block = time.Millisecond
 			}
 			var busy bool
-			got, busy, err = r.readNew(read, shard, n, max(block, time.Millisecond))
+			if ride {
+				got, busy, err = r.readRiding(shard, n)
+			} else {
+				got, busy, err = r.readNew(read, shard, n, max(block, time.Millisecond))
+			}
 			firstRead = false
 			drained = err == nil && got == 0
-			if err == nil && got > 0 && got < n && busy {
-				// A short read while the shard was busy with earlier
-				// entries: the stream is drained and requests trickle in.
-				// Before blocking again, let what it brought start and be
-				// recorded (up to shortReadPause): what arrives meanwhile
-				// then comes in one read, and its starts and outcomes in
-				// one tick each, instead of a read and two ticks per
-				// entry. A read that found the shard quiet blocks again at
-				// once: a request at a time (a caller that waits for each
-				// outcome before the next) finds a read waiting in Redis.
-				r.committers[shard].awaitQuiet(ctx, shortReadPause)
-			}
+			// A short read while the shard was busy with earlier entries:
+			// the stream is drained and requests trickle in. The next read
+			// rides the tick that records what this one brought (up to
+			// shortReadPause later, see rideReq): what arrives meanwhile
+			// comes in one read, with no round trip of its own, and its
+			// starts and outcomes in one tick each, instead of a read and
+			// two ticks per entry. A read that found the shard quiet blocks
+			// again at once: a request at a time (a caller that waits for
+			// each outcome before the next) finds a read waiting in Redis.
+			ride = err == nil && got > 0 && got < n && busy
 			if full := got == n; err == nil && full != backlogged {
 				backlogged = full
 				r.ring.setBacklog(class, full) // only read with priority levels in use
@@ -226,6 +229,30 @@ func (r *run[Req, Resp]) readNew(ctx context.Context, shard, n int, block time.D
 		got += r.admit(shard, st.Messages, at, func(i int) int { return carriedStarts(st.Messages[i]) })
 	}
 	return got, busy, nil
+}
+
+// readRiding reads up to n new entries of a shard in a tick of its
+// committer (see rideReq), and returns what readNew returns.
+func (r *run[Req, Resp]) readRiding(shard, n int) (got int, busy bool, err error) {
+	c := r.committers[shard]
+	q := &rideReq{count: n, done: make(chan struct{})}
+	c.rideAlong(q)
+	t := time.NewTimer(shortReadPause)
+	select {
+	case <-q.done:
+	case <-t.C:
+		c.hurry()
+		<-q.done // a tick worker answers every ride it takes, and abandon the one left
+	}
+	t.Stop()
+	if q.err != nil {
+		return 0, false, q.err
+	}
+	r.c.markReady()
+	for _, st := range q.res {
+		got += r.admit(shard, st.Messages, q.at, func(i int) int { return carriedStarts(st.Messages[i]) })
+	}
+	return got, q.busy, nil
 }
 
 // readHistory reads up to n of this consumer's own pending entries of a shard
