@@ -598,17 +598,23 @@ func TestAdminHistory(t *testing.T) {
 
 		fresh, err := NewAdmin(client, q, nil)
 		require.NoError(t, err)
-		hist, err := fresh.History(ctx, 10*time.Minute)
-		require.NoError(t, err)
-		require.Len(t, hist, 10)
+		var hist []HistoryPoint
 		var processed, failed int64
-		for i, h := range hist {
-			processed += h.Processed
-			failed += h.Failed
-			if i > 0 {
-				require.Equal(t, time.Minute, h.Minute.Sub(hist[i-1].Minute))
+		// The committers add their counts once per second (historyEvery).
+		eventually(t, 10*time.Second, func() bool {
+			hist, err = fresh.History(ctx, 10*time.Minute)
+			require.NoError(t, err)
+			require.Len(t, hist, 10)
+			processed, failed = 0, 0
+			for i, h := range hist {
+				processed += h.Processed
+				failed += h.Failed
+				if i > 0 {
+					require.Equal(t, time.Minute, h.Minute.Sub(hist[i-1].Minute))
+				}
 			}
-		}
+			return processed == ok+dead+retries && failed == dead+retries
+		}, "the history counts every outcome and retry")
 		require.WithinDuration(t, time.Now().Truncate(time.Minute), hist[len(hist)-1].Minute, time.Minute)
 		require.EqualValues(t, ok+dead+retries, processed)
 		require.EqualValues(t, dead+retries, failed)

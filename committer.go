@@ -64,6 +64,24 @@ type rideReq struct {
 	done  chan struct{}
 }
 
+// historyCount is what a committer adds to one minute's field of an hour's
+// history hash (Admin.History): processed + failed<<32, as retry.lua adds.
+type historyCount struct {
+	key    string
+	minute int64
+	inc    int64
+}
+
+// historyEvery is how often a committer adds its recorded completions to the
+// history hashes: one HINCRBY (and a PEXPIRE) riding a tick, instead of one
+// per complete.lua call. Admin.History lags by at most about this much; a
+// process that dies loses at most its last historyEvery of counts.
+const historyEvery = time.Second
+
+// historyTTL is how long an hour's history hash lives after its last
+// addition: the 24 hours History reads, and the hour itself.
+const historyTTL = 25 * time.Hour
+
 // Results of charge.
 const (
 	chargeRun     = iota // counted (or written): the handler may run
@@ -97,6 +115,15 @@ type committer[Req, Resp any] struct {
 	// nil; hurried: its wait is over, it goes with the next tick.
 	ride    *rideReq
 	hurried bool
+	// history holds the completions recorded since the last flush to the
+	// history hashes (see historyEvery); historyAt is when that flush was
+	// taken (mono), historyDue that historyEvery passed since the first
+	// count waiting (a timer sets it: the next take sends them, alone if
+	// need be), historyArmed that the timer runs.
+	history      []historyCount
+	historyAt    int64
+	historyDue   bool
+	historyArmed bool
 
 	wake chan struct{} // capacity 1: "the queue grew, a count was confirmed, a tick settled, or closing"
 	quit chan struct{} // closed once the committer is done: the tick workers return
@@ -149,7 +176,7 @@ func (c *committer[Req, Resp]) close() {
 // outcome sent before that could overtake its start on another connection:
 // the start count's HDEL would run before its HSET and leave it behind).
 // A take that returns work counts it busy until settle.
-func (c *committer[Req, Resp]) take() ([]*startReq, []*completion, *rideReq, bool) {
+func (c *committer[Req, Resp]) take() (tickWork, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	starts := c.starts
@@ -173,10 +200,88 @@ func (c *committer[Req, Resp]) take() ([]*startReq, []*completion, *rideReq, boo
 	if c.ride != nil && (c.hurried || c.closing || (len(starts) == 0 && len(c.outcomes) == 0 && c.busy == 0)) {
 		ride, c.ride = c.ride, nil
 	}
-	if len(starts) > 0 || len(outcomes) > 0 || ride != nil {
+	// The history rides a tick at most once per historyEvery; alone once the
+	// timer said it is due, or at shutdown.
+	var history []historyCount
+	if len(c.history) > 0 && (c.historyDue || c.closing ||
+		((len(starts) > 0 || len(outcomes) > 0 || ride != nil) && mono()-c.historyAt >= int64(historyEvery))) {
+		history, c.history = c.history, nil
+		c.historyAt, c.historyDue = mono(), false
+	}
+	if len(c.history) == 0 {
+		c.historyDue = false
+	}
+	if len(starts) > 0 || len(outcomes) > 0 || ride != nil || history != nil {
 		c.busy++
 	}
-	return starts, outcomes, ride, c.closing
+	return tickWork{starts, outcomes, ride, history}, c.closing
+}
+
+// tickWork is what one tick carries.
+type tickWork struct {
+	starts   []*startReq
+	outcomes []*completion
+	ride     *rideReq
+	history  []historyCount
+}
+
+func (w *tickWork) empty() bool {
+	return len(w.starts) == 0 && len(w.outcomes) == 0 && w.ride == nil && w.history == nil
+}
+
+// countHistory adds a recorded batch to the history counts waiting for the
+// next flush (the minute of now, Unix ms): every outcome but a skip counts as
+// processed, a failure or dead letter also as failed, as retry.lua counts a
+// retry.
+func (c *committer[Req, Resp]) countHistory(batch []*completion, now int64) {
+	var processed, failed int64
+	for _, cp := range batch {
+		switch cp.code {
+		case recordSkip:
+			continue
+		case keys.RecordDead, keys.RecordFailed:
+			failed++
+		}
+		processed++
+	}
+	if processed == 0 {
+		return
+	}
+	c.pendHistory(historyCount{key: historyKey(c.r.c.shards[c.shard], &c.r.c.opts, now), minute: now / 60_000 % 60,
+		inc: processed + failed<<32})
+}
+
+// pendHistory adds h to the counts waiting for the next flush; the first
+// count waiting arms the timer that makes the flush due.
+func (c *committer[Req, Resp]) pendHistory(h historyCount) {
+	c.mu.Lock()
+	c.addHistory(h)
+	arm := !c.historyArmed
+	c.historyArmed = true
+	c.mu.Unlock()
+	if arm {
+		time.AfterFunc(historyEvery, func() {
+			c.mu.Lock()
+			c.historyArmed = false
+			c.historyDue = len(c.history) > 0
+			due := c.historyDue
+			c.mu.Unlock()
+			if due {
+				c.poke()
+			}
+		})
+	}
+}
+
+// addHistory adds h to the waiting counts. mu is held.
+func (c *committer[Req, Resp]) addHistory(h historyCount) {
+	for i := range c.history {
+		if c.history[i].key == h.key && c.history[i].minute == h.minute {
+			c.history[i].inc += h.inc
+			return
+		}
+	}
+	c.history = append(c.history, h)
 }
 
 // rideAlong queues a feeder's read to ride the next tick that takes it (see
@@ -230,7 +335,7 @@ func (c *committer[Req, Resp]) finished() bool {
 		c.mu.Unlock()
 		return false // the tick's worker looks again when it settles
 	}
-	if len(c.starts) == 0 && len(c.outcomes) == 0 && c.ride == nil {
+	if len(c.starts) == 0 && len(c.outcomes) == 0 && c.ride == nil && len(c.history) == 0 {
 		c.mu.Unlock()
 		return true
 	}
@@ -247,7 +352,7 @@ func (c *committer[Req, Resp]) finished() bool {
 func (c *committer[Req, Resp]) abandon() {
 	c.mu.Lock()
 	starts, outcomes, ride := c.starts, c.outcomes, c.ride
-	c.starts, c.outcomes, c.ride = nil, nil, nil
+	c.starts, c.outcomes, c.ride, c.history = nil, nil, nil, nil // the history counts are lost
 	c.mu.Unlock()
 	if ride != nil {
 		ride.err = errGaveUp
@@ -285,9 +390,9 @@ func (c *committer[Req, Resp]) begin() {
 func (c *committer[Req, Resp]) work(lane int) {
 	defer c.exit()
 	for {
-		starts, outcomes, ride, closing := c.take()
-		if len(starts) > 0 || len(outcomes) > 0 || ride != nil {
-			after, slow := c.tick(lane, starts, outcomes, ride)
+		w, closing := c.take()
+		if !w.empty() {
+			after, slow := c.tick(lane, w)
 			if slow {
 				go func() {
 					after()
@@ -395,7 +500,8 @@ func (c *committer[Req, Resp]) exit() {
 // check wait for the reply. tick answers every start it carries and
 // returns what is left to do, and whether that may take long (a fetcher's
 // completion hook, or a failure's back-off).
-func (c *committer[Req, Resp]) tick(li int, starts []*startReq, outcomes []*completion, ride *rideReq) (after func(), slow bool) {
+func (c *committer[Req, Resp]) tick(li int, w tickWork) (after func(), slow bool) {
+	starts, outcomes, ride := w.starts, w.outcomes, w.ride
 	r := c.r
 	o := &r.c.opts
 	k := r.c.shards[c.shard]
@@ -464,6 +570,11 @@ func (c *committer[Req, Resp]) tick(li int, starts []*startReq, outcomes []*comp
 			chargeArgs = append(chargeArgs, q.eid, q.seen)
 		}
 		chargeCmd = scripts.Charge.EvalSha(r.bg, pipe, chargeKeys, chargeArgs...)
+	}
+	var historyCmds []*redis.IntCmd
+	for _, h := range w.history {
+		historyCmds = append(historyCmds, pipe.HIncrBy(r.bg, h.key, strconv.FormatInt(h.minute, 10), h.inc))
+		pipe.PExpire(r.bg, h.key, historyTTL)
 	}
 	var readCmd *redis.XStreamSliceCmd
 	if ride != nil {
@@ -566,6 +677,22 @@ func (c *committer[Req, Resp]) tick(li int, starts []*startReq, outcomes []*comp
 		close(ride.done)
 	}
 
+	for i, cmd := range historyCmds {
+		if err := cmd.Err(); err != nil {
+			c.mu.Lock()
+			closing := c.closing
+			c.mu.Unlock()
+			if closing {
+				// Shutdown does not wait for the history (refused under
+				// maxmemory, say): its counts are lost, as a crash's are.
+				r.c.log.WarnContext(r.runCtx, "streamq: adding completions to the history failed at shutdown; they are not counted",
+					"completions", w.history[i].inc&(1<<32-1), "err", err)
+				continue
+			}
+			c.pendHistory(w.history[i]) // again with the next flush (a lost reply may count twice)
+		}
+	}
+
 	var failed []*completion
 	if retryCmd != nil {
 		res, err := retryCmd.Int64Slice()
@@ -594,6 +721,7 @@ func (c *committer[Req, Resp]) tick(li int, starts []*startReq, outcomes []*comp
 				recorded = r.txCompleted(results, completeCmd.Val())
 			}
 			r.c.outcomes.countRecorded(recorded)
+			c.countHistory(recorded, time.Now().UnixMilli())
 		}
 	}
 	if failure == nil {
@@ -829,7 +957,6 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 		args[8] = string(flag)
 	}
 	keyList = appendStrings(keyList, flowKeys)
-	keyList = append(keyList, historyKey(k, o, now)) // the minute's history (complete.lua)
 	keyList = append(keyList, fixed.startsKey)       // complete.lua drops start counts there
 	keyList = appendStrings(keyList, progKeys)
 	// The flow fields after the items, then the staged writes (their keys

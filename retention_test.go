@@ -180,7 +180,7 @@ func completeDirect(t *testing.T, client *redis.Client, k keys.Keys, now int64, 
 	for _, id := range ids {
 		keyList = append(keyList, k.Record(id))
 	}
-	keyList = append(keyList, k.History(now/msPerHour), k.Starts(DefaultGroup), k.Completed)
+	keyList = append(keyList, k.Starts(DefaultGroup), k.Completed)
 	args := []any{DefaultGroup, k.Channel, 60000, "1", 1000, "c", now, "PUBLISH", "0" + flag}
 	for i, id := range ids {
 		args = append(args, eids[i], id, code, "v", "", 1)

@@ -368,13 +368,16 @@ func aclWorkload(t *testing.T, client redis.UniversalClient, q string, shards in
 	require.NoError(t, err)
 	require.Equal(t, "ok:l", got)
 	require.NoError(t, admin.Cancel(ctx, "later-2"))
-	hist, err := admin.History(ctx, time.Hour)
-	require.NoError(t, err)
-	var processed int64
-	for _, h := range hist {
-		processed += h.Processed
-	}
-	require.Positive(t, processed)
+	// The committers add to the history once per second (historyEvery).
+	eventually(t, 10*time.Second, func() bool {
+		hist, err := admin.History(ctx, time.Hour)
+		require.NoError(t, err)
+		var processed int64
+		for _, h := range hist {
+			processed += h.Processed
+		}
+		return processed > 0
+	}, "the history counts the outcomes")
 	cs, err := admin.Consumers(ctx)
 	require.NoError(t, err)
 	require.True(t, slices.ContainsFunc(cs, func(c ConsumerInfo) bool { return c.Live }), "%+v", cs)

@@ -243,7 +243,7 @@ func TestTxCompleteScriptOwnershipAndResend(t *testing.T) {
 			require.NoError(t, tx.IncrBy(k.TxKey("total"), 7))
 			require.NoError(t, tx.SAdd(k.TxKey("done"), eid))
 			txArgs, txKeys := tx.appendArgs(nil, nil, 1)
-			ks := append([]string{k.Stream, k.DeadLetter, k.Fanout, k.Record(id), k.History(1), starts}, txKeys...)
+			ks := append([]string{k.Stream, k.DeadLetter, k.Fanout, k.Record(id), starts}, txKeys...)
 			args := append([]any{DefaultGroup, k.Channel, 60000, "1", 100, "me", 1, "PUBLISH", "0/" + strconv.Itoa(len(txArgs)),
 				eid, id, "R", `"ok"`, "x", 1}, txArgs...)
 			v, err := scripts.Complete.Run(ctx, client, ks, args...).Result()
@@ -469,7 +469,7 @@ func TestTxPlainCallUnchanged(t *testing.T) {
 		{s: &slot{entry: Entry{ID: "b", EntryID: "2-0"}}, code: keys.RecordResult, value: []byte("2")},
 	}
 	ks, args := r.completeArgs(0, &fixed, batch)
-	require.Len(t, ks, 3+len(batch)+2)
+	require.Len(t, ks, 3+len(batch)+1) // the stream, dead letters, fan-out marker, records, start counts
 	require.Len(t, args, 9+6*len(batch))
 	require.Equal(t, "0", args[8])
 	tx := &Tx{}
@@ -518,7 +518,7 @@ func TestTxCompleteScriptMixedBatch(t *testing.T) {
 				txArgs, txKeys = tx.appendArgs(txArgs, txKeys, i+1)
 			}
 		}
-		ks = append(append(ks, k.History(1), starts), txKeys...)
+		ks = append(append(ks, starts), txKeys...)
 		args[8] = "0/" + strconv.Itoa(len(txArgs))
 		args = append(args, txArgs...)
 		v, err := scripts.Complete.Run(ctx, client, ks, args...).Result()
@@ -770,7 +770,7 @@ func TestTxCounterSpoiledByAnotherRequestOfTheCall(t *testing.T) {
 	require.NoError(t, second.Incr(k.TxKey("counter")))
 	txArgs, txKeys := first.appendArgs(nil, nil, 1)
 	txArgs, txKeys = second.appendArgs(txArgs, txKeys, 2)
-	ks := append([]string{k.Stream, k.DeadLetter, k.Fanout, k.Record("a"), k.Record("b"), k.History(1), k.Starts(DefaultGroup)}, txKeys...)
+	ks := append([]string{k.Stream, k.DeadLetter, k.Fanout, k.Record("a"), k.Record("b"), k.Starts(DefaultGroup)}, txKeys...)
 	args := append([]any{DefaultGroup, k.Channel, 60000, "1", 100, "me", 1, "PUBLISH", "0/" + strconv.Itoa(len(txArgs)),
 		eids[0], "a", "R", `"ok"`, "x", 1, eids[1], "b", "R", `"ok"`, "x", 1}, txArgs...)
 	v, err := scripts.Complete.Run(ctx, client, ks, args...).Result()

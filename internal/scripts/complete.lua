@@ -19,16 +19,10 @@
 --   3. per item: the dead letter (before its record, so that a retry would
 --      write it again rather than never), then the record;
 --   4. the notice;
---   5. the history: one HINCRBY adds this call's completions to the field of
---      the minute of ARGV[7] in the hour's history hash, as processed +
---      failed<<32 (one command carries both counts); a PEXPIRE of 25 hours
---      follows only when the reply equals the increment (the field was just
---      created: at most once per minute and shard). Every item but "S"
---      counts as processed, "E" and "L" also as failed (retry.lua counts the
---      retries it schedules as both). With fan-out groups, every group's
---      completions count.
+-- The history (Admin.History) is not written here: the committer adds what
+-- the replies confirmed, once per second (committer.countHistory).
 -- A whole rerun (a lost reply) is harmless: the records hold this batch's
--- outcomes, so every item counts as "already recorded" and nothing is added.
+-- outcomes, so every item counts as "already recorded".
 --
 -- Staged writes (a handler's Tx, successful items only; see tx.go) ride in
 -- the call that records their item, after the items (ARGV[9] says how many
@@ -68,20 +62,19 @@
 -- KEYS[4+n ..]    for each child of a flow among the items (ARGV[9]), in item
 --                  order, three keys: the flow hash, the parent's record and the
 --                  parent's stream (flowrelease.lua); c: the number of children
--- KEYS[4+n+3c]     the history hash of the hour of ARGV[7] (n: the number of items)
--- KEYS[5+n+3c]     the group's start-count hash (see charge.lua): completed ids are
---                  removed from it
--- KEYS[6+n+3c ..] the progress keys of the items listed after "~" in ARGV[9], in
+-- KEYS[4+n+3c]     the group's start-count hash (see charge.lua): completed ids are
+--                  removed from it (n: the number of items)
+-- KEYS[5+n+3c ..] the progress keys of the items listed after "~" in ARGV[9], in
 --                  that order (p: their number): each expires with its item's
 --                  record (PEXPIRE to the record TTL) when the outcome is recorded
--- KEYS[6+n+3c+p ..] the keys of the staged writes, if any (declared for a cluster)
+-- KEYS[5+n+3c+p ..] the keys of the staged writes, if any (declared for a cluster)
 -- ARGV[1]          consumer group
 -- ARGV[2]          notification channel
 -- ARGV[3]          record TTL in milliseconds
 -- ARGV[4]          "1": store successful results; "0": store only a done marker "N"
 -- ARGV[5]          dead-letter stream length cap (approximate)
 -- ARGV[6]          consumer name (recorded in dead letters)
--- ARGV[7]          time in milliseconds (recorded in dead letters; the history minute)
+-- ARGV[7]          time in milliseconds (recorded in dead letters and the completed list)
 -- ARGV[8]          "PUBLISH", or "SPUBLISH" on a cluster (sharded pub/sub)
 -- ARGV[9]          "1": a fan-out group (records nothing, publishes nothing, never
 --                  deletes entries; a final failure is a dead letter of the group
@@ -167,14 +160,14 @@ if children then
     nflow = nflow + 3
   end
 end
-local history, starts = KEYS[4 + n + nflow], KEYS[5 + n + nflow]
+local starts = KEYS[4 + n + nflow]
 
 -- The items whose progress key expires with their record: item index ->
 -- the position of that key (after the start-count hash, in item order).
 local progressOf
 if progressed then
   progressOf = {}
-  local at = 5 + n + nflow
+  local at = 4 + n + nflow
   for idx in string.gmatch(progressed, "%d+") do
     at = at + 1
     progressOf[tonumber(idx)] = at
@@ -513,7 +506,6 @@ if txlen > 0 then
   -- call's first write stays XACK). A write Redis refuses stops its item's
   -- writes (those before it stay: no rollback) and makes it a dead letter.
   txApply = function(firstAck)
-    local dead = 0
     for i = 1, tx.sent do
       local t = tx[i]
       if t and t.state == "apply" then
@@ -532,11 +524,9 @@ if txlen > 0 then
           local b = 10 + 6 * (t.at - 1)
           ARGV[b + 2], ARGV[b + 3] = "L", err
           firstAck[t.at] = true -- acknowledged by this call, and owned: the group's first
-          dead = dead + 1
         end
       end
     end
-    return dead
   end
 end
 
@@ -557,15 +547,8 @@ end
 -- reply says whether this is the group's first completion of the entry.
 local ids = {}
 local firstAck = {}
-local processed, failed = 0, 0
 for i = 1, n do
   local _, eid, _, code = item(i)
-  if code ~= "S" then
-    processed = processed + 1
-    if code == "E" or code == "L" then
-      failed = failed + 1
-    end
-  end
   if fanout and code == "L" then
     firstAck[i] = redis.call("XACK", KEYS[1], group, eid) == 1
   else
@@ -625,7 +608,7 @@ if keyed and not fanout and #ids > 0 then
 end
 
 if txApply then
-  failed = failed + txApply(firstAck) -- the history counts these as failed too
+  txApply(firstAck)
 end
 
 -- The priority level of this call's dead letters: nil until the first one
@@ -822,17 +805,7 @@ if #notice > 0 then
   redis.call(ARGV[8], channel, table.concat(notice))
 end
 
--- 5. The history.
-if processed > 0 then
-  local hist = history
-  local inc = string.format("%.0f", processed + failed * 4294967296)
-  local minute = tostring(math.floor(tonumber(ARGV[7]) / 60000) % 60)
-  if redis.call("HINCRBY", hist, minute, inc) == tonumber(inc) then
-    redis.call("PEXPIRE", hist, 90000000)
-  end
-end
-
--- 6. The completed list (ConsumerOptions.Retention; absent otherwise):
+-- 5. The completed list (ConsumerOptions.Retention; absent otherwise):
 -- each request's first outcome, scored by the completion time in
 -- microseconds, kept unique and increasing per shard (one past the newest
 -- score when the clock says less: two calls in one millisecond, or a

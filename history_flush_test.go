@@ -1,0 +1,91 @@
+package streamq
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+)
+
+// wordCountingConn counts how often word appears in what is written.
+type wordCountingConn struct {
+	net.Conn
+	word []byte
+	n    *atomic.Int64
+}
+
+func (c wordCountingConn) Write(b []byte) (int, error) {
+	c.n.Add(int64(bytes.Count(b, c.word)))
+	return c.Conn.Write(b)
+}
+
+// The committers add the completions they recorded to Admin.History at most
+// about once per second (historyEvery), riding a tick or, when the consumer
+// is idle, on their own: the counts are exact once a second has passed, a
+// consumer left running idle adds what it holds, and thousands of
+// completions cost a few HINCRBYs instead of one per complete.lua call.
+func TestHistoryAddedOncePerSecond(t *testing.T) {
+	raw := realRedis(t)
+	ctx := context.Background()
+	var hincrby atomic.Int64
+	client := redis.NewClient(&redis.Options{Addr: raw.Options().Addr, PoolSize: 16,
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return wordCountingConn{Conn: c, word: []byte("hincrby"), n: &hincrby}, nil
+		}})
+	t.Cleanup(func() { _ = client.Close() })
+	q := queueName(t)
+	var failures atomic.Int64
+	c, err := NewConsumer(client, q, func(_ context.Context, m *Message[int]) (int, error) {
+		if m.Payload%10 == 0 {
+			failures.Add(1)
+			return 0, Permanent(fmt.Errorf("poison %d", m.Payload))
+		}
+		return m.Payload, nil
+	}, &ConsumerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	start := time.Now()
+	runConsumer(t, c)
+	p, err := NewProducer[int, int](raw, q, &ProducerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	const n = 2000
+	for b := 0; b < n; b += 100 {
+		jobs := make([]Job[int], 100)
+		for i := range jobs {
+			jobs[i] = Job[int]{ID: fmt.Sprintf("h-%d", b+i), Request: b + i}
+		}
+		_, err := p.ProduceBatch(ctx, jobs)
+		require.NoError(t, err)
+	}
+	a, err := NewAdmin(raw, q, nil)
+	require.NoError(t, err)
+	sums := func() (processed, failed int64) {
+		pts, err := a.History(ctx, 10*time.Minute)
+		require.NoError(t, err)
+		for _, pt := range pts {
+			processed += pt.Processed
+			failed += pt.Failed
+		}
+		return processed, failed
+	}
+	eventually(t, 20*time.Second, func() bool { p, _ := sums(); return p == n }, "the history counts every outcome")
+	processed, failed := sums()
+	require.EqualValues(t, n, processed)
+	require.EqualValues(t, n/10, failed, "dead letters count as failed")
+	require.EqualValues(t, n/10, failures.Load())
+	// At most one flush per second from a tick and one from the timer, per
+	// shard (one here).
+	bound := 2*int64(time.Since(start)/time.Second) + 3
+	require.LessOrEqual(t, hincrby.Load(), bound, "HINCRBYs sent for %d completions", n)
+	t.Logf("%d completions, %d HINCRBYs in %s", n, hincrby.Load(), time.Since(start))
+}
