@@ -957,7 +957,7 @@ func (r *run[Req, Resp]) completeArgs(shard int, fixed *completeFixed, batch []*
 		args[8] = string(flag)
 	}
 	keyList = appendStrings(keyList, flowKeys)
-	keyList = append(keyList, fixed.startsKey)       // complete.lua drops start counts there
+	keyList = append(keyList, fixed.startsKey) // complete.lua drops start counts there
 	keyList = appendStrings(keyList, progKeys)
 	// The flow fields after the items, then the staged writes (their keys
 	// last, declared for a cluster).
