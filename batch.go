@@ -451,6 +451,14 @@ const (
 // runProduce appends items of one shard with one script call and returns one
 // outcome per item.
 func (p *Producer[Req, Resp]) runProduce(ctx context.Context, client scripts.Client, shard int, items []*produceItem, atomic bool) ([]produceOutcome, error) {
+	args := p.produceArgs(shard, items, atomic)
+	res, err := scripts.ProduceHead.Run(ctx, client, args).Slice()
+	return p.produceReply(shard, items, res, err)
+}
+
+// produceArgs returns the EVALSHA command of produce.lua for items of one
+// shard (see the script's header).
+func (p *Producer[Req, Resp]) produceArgs(shard int, items []*produceItem, atomic bool) []any {
 	k := p.shards[shard]
 	b := &p.boxed[shard]
 	call := "0"
@@ -473,6 +481,18 @@ func (p *Producer[Req, Resp]) runProduce(ctx context.Context, client scripts.Cli
 	}
 	if anyKeyed(items) {
 		call += keyedCall // keyed items take their key's turn (fair.lua)
+	}
+	if call == "0" && len(items) == 1 && items[0].due == 0 {
+		// The one-job path (produce.lua's top): the stream, the record, the
+		// TTL and the item without its due time; not the schedule's keys or
+		// the wake channel, which that path never uses.
+		it := items[0]
+		args := scripts.ProduceHead.Args(2, 2+5+len(it.fields))
+		args = append(args, b.stream, k.Record(it.id), p.inflightTTL, it.id, it.payload, it.flags, len(it.fields))
+		for _, f := range it.fields {
+			args = append(args, f)
+		}
+		return args
 	}
 	numKeys := 1 + len(items) + 2
 	if leveled {
@@ -509,8 +529,12 @@ func (p *Producer[Req, Resp]) runProduce(ctx context.Context, client scripts.Cli
 			args = append(args, mode, it.modeA, it.modeB)
 		}
 	}
-	args = append(args, b.wake, b.publish)
-	res, err := scripts.ProduceHead.Run(ctx, client, args).Slice()
+	return append(args, b.wake, b.publish)
+}
+
+// produceReply reads produce.lua's reply (res, err) for items of one shard.
+func (p *Producer[Req, Resp]) produceReply(shard int, items []*produceItem, res []any, err error) ([]produceOutcome, error) {
+	k := p.shards[shard]
 	if err != nil {
 		p.slots.onError(err)
 		if strings.HasPrefix(err.Error(), "WRONGTYPE") {

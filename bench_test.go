@@ -326,3 +326,92 @@ func evalshaUsec(b *testing.B, client *redis.Client) time.Duration {
 	}
 	return 0
 }
+
+// BenchmarkProduceScript reports the time Redis spends in produce.lua per
+// job (server-us/job, INFO commandstats' EVALSHA time): one Enqueue (the
+// one-job path), a ProduceBatch of 16 new ids (atomic, the general path),
+// 16 new ids in one independent call (as coalesced Enqueues send them) and
+// a ProduceBatch of 16 ids already in flight (answered from their records).
+func BenchmarkProduceScript(b *testing.B) {
+	const size = 16
+	client := benchRedis(b)
+	ctx := context.Background()
+	newProducer := func(b *testing.B) *Producer[benchReq, int] {
+		q := queueName(b)
+		b.Cleanup(func() { client.Unlink(ctx, benchStream(q)) })
+		p, err := NewProducer[benchReq, int](client, q, &ProducerOptions{Logger: testLogger(b)})
+		require.NoError(b, err)
+		b.Cleanup(func() { p.Close() })
+		require.NoError(b, p.Enqueue(ctx, "warm", newBenchReq(0)))
+		return p
+	}
+	jobsOf := func(prefix string, i int) []Job[benchReq] {
+		jobs := make([]Job[benchReq], size)
+		for j := range jobs {
+			jobs[j] = Job[benchReq]{ID: prefix + strconv.Itoa(i) + "-" + strconv.Itoa(j), Request: newBenchReq(j)}
+		}
+		return jobs
+	}
+	report := func(b *testing.B, server time.Duration, jobs int) {
+		b.ReportMetric(float64(server.Nanoseconds())/1000/float64(b.N*jobs), "server-us/job")
+	}
+	b.Run("enqueue", func(b *testing.B) {
+		p := newProducer(b)
+		b.ResetTimer()
+		before := evalshaUsec(b, client)
+		for i := 0; i < b.N; i++ {
+			if err := p.Enqueue(ctx, "e-"+strconv.Itoa(i), newBenchReq(i)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		report(b, evalshaUsec(b, client)-before, 1)
+	})
+	b.Run(fmt.Sprintf("batch=%d", size), func(b *testing.B) {
+		p := newProducer(b)
+		b.ResetTimer()
+		var server time.Duration
+		for i := 0; i < b.N; i++ {
+			jobs := jobsOf("b-", i)
+			before := evalshaUsec(b, client)
+			if _, err := p.ProduceBatch(ctx, jobs); err != nil {
+				b.Fatal(err)
+			}
+			server += evalshaUsec(b, client) - before
+		}
+		report(b, server, size)
+	})
+	b.Run(fmt.Sprintf("independent=%d", size), func(b *testing.B) {
+		p := newProducer(b)
+		b.ResetTimer()
+		var server time.Duration
+		for i := 0; i < b.N; i++ {
+			items, err := p.batchItems(ctx, jobsOf("i-", i), nil)
+			require.NoError(b, err)
+			before := evalshaUsec(b, client)
+			_, errs := p.runShards(ctx, items, false)
+			server += evalshaUsec(b, client) - before
+			for _, err := range errs {
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		report(b, server, size)
+	})
+	b.Run(fmt.Sprintf("duplicates=%d", size), func(b *testing.B) {
+		p := newProducer(b)
+		jobs := jobsOf("d-", 0)
+		_, err := p.ProduceBatch(ctx, jobs)
+		require.NoError(b, err)
+		b.ResetTimer()
+		var server time.Duration
+		for i := 0; i < b.N; i++ {
+			before := evalshaUsec(b, client)
+			if _, err := p.ProduceBatch(ctx, jobs); err != nil {
+				b.Fatal(err)
+			}
+			server += evalshaUsec(b, client) - before
+		}
+		report(b, server, size)
+	})
+}

@@ -44,6 +44,14 @@
 --                    quiet period, the longest wait; Replace: 0, 0)
 -- ARGV[after the items]    the wake channel, then "PUBLISH" or "SPUBLISH"
 --
+-- The one-job path: a call of one item, now (due time "0"), not atomic, on
+-- the default level, with no mode and no key (ARGV[2] would be "0") comes in
+-- a shorter form, told by its two keys: KEYS[1] the stream, KEYS[2] the
+-- record key; ARGV[1] the TTL, then the item without its due time: request
+-- id, payload, flags, f, then f strings. No schedule's keys, no ARGV[2] and
+-- no wake channel, which that path never uses (each argument costs Redis
+-- the making of a Lua string on every call).
+--
 -- A call that creates a priority level's stream publishes "+high" or "+low"
 -- on the wake channel once it succeeded, so that consumers start reading the
 -- level at once instead of at their next check (one EXISTS per
@@ -95,10 +103,9 @@
 -- writes nothing, so it is answered under maxmemory too; otherwise its first
 -- write is a new id's XADD or record SET, which Redis refuses under maxmemory
 -- before anything is written.
--- One item, now, not part of a batch, on the default level (the one-job
--- path: KEYS are the stream, the record, the schedule and its data): the
--- same steps as the general path below, without its set-up.
-if #KEYS == 4 and ARGV[2] == "0" and ARGV[5] == "0" then
+-- The one-job path (two keys: its shorter form, see the header): the same
+-- steps as the general path below, without its set-up.
+if #KEYS == 2 then
   local key = KEYS[2]
   local prev = redis.pcall("GET", key)
   if type(prev) ~= "string" then
@@ -106,7 +113,7 @@ if #KEYS == 4 and ARGV[2] == "0" and ARGV[5] == "0" then
   end
   if prev then
     local c = string.sub(prev, 1, 1)
-    if not ((c == "E" or c == "L") and string.find(ARGV[6], "f", 1, true)) then
+    if not ((c == "E" or c == "L") and string.find(ARGV[4], "f", 1, true)) then
       if c ~= "P" then
         return {2, prev}
       end
@@ -114,7 +121,7 @@ if #KEYS == 4 and ARGV[2] == "0" and ARGV[5] == "0" then
       return {1, (c == "@" or c == "&" or c == "%") and "" or string.match(prev, "^P([^+]*)")}
     end
   end
-  local eid = redis.call("XADD", KEYS[1], "*", "id", ARGV[3], "p", ARGV[4], unpack(ARGV, 8, 7 + tonumber(ARGV[7])))
+  local eid = redis.call("XADD", KEYS[1], "*", "id", ARGV[2], "p", ARGV[3], unpack(ARGV, 6, 5 + tonumber(ARGV[5])))
   if prev then
     redis.call("SET", key, "P" .. eid, "PX", ARGV[1]) -- a stored failure, replaced (RetryFailed)
     return {0, eid}
@@ -132,18 +139,22 @@ end
 
 -- fair.lua goes here
 local ttl = tonumber(ARGV[1])
-local atomic = string.sub(ARGV[2], 1, 1) == "1"
-local leveled = string.find(ARGV[2], "L", 2, true) ~= nil
-local moded = string.find(ARGV[2], "M", 2, true) ~= nil
+local call = ARGV[2]
+local atomic = string.sub(call, 1, 1) == "1"
+local leveled, moded = false, false
 -- "K": items may carry a key (field "k"): see fair.lua, whose functions are
 -- made only then (fairLib, scripts.go).
 local fairBase, fairKeyOf, fairMayAppend, fairWait, fairEnc, fairTake
 local fairShard = false
-if string.find(ARGV[2], "K", 2, true) ~= nil then
-  local setPub
-  fairBase, fairKeyOf, fairMayAppend, fairWait, fairEnc, fairTake, setPub = fairLib()
-  fairShard = fairBase(KEYS[1])
-  setPub(ARGV[#ARGV]) -- the wake channel's publish command ends ARGV
+if #call > 1 then -- plain calls ("0", "1") have no letters to look for
+  leveled = string.find(call, "L", 2, true) ~= nil
+  moded = string.find(call, "M", 2, true) ~= nil
+  if string.find(call, "K", 2, true) ~= nil then
+    local setPub
+    fairBase, fairKeyOf, fairMayAppend, fairWait, fairEnc, fairTake, setPub = fairLib()
+    fairShard = fairBase(KEYS[1])
+    setPub(ARGV[#ARGV]) -- the wake channel's publish command ends ARGV
+  end
 end
 local n = #KEYS - 3
 if leveled then
@@ -175,18 +186,6 @@ local function serverNow()
   return now
 end
 
--- dec splits length-prefixed strings (the schedule's data).
-local function dec(str)
-  local out = {}
-  local pos = 1
-  while pos <= #str do
-    local colon = string.find(str, ":", pos, true)
-    local len = tonumber(string.sub(str, pos, colon - 1))
-    out[#out + 1] = string.sub(str, colon + 1, colon + len)
-    pos = colon + 1 + len
-  end
-  return out
-end
 
 -- enc length-prefixes strings ("<len>:<s>"...) for the schedule's data.
 local function enc(list)
@@ -207,6 +206,7 @@ local wakeAt
 local undo
 local newLevels = {} -- notices of the level streams this call created
 local created = {} -- streams this call created (atomic batches only)
+local out = {} -- the reply: (code, data) per item
 if atomic then
   undo = {}
   local streams = {stream}
@@ -229,7 +229,13 @@ end
 -- rejectAll undoes this call's writes and returns the error for item i.
 local function rejectAll(i, key)
   for j = #undo, 1, -1 do
-    redis.call(unpack(undo[j]))
+    local u = undo[j]
+    if type(u) == "number" then
+      redis.call("XDEL", stream, out[2 * u])
+      redis.call("DEL", KEYS[1 + u])
+    else
+      redis.call(unpack(u))
+    end
   end
   for _, s in ipairs(created) do
     if redis.call("XLEN", s) == 0 then
@@ -268,18 +274,39 @@ end
 
 -- The stored records, read before any write (false: none, or a key of
 -- another type).
-local prevs = {}
+local prevs
 if n == 1 then
   -- GET (cheaper than MGET of one key) fails on another type: the same false.
   local v = redis.pcall("GET", KEYS[2])
-  prevs[1] = type(v) ~= "table" and v
-end
-for s = 1, n == 1 and 0 or n, 1000 do
-  local e = math.min(s + 999, n)
-  local vals = redis.call("MGET", unpack(KEYS, s + 1, e + 1))
-  for j = s, e do
-    prevs[j] = vals[j - s + 1]
+  prevs = {type(v) ~= "table" and v}
+elseif n <= 1000 then
+  prevs = redis.call("MGET", unpack(KEYS, 2, n + 1)) -- used as it is
+else
+  prevs = {}
+  for s = 1, n, 1000 do
+    local e = math.min(s + 999, n)
+    local vals = redis.call("MGET", unpack(KEYS, s + 1, e + 1))
+    for j = s, e do
+      prevs[j] = vals[j - s + 1]
+    end
   end
+end
+
+-- modesLib makes the functions of flow-control modes and returns
+-- flowControl: only a call with "M" calls it, so that the other calls of
+-- the general path do not make their closures.
+local function modesLib()
+-- dec splits length-prefixed strings (the schedule's data).
+local function dec(str)
+  local out = {}
+  local pos = 1
+  while pos <= #str do
+    local colon = string.find(str, ":", pos, true)
+    local len = tonumber(string.sub(str, pos, colon - 1))
+    out[#out + 1] = string.sub(str, colon + 1, colon + len)
+    pos = colon + 1 + len
+  end
+  return out
 end
 
 -- scheduleItem puts a flow-control item into the schedule, due at due, and
@@ -568,14 +595,17 @@ local function flowControl(i, key, id, payload, flags, fa, fz, mode, ma, mb, due
   end
   return 0, ""
 end
+return flowControl
+end
+local flowControl = moded and modesLib()
 
-local out = {}
 local o = 0
 local written = {}
 local a = 3 -- the current item's first argument
 for i = 1, n do
   local key = KEYS[1 + i]
-  local id, payload, due, flags = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2]) or 0, ARGV[a + 3]
+  local id, payload, due, flags = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+  due = due == "0" and 0 or tonumber(due) or 0
   local fa, fz = a + 5, a + 4 + tonumber(ARGV[a + 4]) -- its extra stream fields
   a = fz + 1
   local mode, ma, mb
@@ -584,7 +614,7 @@ for i = 1, n do
     a = a + 3
   end
   local prev = prevs[i]
-  if mode == "t" or mode == "d" or mode == "r" then
+  if mode and (mode == "t" or mode == "d" or mode == "r") then
     out[o + 1], out[o + 2] = flowControl(i, key, id, payload, flags, fa, fz, mode, ma, mb, due)
     if out[o + 1] == 0 or out[o + 1] == 3 or (mode == "r" and out[o + 1] == 1) then
       local d = out[o + 2]
@@ -664,7 +694,7 @@ for i = 1, n do
           out[o + 1], out[o + 2] = 0, ""
         end
       else
-        local to = streamOf(flags)
+        local to = leveled and streamOf(flags) or stream
         local eid
         if to == stream then
           eid = redis.call("XADD", to, "*", "id", id, "p", payload, unpack(ARGV, fa, fz))
@@ -677,13 +707,31 @@ for i = 1, n do
             newLevels[#newLevels + 1] = to == KEYS[n + 4] and "+high" or "+low"
           end
         end
-        err = claimRecord(key, prev, "P" .. eid, ttl)
+        if prev then
+          err = claimRecord(key, prev, "P" .. eid, ttl)
+        else
+          -- claimRecord's SET NX GET, inline: the common case (ARGV[1] is
+          -- the TTL as sent, as a string)
+          err = redis.pcall("SET", key, "P" .. eid, "NX", "GET", "PX", ARGV[1])
+          if type(err) ~= "table" or not err.err then
+            err = nil
+          end
+        end
         if err then
           redis.call("XDEL", to, eid)
           notWrongType(err)
         else
           if undo then
-            undo[#undo + 1] = {"XDEL", to, eid}
+            if prev or to ~= stream then
+              if not prev then
+                undo[#undo + 1] = {"DEL", key}
+              end
+              undo[#undo + 1] = {"XDEL", to, eid}
+            else
+              -- item i's XADD to the stream and its new record: rejectAll
+              -- deletes both (no table per item)
+              undo[#undo + 1] = i
+            end
           end
           if fk then
             fairTake(fairShard, fk, eid, to, undo)
