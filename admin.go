@@ -592,7 +592,8 @@ type HistoryPoint struct {
 // every replica writes the same hashes). It reads one hash per hour and
 // shard in one pipelined round trip (after reading the shard count and the
 // answering group). The minutes are those of the consumers' clocks; a span is
-// clamped to 24 hours, which the hashes keep (25 hours).
+// clamped to 24 hours, which the hashes keep (25 hours). The consumers add
+// their completions about once per second, so the counts lag by about that.
 func (a *Admin) History(ctx context.Context, span time.Duration) ([]HistoryPoint, error) {
 	mustContext(ctx, "Admin.History")
 	return callBounded(ctx, func(ctx context.Context) ([]HistoryPoint, error) { return a.history(ctx, span) })

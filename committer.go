@@ -489,9 +489,12 @@ func (c *committer[Req, Resp]) exit() {
 // tick writes one pipelined round trip: the outcomes (one complete.lua call
 // for all of them, one retry.lua call for the retries), then the start
 // charges (one HSET of every fresh start, one charge.lua call for the
-// others). Outcomes go first: complete.lua's XACK frees memory under
-// maxmemory before the HSET, which Redis would refuse then. Every part is
-// harmless when go-redis resends the pipeline after a lost reply.
+// others), the history counts when due, and last a feeder's read riding
+// it. Outcomes go first: complete.lua's XACK frees memory under maxmemory
+// before the HSET, which Redis would refuse then. Every part but the read is
+// harmless when go-redis resends the pipeline after a lost reply (the
+// history may count twice); the entries a lost read delivered stay pending
+// for this consumer until the feeder's adoption pass admits them.
 //
 // Fresh starts are answered as soon as the tick is written (write-ahead:
 // the bytes are in the kernel's hands and reach Redis even if this process

@@ -25,7 +25,6 @@ func completeArgs(q string, n int) ([]string, []any) {
 		keys = append(keys, "streamq:{"+q+"}:id:"+id)
 		args = append(args, fmt.Sprintf("1-%d", i+1), id, "R", "x", "", 1)
 	}
-	keys = append(keys, "streamq:{"+q+"}:hist:0")               // the history hash
 	keys = append(keys, "streamq:{"+q+"}:starts:"+DefaultGroup) // last: the start counts
 	return keys, args
 }
