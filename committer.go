@@ -692,7 +692,11 @@ func (c *committer[Req, Resp]) tick(li int, w tickWork) (after func(), slow bool
 					"completions", w.history[i].inc&(1<<32-1), "err", err)
 				continue
 			}
-			c.pendHistory(w.history[i]) // again with the next flush (a lost reply may count twice)
+			// Again with the next flush, at most once per historyEvery (a
+			// lost reply may count twice).
+			r.c.log.WarnContext(r.runCtx, "streamq: adding completions to the history failed; retrying",
+				"key", w.history[i].key, "err", err)
+			c.pendHistory(w.history[i])
 		}
 	}
 

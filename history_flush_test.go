@@ -4,13 +4,17 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+
+	"github.com/streamq/streamq/internal/keys"
 )
 
 // wordCountingConn counts how often word appears in what is written.
@@ -88,4 +92,48 @@ func TestHistoryAddedOncePerSecond(t *testing.T) {
 	bound := 2*int64(time.Since(start)/time.Second) + 3
 	require.LessOrEqual(t, hincrby.Load(), bound, "HINCRBYs sent for %d completions", n)
 	t.Logf("%d completions, %d HINCRBYs in %s", n, hincrby.Load(), time.Since(start))
+}
+
+// A history hash that cannot take the counts (another program's value of
+// another type at its key) does not stop the outcomes: they are recorded and
+// their callers answered, and each failed flush is logged and retried (it
+// used to fail silently; before the history moved out of complete.lua, it
+// failed the whole outcome batch).
+func TestHistoryFlushFailureIsLoggedAndOutcomesGoOn(t *testing.T) {
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	var logs syncBuffer
+	c, err := NewConsumer(client, q, func(_ context.Context, m *Message[int]) (int, error) {
+		return m.Payload * 2, nil
+	}, &ConsumerOptions{ReadBlock: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	require.NoError(t, err)
+	p, err := NewProducer[int, int](client, q, &ProducerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	// The hour's history key of the only shard, taken by a string for the
+	// next two hours (the test may cross an hour).
+	n, err := queueShards(ctx, client, q)
+	if err != nil || n == 0 {
+		n = 1
+	}
+	ks, err := keys.Shards(q, n)
+	require.NoError(t, err)
+	hour := time.Now().UnixMilli() / msPerHour
+	for _, k := range ks {
+		for h := hour; h <= hour+1; h++ {
+			require.NoError(t, client.Set(ctx, k.History(h), "not a hash", time.Hour*3).Err())
+		}
+	}
+	runConsumer(t, c)
+	for i := range 5 {
+		pr, err := p.Produce(ctx, fmt.Sprintf("hf-%d", i), i)
+		require.NoError(t, err)
+		got, err := pr.Wait(waitCtx(t, 10*time.Second))
+		require.NoError(t, err)
+		require.Equal(t, 2*i, got)
+	}
+	eventually(t, 10*time.Second, func() bool {
+		return strings.Contains(logs.String(), "adding completions to the history failed; retrying")
+	}, "the failed flush was not logged")
 }
