@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamq/streamq/internal/keys"
@@ -38,15 +37,9 @@ func TestHistoryAddedOncePerSecond(t *testing.T) {
 	raw := realRedis(t)
 	ctx := context.Background()
 	var hincrby atomic.Int64
-	client := redis.NewClient(&redis.Options{Addr: raw.Options().Addr, PoolSize: 16,
-		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			return wordCountingConn{Conn: c, word: []byte("hincrby"), n: &hincrby}, nil
-		}})
-	t.Cleanup(func() { _ = client.Close() })
+	client := wrappedClient(t, raw, func(c net.Conn) net.Conn {
+		return wordCountingConn{Conn: c, word: []byte("hincrby"), n: &hincrby}
+	})
 	q := queueName(t)
 	var failures atomic.Int64
 	c, err := NewConsumer(client, q, func(_ context.Context, m *Message[int]) (int, error) {

@@ -14,6 +14,22 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// wrappedClient returns a client of raw's server whose connections (and so
+// its consumers' lanes, which copy its options) are wrapped by wrap.
+func wrappedClient(t *testing.T, raw *redis.Client, wrap func(net.Conn) net.Conn) *redis.Client {
+	t.Helper()
+	client := redis.NewClient(&redis.Options{Addr: raw.Options().Addr, PoolSize: 16,
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return wrap(c), nil
+		}})
+	t.Cleanup(func() { _ = client.Close() })
+	return client
+}
+
 // readCountingConn counts the writes that carry an XREADGROUP, apart from
 // those that carry it with other commands (a read riding a tick).
 type readCountingConn struct {
@@ -42,15 +58,9 @@ func TestTrickleReadsRideTicks(t *testing.T) {
 	raw := realRedis(t)
 	ctx := context.Background()
 	var alone, riding atomic.Int64
-	client := redis.NewClient(&redis.Options{Addr: raw.Options().Addr, PoolSize: 16,
-		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			return readCountingConn{Conn: c, alone: &alone, riding: &riding}, nil
-		}})
-	t.Cleanup(func() { _ = client.Close() })
+	client := wrappedClient(t, raw, func(c net.Conn) net.Conn {
+		return readCountingConn{Conn: c, alone: &alone, riding: &riding}
+	})
 	q := queueName(t)
 	var mu sync.Mutex
 	handled := map[string]int{}
