@@ -49,9 +49,10 @@ type startReq struct {
 // rides a tick of its shard's committer instead of a round trip of its own.
 // A feeder asks for one after a short read while the shard was busy: the
 // entries that read brought are starting, and their outcomes follow. The read
-// waits for the tick that carries outcomes (or for the committer to have
-// nothing queued or in flight, or for shortReadPause), so that what arrived
-// meanwhile comes in one read and the read costs no round trip: a trickle of
+// waits for the tick after which nothing is queued or in flight (the one that
+// records the last outcomes; a tick of its own when the committer is already
+// quiet), or for shortReadPause, so that what arrived meanwhile comes in one
+// read and the read costs no round trip: a trickle of
 // requests takes two round trips per read (the starts' tick, then the
 // outcomes' tick with the next read) instead of three. The tick worker that
 // carries it sets res, err and busy, then closes done.
@@ -74,8 +75,9 @@ type historyCount struct {
 
 // historyEvery is how often a committer adds its recorded completions to the
 // history hashes: one HINCRBY (and a PEXPIRE) riding a tick, instead of one
-// per complete.lua call. Admin.History lags by at most about this much; a
-// process that dies loses at most its last historyEvery of counts.
+// per complete.lua call. Admin.History lags by about this much; a process
+// that dies loses the counts it holds (its last historyEvery of them, or
+// more while flushes fail: a failed flush is retried with the next one).
 const historyEvery = time.Second
 
 // historyTTL is how long an hour's history hash lives after its last
