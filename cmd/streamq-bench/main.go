@@ -85,7 +85,9 @@
 // to the run; it never flushes anything.
 //
 // Flags for diagnosis: -breakdown prints each run's INFO commandstats delta
-// per job to stderr; -cpuprofile profiles the program; -ring and
+// per job to stderr; -cpuprofile profiles the program; -trace writes an
+// execution trace (go tool trace -pprof=sched FILE: where goroutines waited
+// to be woken, and how often; the hand-offs per job); -ring and
 // -send-concurrency override ConsumerOptions.Prefetch and
 // ProducerOptions.Concurrency in throughput and rpc (default: the library's);
 // -ring also sets both Prefetch options of multi.
@@ -122,6 +124,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"runtime/trace"
 	"sync/atomic"
 	"time"
 
@@ -150,6 +153,7 @@ type config struct {
 	json       bool
 	send       bool
 	cpuprofile string
+	trace      string
 	verbose    bool
 	breakdown  bool
 }
@@ -204,6 +208,7 @@ func run() error {
 	flag.BoolVar(&cfg.send, "send", false, "throughput: submit with Producer.Send (no per-call acknowledgement) and Flush, instead of Enqueue")
 	flag.BoolVar(&cfg.json, "json", false, "print JSON lines instead of a table")
 	flag.StringVar(&cfg.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole program to this file")
+	flag.StringVar(&cfg.trace, "trace", "", "write an execution trace of the whole program to this file (go tool trace)")
 	flag.BoolVar(&cfg.verbose, "v", false, "show the library's info logs")
 	flag.BoolVar(&cfg.breakdown, "breakdown", false, "print the per-command server cost of each run to stderr")
 	flag.Parse()
@@ -248,6 +253,17 @@ func run() error {
 			return err
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if cfg.trace != "" {
+		f, err := os.Create(cfg.trace)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := trace.Start(f); err != nil {
+			return err
+		}
+		defer trace.Stop()
 	}
 
 	level := slog.LevelWarn
