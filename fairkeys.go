@@ -23,10 +23,12 @@ const DefaultKeyWindow = 128
 const MaxKeyLen = MaxIDLen
 
 // Key puts the request in key k's share of the queue: fair queuing by key.
-// Consumers serve the keys that have work in turn, so one key's backlog
-// never delays another key's job by more than about one job per other
-// active key plus the window (ConsumerOptions.KeyWindow); and
-// ConsumerOptions.KeyLimit (or Admin.SetKeyLimit) bounds how many of one
+// Consumers serve the keys that have work in turn, so when a keyed job's
+// produce returns with j jobs of its key waiting ahead of it, at most
+// W + (j+1)·(K−1) + j other keyed jobs appended before it have not started,
+// W the window (ConsumerOptions.KeyWindow) and K the keys with work,
+// whatever any key's backlog (weights 1, no limit, pause or rate holding
+// its key); and ConsumerOptions.KeyLimit (or Admin.SetKeyLimit) bounds how many of one
 // key's handlers run at once across every consumer. Retries, delayed
 // requests, RunNow and Requeue keep the key. A key follows the rules of
 // ids (non-empty, at most MaxKeyLen bytes); it cannot be combined with

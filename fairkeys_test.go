@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -271,12 +272,35 @@ func TestFairKeysAdmin(t *testing.T) {
 }
 
 // TestFairKeysBacklogDoesNotDelayOtherKeys: key A has a backlog of 50,000
-// jobs, then keys B..K get 10 jobs each; 8 workers. The j-th job of a key
-// (j = 1..10) starts after at most j·(K−1) + W + Workers starts of other
-// jobs, K = 11 keys with work, W = the window (DefaultKeyWindow): its key
-// takes a turn on every K−1 releases, and once in the stream it waits
-// behind at most the window's other jobs (and what the workers hold).
-// The worst case in starts and milliseconds is logged.
+// jobs, then keys B..K get 10 jobs each, produced round by round; 8 workers,
+// K = 11 keys with work, W = DefaultKeyWindow. Job j (0-based) of a key
+// waits behind at most W + (j+1)·(K−1) + j other jobs that had not started
+// when its produce returned and start before it in the stream's order:
+//
+//   - W: the entries holding slots when produce.lua ran. The job itself
+//     waited (or, when the window had room and its key nothing waiting, took
+//     a slot at once and has at most W−1 ahead of it).
+//   - (j+1)·(K−1) + j: the entries appended after that and before the job.
+//     At most j jobs of its key wait ahead of it (its key's earlier ones), so
+//     it is appended at its key's (j+1)-th turn at the latest. A key with
+//     waiting jobs stays in keys:ready, once (it enters only when its list is
+//     created), and each turn LMOVEs the head to the end, a key that becomes
+//     active entering at the end too: so before each of those turns every
+//     other key takes at most one turn, K−1 in all, of one append (weight 1);
+//     the j turns before its own append its key's j earlier jobs. While the
+//     key waits, the ring is not empty, so the window is full after every
+//     script (each release pumps until it is full or the ring empty): no job
+//     appends at its produce meanwhile, and a complete.lua call that releases
+//     n slots appends n jobs, still in turns.
+//
+// Only first starts (Deliveries 1) of entries with a smaller entry id count:
+// a re-delivered entry starts again, and an entry appended after the job can
+// start first, because workers take entries in stream order but their
+// handlers begin in the order the Go and OS schedulers run them (a worker
+// descheduled between its take and its handler is passed by whatever the
+// others start meanwhile: 108 starts beside a CPU burner). The policy bounds
+// neither, so both are logged, with the total starts and milliseconds before
+// the worst job, not asserted.
 func TestFairKeysBacklogDoesNotDelayOtherKeys(t *testing.T) {
 	t.Parallel()
 	client := realRedis(t)
@@ -293,19 +317,32 @@ func TestFairKeysBacklogDoesNotDelayOtherKeys(t *testing.T) {
 		_, err := p.ProduceBatch(ctx, batch)
 		require.NoError(t, err)
 	}
+	// started records every start in order (index n-1 for start n): the
+	// entry id and whether it was a re-delivery.
+	type startRec struct {
+		eid   [2]uint64
+		again bool
+	}
 	var starts atomic.Int64
 	var mu sync.Mutex
+	started := map[int64]startRec{}
 	startedAt := map[string]int64{}
 	startedTime := map[string]time.Time{}
 	opts := fastOpts(t, "fairness", 10*time.Second)
 	opts.Workers = workers
 	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
 		n := starts.Add(1)
-		if m.Key != "A" {
-			mu.Lock()
-			startedAt[m.ID], startedTime[m.ID] = n, time.Now()
-			mu.Unlock()
+		now := time.Now()
+		eid, err := parseEntryID(m.EntryID)
+		if err != nil {
+			return "", Permanent(err)
 		}
+		mu.Lock()
+		started[n] = startRec{eid, m.Deliveries > 1}
+		if m.Key != "A" {
+			startedAt[m.ID], startedTime[m.ID] = n, now
+		}
+		mu.Unlock()
 		return "", nil
 	}, opts)
 	require.NoError(t, err)
@@ -313,9 +350,7 @@ func TestFairKeysBacklogDoesNotDelayOtherKeys(t *testing.T) {
 	eventually(t, 20*time.Second, func() bool { return starts.Load() >= 2000 }, "the backlog never started")
 	// Each job's starts are counted from right after its produce returned
 	// (starts while the call was on its way to Redis came before the job
-	// and must not count; counting from the call's start did, and a loaded
-	// machine's round trip let 152 starts exceed a bound of 146), its time
-	// from right before the call.
+	// and must not count), its time from right before the call.
 	before := map[string]int64{}
 	at := map[string]time.Time{}
 	var prs []*Promise[string]
@@ -334,23 +369,52 @@ func TestFairKeysBacklogDoesNotDelayOtherKeys(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	keysWithWork := int64(len(others) + 1)
-	worstStarts, worstMs, worstSlack := int64(0), time.Duration(0), int64(1<<62)
+	worstAhead, worstSlack, worstAll, worstBehind, worstAgain := int64(0), int64(1<<62), int64(0), int64(0), int64(0)
+	worstMs := time.Duration(0)
 	for j := range perKey {
-		bound := int64(j+1)*(keysWithWork-1) + DefaultKeyWindow + workers
+		bound := DefaultKeyWindow + int64(j+1)*(keysWithWork-1) + int64(j)
 		for _, k := range others {
 			id := fmt.Sprint(k, j)
-			after := startedAt[id] - before[id] - 1
-			require.LessOrEqual(t, after, bound, "job %d of key %s started after %d other starts", j+1, k, after)
-			worstStarts = max(worstStarts, after)
-			worstSlack = min(worstSlack, bound-after)
+			own := started[startedAt[id]].eid
+			var ahead, behind, again int64
+			for n := before[id] + 1; n < startedAt[id]; n++ {
+				s := started[n]
+				switch {
+				case s.again:
+					again++
+				case entryIDLess(s.eid, own):
+					ahead++
+				default:
+					behind++
+				}
+			}
+			require.LessOrEqual(t, ahead, bound, "job %d of key %s started after %d first starts of entries ahead of it (%d of entries behind it)", j, k, ahead, behind)
+			worstAhead, worstSlack = max(worstAhead, ahead), min(worstSlack, bound-ahead)
+			worstAll, worstBehind, worstAgain = max(worstAll, startedAt[id]-before[id]-1), max(worstBehind, behind), max(worstAgain, again)
 			worstMs = max(worstMs, startedTime[id].Sub(at[id]))
 		}
 	}
 	require.Less(t, starts.Load(), int64(backlog), "the other keys did not wait for the backlog")
-	t.Logf("A: %d jobs of backlog, B..K: %d jobs each, %d workers, window %d: the worst job of B..K started after %d other starts "+
-		"(its bound: j*(K-1)+W+Workers, closest %d under it) and %v after its produce; %d of A's backlog had started",
-		backlog, perKey, workers, DefaultKeyWindow, worstStarts, worstSlack, worstMs.Round(time.Millisecond), starts.Load()-int64(len(others)*perKey))
+	t.Logf("A: %d jobs of backlog, B..K: %d jobs each, %d workers, window %d: the worst job of B..K started after %d first starts of "+
+		"entries ahead of it (its bound: W+(j+1)*(K-1)+j, closest %d under it); in all after at most %d other starts, %d of entries "+
+		"behind it and %d re-deliveries, and %v after its produce; %d of A's backlog had started",
+		backlog, perKey, workers, DefaultKeyWindow, worstAhead, worstSlack, worstAll, worstBehind, worstAgain,
+		worstMs.Round(time.Millisecond), starts.Load()-int64(len(others)*perKey))
 }
+
+// parseEntryID splits a stream entry id "<ms>-<seq>".
+func parseEntryID(id string) ([2]uint64, error) {
+	a, b, ok := strings.Cut(id, "-")
+	ms, err1 := strconv.ParseUint(a, 10, 64)
+	seq, err2 := strconv.ParseUint(b, 10, 64)
+	if !ok || err1 != nil || err2 != nil {
+		return [2]uint64{}, fmt.Errorf("not an entry id: %q", id)
+	}
+	return [2]uint64{ms, seq}, nil
+}
+
+// entryIDLess reports whether entry id a comes before b in their stream.
+func entryIDLess(a, b [2]uint64) bool { return a[0] < b[0] || a[0] == b[0] && a[1] < b[1] }
 
 // TestFairKeysScale: 10,000 keys with 5 jobs each drain about as fast as
 // the same 50,000 jobs without keys (the figures are logged; the machine's

@@ -21,9 +21,11 @@ const fairPerKey = 5
 // used_memory after each drain (records expire at once: ResultTTL 1 ms).
 // Then the fairness figure: key A gets a backlog of n jobs, keys B..K 10
 // jobs each once A's jobs run; the note gives the worst start of B..K's jobs
-// in other jobs' starts after its produce returned and in ms from the call,
-// beside its bound (one consumer of all the workers: the bound counts the
-// starts of the consumer that read the job) j·(K−1) + KeyWindow + workers.
+// in first starts of entries ahead of it (a smaller entry id) after its
+// produce returned, beside their bound KeyWindow + (j+1)·(K−1) + j (job j,
+// 0-based: see TestFairKeysBacklogDoesNotDelayOtherKeys), then in all other
+// starts and in ms from the call (entries behind it whose handlers began
+// first, and re-deliveries, are not bounded by the policy).
 func runFair(ctx context.Context, e *env, n int) error {
 	nokey, memNokey, err := fairDrain(ctx, e, n, false)
 	if err != nil {
@@ -140,23 +142,32 @@ func fairBacklog(ctx context.Context, e *env, n int) error {
 	if err := fairProduce(ctx, p, n, func(int) string { return "A" }, pad); err != nil {
 		return err
 	}
+	// Every start in order: its entry id, and whether it was a re-delivery.
+	type startRec struct {
+		eid   [2]uint64
+		again bool
+	}
 	var mu sync.Mutex
 	starts := int64(0)
+	started := map[int64]startRec{}
 	startedAt := map[string]int64{}
 	startedTime := map[string]time.Time{}
 	handler := func(_ context.Context, m *streamq.Message[job]) (struct{}, error) {
+		eid, err := parseEntryID(m.EntryID)
+		if err != nil {
+			return struct{}{}, streamq.Permanent(err)
+		}
 		mu.Lock()
 		starts++
+		started[starts] = startRec{eid, m.Deliveries > 1}
 		if m.Key != "A" {
 			startedAt[m.ID], startedTime[m.ID] = starts, time.Now()
 		}
 		mu.Unlock()
 		return struct{}{}, nil
 	}
-	// One consumer with all the workers: the bound counts the starts of the
-	// consumer that read the job (docs/scheduling.md). With several, the
-	// others start newer entries while it works through its read-ahead, as
-	// many as their speed allows.
+	// One consumer with all the workers, as the test (the bound counts
+	// entries ahead of the job, whichever consumer starts them).
 	cs, err := startConsumers(ctx, e, q, handler, []streamq.ConsumerOptions{{DiscardResults: true, Workers: e.cfg.workers}})
 	if err != nil {
 		return err
@@ -193,27 +204,55 @@ func fairBacklog(ctx context.Context, e *env, n int) error {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	worst, worstMs, over := int64(0), time.Duration(0), 0
+	keysWithWork := int64(len(others) + 1)
+	worstAhead, worstAll, worstBehind, worstAgain, worstMs, over := int64(0), int64(0), int64(0), int64(0), time.Duration(0), 0
 	for j := range perKey {
-		bound := int64(j+1)*int64(len(others)) + streamq.DefaultKeyWindow + int64(e.cfg.workers)
+		bound := streamq.DefaultKeyWindow + int64(j+1)*(keysWithWork-1) + int64(j)
 		for _, k := range others {
 			id := fmt.Sprint(k, "-", j)
-			after := startedAt[id] - before[id] - 1
-			worst = max(worst, after)
-			worstMs = max(worstMs, startedTime[id].Sub(at[id]))
-			if after > bound {
+			own := started[startedAt[id]].eid
+			var ahead, behind, again int64
+			for i := before[id] + 1; i < startedAt[id]; i++ {
+				s := started[i]
+				switch {
+				case s.again:
+					again++
+				case entryIDLess(s.eid, own):
+					ahead++
+				default:
+					behind++
+				}
+			}
+			if ahead > bound {
 				over++
 			}
+			worstAhead, worstAll = max(worstAhead, ahead), max(worstAll, startedAt[id]-before[id]-1)
+			worstBehind, worstAgain = max(worstBehind, behind), max(worstAgain, again)
+			worstMs = max(worstMs, startedTime[id].Sub(at[id]))
 		}
 	}
-	e.out.note("fair       backlog of %d jobs of key A, 10 jobs of each of keys B..K, one consumer of %d workers: the worst B..K job started after %d other starts and %v (bound j*(K-1)+W+workers: %d..%d; %d over it)",
-		n, e.cfg.workers, worst, worstMs.Round(time.Millisecond), int64(len(others))+streamq.DefaultKeyWindow+int64(e.cfg.workers),
-		int64(perKey*len(others))+streamq.DefaultKeyWindow+int64(e.cfg.workers), over)
+	e.out.note("fair       backlog of %d jobs of key A, 10 jobs of each of keys B..K, one consumer of %d workers: the worst B..K job started after %d first starts of entries ahead of it (bound W+(j+1)*(K-1)+j: %d..%d; %d over it); in all after %d other starts, %d of entries behind it and %d re-deliveries, and %v",
+		n, e.cfg.workers, worstAhead, streamq.DefaultKeyWindow+keysWithWork-1, streamq.DefaultKeyWindow+perKey*(keysWithWork-1)+perKey-1,
+		over, worstAll, worstBehind, worstAgain, worstMs.Round(time.Millisecond))
 	if over > 0 {
 		return fmt.Errorf("%d jobs of B..K started later than the bound", over)
 	}
 	return nil
 }
+
+// parseEntryID splits a stream entry id "<ms>-<seq>".
+func parseEntryID(id string) ([2]uint64, error) {
+	a, b, ok := strings.Cut(id, "-")
+	ms, err1 := strconv.ParseUint(a, 10, 64)
+	seq, err2 := strconv.ParseUint(b, 10, 64)
+	if !ok || err1 != nil || err2 != nil {
+		return [2]uint64{}, fmt.Errorf("not an entry id: %q", id)
+	}
+	return [2]uint64{ms, seq}, nil
+}
+
+// entryIDLess reports whether entry id a comes before b in their stream.
+func entryIDLess(a, b [2]uint64) bool { return a[0] < b[0] || a[0] == b[0] && a[1] < b[1] }
 
 // usedMemoryOf reads INFO memory's used_memory.
 func usedMemoryOf(ctx context.Context, e *env) (int64, error) {

@@ -74,9 +74,10 @@
 //	            ("streamq-keyed"); a note gives keyed/nokey jobs/s and
 //	            used_memory after each drain. Then key A gets a backlog of n
 //	            jobs and keys B..K 10 jobs each: a note gives the worst start
-//	            of B..K's jobs (other starts after its produce, ms; one
-//	            consumer of all the workers) beside
-//	            the bound j*(K-1)+KeyWindow+workers. No go-redis baseline.
+//	            of B..K's jobs in first starts of entries ahead of it after
+//	            its produce, beside the bound KeyWindow+(j+1)*(K-1)+j (job
+//	            j, 0-based), then in all other starts and ms (one consumer
+//	            of all the workers). No go-redis baseline.
 //	all         every scenario above, in that order.
 //
 // Without -redis host:port the program starts its own redis-server on a free
