@@ -9,6 +9,7 @@ package streamq
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"time"
 
@@ -104,21 +105,35 @@ func (r *run[Req, Resp]) renewed(slots []*slot, lost []string, at int64) {
 // leaseShard sets the idle time of the entries of the given slots of a shard
 // that this consumer still owns, in chunks, and returns those it no longer
 // owns. With a floor > 0 it also keeps their in-flight records alive at least
-// that long (see lease.lua); 0 leaves records alone.
+// that long, and the progress values of those that may have one (this
+// delivery reported, or an earlier one started: see lease.lua); 0 leaves
+// records alone.
 func (r *run[Req, Resp]) leaseShard(ctx context.Context, shard int, slots []*slot, idle, floor time.Duration) ([]string, error) {
 	o := &r.c.opts
+	k := r.c.shards[shard]
 	var lost []string
 	const chunk = 500
 	for len(slots) > 0 {
 		n := min(chunk, len(slots))
-		args := make([]any, 0, 4+n)
-		args = append(args, o.Group, o.Name, idle.Milliseconds(), floor.Milliseconds())
+		args := make([]any, 5, 5+n)
+		args[0], args[1], args[2], args[3] = o.Group, o.Name, idle.Milliseconds(), floor.Milliseconds()
 		keyList := make([]string, 1, 1+n)
-		keyList[0] = r.c.shards[shard].Stream
-		for _, s := range slots[:n] {
+		keyList[0] = k.Stream
+		var progKeys []string
+		var progressed []byte // ARGV[5]: the entries (1-based, in order) whose progress key follows the records
+		for i, s := range slots[:n] {
 			args = append(args, s.entry.EntryID)
 			keyList = append(keyList, r.recordKey(shard, s))
+			if floor > 0 && !o.Fanout && s.entry.ID != "" && (s.earlier || s.msg.reported.Load()) {
+				progKeys = append(progKeys, k.Progress(s.entry.ID))
+				if progressed != nil {
+					progressed = append(progressed, ',')
+				}
+				progressed = strconv.AppendInt(progressed, int64(i+1), 10)
+			}
 		}
+		args[4] = string(progressed)
+		keyList = append(keyList, progKeys...)
 		slots = slots[n:]
 		res, err := scripts.Lease.Run(ctx, r.c.client, keyList, args...).StringSlice()
 		if err != nil {

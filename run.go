@@ -422,6 +422,7 @@ func (r *run[Req, Resp]) admit(shard int, msgs []redis.XMessage, at int64, start
 			s.skip, s.dead = true, "" // requeued for another group: acknowledge only
 		}
 		s.ownedAt.Store(at)
+		s.earlier = n > 0
 		if !r.track(s) {
 			continue
 		}

@@ -55,6 +55,10 @@ type slot struct {
 	// complete.lua then expires with the record. Set by the worker before
 	// the hand-off.
 	reported bool
+	// earlier: the entry had started before this delivery (a count at
+	// admission), so an earlier delivery may have stored progress, which
+	// the leases keep alive (lease.lua). Set by admit.
+	earlier bool
 	// handedOff is set at hand-off: the entry leaves the pending list when its
 	// outcome is recorded, which the lease loop must not take for a loss.
 	handedOff atomic.Bool
