@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 )
 
@@ -420,4 +421,40 @@ func TestCancelNoticeLostInAReconnection(t *testing.T) {
 	defer cancel()
 	_, err = pr.Wait(wctx)
 	require.ErrorIs(t, err, ErrCanceled)
+}
+
+// TestCancelOfAnEntryGoneLeavesOtherLevelsAlone: a request whose record
+// names an entry that no stream holds any more (deleted by hand) is
+// cancelled without touching any stream. Entry ids are per stream: the
+// request's entry was on the high level's stream, and the default level's
+// stream holds another request's entry with the same id. Before,
+// cancel.lua, finding the entry on no level, fell back to the default
+// level's stream and deleted that other request's entry (and would have
+// stopped its handler, had one held it): the other request was lost.
+func TestCancelOfAnEntryGoneLeavesOtherLevelsAlone(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	p := newStringProducer(t, client, q)
+	a, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	// The group exists (a consumer ran once), so cancel.lua checks holders.
+	c, err := NewConsumer(client, q, func(context.Context, *Message[string]) (string, error) { return "", nil },
+		&ConsumerOptions{ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+	require.NoError(t, err)
+	stop := runConsumer(t, c)
+	stop()
+
+	victim := mustProduce(t, p, "victim", "x", Priority(PriorityHigh))
+	eid := victim.EntryID()
+	high := streamKey(q) + ":high"
+	require.EqualValues(t, 1, client.XDel(ctx, high, eid).Val(), "the victim's entry, deleted by hand")
+	// Another request's entry with the same id, on the default level.
+	require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: streamKey(q), ID: eid, Values: []any{"id", "other", "p", `"y"`}}).Err())
+
+	require.NoError(t, a.Cancel(ctx, "victim"))
+	_, err = victim.Wait(waitCtx(t, 10*time.Second))
+	require.ErrorIs(t, err, ErrCanceled)
+	require.Len(t, client.XRange(ctx, streamKey(q), eid, eid).Val(), 1, "the other request's entry is still in the default stream")
 }

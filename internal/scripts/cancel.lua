@@ -127,16 +127,21 @@ if string.sub(cur, 1, 2) ~= "P@" and cur ~= "P&" and cur ~= "P%" then
       break
     end
   end
-  if ARGV[6] ~= "" then
-    local ok, p = pcall(redis.call, "XPENDING", streams[level + 1], ARGV[6], eid, eid, 1)
-    if ok and p[1] then
-      if mode ~= "a" then
-        return {1, cur}
+  -- An entry found in no stream (deleted by hand) leaves nothing to delete
+  -- or stop: entry ids are per stream, and an entry of another level with
+  -- this id is another request's.
+  if #fields > 0 then
+    if ARGV[6] ~= "" then
+      local ok, p = pcall(redis.call, "XPENDING", streams[level + 1], ARGV[6], eid, eid, 1)
+      if ok and p[1] then
+        if mode ~= "a" then
+          return {1, cur}
+        end
+        holder = p[1][2]
       end
-      holder = p[1][2]
     end
+    queued = eid
   end
-  queued = eid
 end
 -- The request's parent, from its stream fields.
 local flowDec, childDone, release = flowLib()
