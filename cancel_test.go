@@ -458,3 +458,35 @@ func TestCancelOfAnEntryGoneLeavesOtherLevelsAlone(t *testing.T) {
 	require.ErrorIs(t, err, ErrCanceled)
 	require.Len(t, client.XRange(ctx, streamKey(q), eid, eid).Val(), 1, "the other request's entry is still in the default stream")
 }
+
+// TestForgetAndJobOfAnEntryGoneLeaveOtherLevelsAlone: as
+// TestCancelOfAnEntryGoneLeavesOtherLevelsAlone, for Admin.Job and
+// Admin.Forget, which found the request's stream the same way (entrystream.lua)
+// and fell back to the default level's: Job showed the other request's
+// payload as the victim's, and Forget deleted the other request's entry.
+func TestForgetAndJobOfAnEntryGoneLeaveOtherLevelsAlone(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	p := newStringProducer(t, client, q)
+	a, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	c, err := NewConsumer(client, q, func(context.Context, *Message[string]) (string, error) { return "", nil },
+		&ConsumerOptions{ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+	require.NoError(t, err)
+	stop := runConsumer(t, c)
+	stop()
+
+	victim := mustProduce(t, p, "victim", "x", Priority(PriorityHigh))
+	eid := victim.EntryID()
+	require.EqualValues(t, 1, client.XDel(ctx, streamKey(q)+":high", eid).Val(), "the victim's entry, deleted by hand")
+	require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: streamKey(q), ID: eid, Values: []any{"id", "other", "p", `"other's payload"`}}).Err())
+
+	info, err := a.Job(ctx, "victim")
+	require.NoError(t, err)
+	require.Empty(t, info.Payload, "no payload of another request")
+
+	require.NoError(t, a.Forget(ctx, "victim", true))
+	require.Len(t, client.XRange(ctx, streamKey(q), eid, eid).Val(), 1, "the other request's entry is still in the default stream")
+}

@@ -3,8 +3,10 @@
 -- streams of priority levels "high" and "low" as KEYS[7] and KEYS[8].
 --
 -- entryStream returns the stream holding entry eid of request rid: the
--- shard's (KEYS[2]) or a priority level's (KEYS[7], KEYS[8]); KEYS[2] when
--- no stream holds it.
+-- shard's (KEYS[2]) or a priority level's (KEYS[7], KEYS[8]); false when no
+-- stream holds it (an entry deleted by hand). Entry ids are per stream: an
+-- entry of another stream with this id is another request's, which the
+-- caller must not read or touch.
 local function entryStream(eid, rid)
   for _, s in ipairs({KEYS[2], KEYS[7], KEYS[8]}) do
     local e = redis.call("XRANGE", s, eid, eid, "COUNT", 1)
@@ -17,5 +19,5 @@ local function entryStream(eid, rid)
       end
     end
   end
-  return KEYS[2]
+  return false
 end

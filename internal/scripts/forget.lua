@@ -60,23 +60,25 @@ elseif rec == "P&" or rec == "P%" then
 elseif string.sub(rec, 1, 1) == "P" then
   local eid = string.match(rec, "^P([^+]*)") -- a Replace's follow-up ("+...") goes with it
   local stream = entryStream(eid, ARGV[3])
-  local ok, p = pcall(redis.call, "XPENDING", stream, ARGV[1], eid, eid, 1)
-  if ok and p[1] then
-    if ARGV[2] ~= "1" then
-      return {"held", p[1][2]}
+  if stream then -- else in no stream: nothing to delete (entrystream.lua)
+    local ok, p = pcall(redis.call, "XPENDING", stream, ARGV[1], eid, eid, 1)
+    if ok and p[1] then
+      if ARGV[2] ~= "1" then
+        return {"held", p[1][2]}
+      end
+      redis.call("XACK", stream, ARGV[1], eid)
     end
-    redis.call("XACK", stream, ARGV[1], eid)
+    redis.call("XDEL", stream, eid)
+    local counts = KEYS[3]
+    if stream == KEYS[7] then
+      counts = KEYS[11]
+    elseif stream == KEYS[8] then
+      counts = KEYS[12]
+    end
+    redis.call("HDEL", counts, eid)
+    fairPub = ARGV[4]
+    fairRelease(stream, {eid}, 1, 1) -- a keyed entry's slot (fair.lua)
   end
-  redis.call("XDEL", stream, eid)
-  local counts = KEYS[3]
-  if stream == KEYS[7] then
-    counts = KEYS[11]
-  elseif stream == KEYS[8] then
-    counts = KEYS[12]
-  end
-  redis.call("HDEL", counts, eid)
-  fairPub = ARGV[4]
-  fairRelease(stream, {eid}, 1, 1) -- a keyed entry's slot (fair.lua)
 end
 redis.call("DEL", KEYS[1])
 if KEYS[9] then

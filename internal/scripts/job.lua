@@ -175,8 +175,10 @@ if #rec > #eid + 2 then
 end
 local stream = entryStream(eid, ARGV[2])
 local present, payload = 0, false
-local entry = redis.call("XRANGE", stream, eid, eid, "COUNT", 1)
-if #entry > 0 then
+local holder, idle = false, false
+local level, starts = false, false
+if stream then -- else in no stream (entrystream.lua): nothing of it to read
+  local entry = redis.call("XRANGE", stream, eid, eid, "COUNT", 1)
   present = 1
   local f = entry[1][2]
   for i = 1, #f, 2 do
@@ -184,17 +186,16 @@ if #entry > 0 then
       payload = f[i + 1]
     end
   end
+  local ok, p = pcall(redis.call, "XPENDING", stream, ARGV[1], eid, eid, 1)
+  if ok and p[1] then
+    holder, idle = p[1][2], p[1][3]
+  end
+  local counts = KEYS[3]
+  if stream == KEYS[7] then
+    level, counts = "high", KEYS[12]
+  elseif stream == KEYS[8] then
+    level, counts = "low", KEYS[13]
+  end
+  starts = redis.call("HGET", counts, eid)
 end
-local holder, idle = false, false
-local ok, p = pcall(redis.call, "XPENDING", stream, ARGV[1], eid, eid, 1)
-if ok and p[1] then
-  holder, idle = p[1][2], p[1][3]
-end
-local level, counts = false, KEYS[3]
-if stream == KEYS[7] then
-  level, counts = "high", KEYS[12]
-elseif stream == KEYS[8] then
-  level, counts = "low", KEYS[13]
-end
-local starts = redis.call("HGET", counts, eid)
 return reply({rec, ttl, present, holder, idle, starts, false, level}, payload)
