@@ -3,6 +3,7 @@ package streamq
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -119,4 +120,57 @@ func TestDedupModesForgetEndsTheThrottleWindow(t *testing.T) {
 	v, err = third.Wait(waitCtx(t, 10*time.Second))
 	require.NoError(t, err, "the produce after Forget of an expired outcome")
 	require.Equal(t, "ran:v3", v)
+}
+
+// TestReplaceFindsItsOwnEntryWhenIDsCollideAcrossLevels: Replace of a queued
+// request looks its entry up by entry id among the levels' streams, and
+// entry ids are per stream: a request on the default level can have the
+// same entry id as one on the high level. Before, the lookup took the first
+// stream with that id, the default level's: Replace of the high request
+// deleted the default request's unread entry (that request was lost) and
+// appended the new payload, while the high request's old entry ran too.
+func TestReplaceFindsItsOwnEntryWhenIDsCollideAcrossLevels(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	var q string
+	var p *Producer[string, string]
+	var n, h *Promise[string]
+	for attempt := 0; ; attempt++ {
+		require.Less(t, attempt, 50, "no batch gave both entries one id")
+		q = queueName(t)
+		p = newStringProducer(t, client, q)
+		prs, err := p.ProduceBatch(ctx, []Job[string]{
+			{ID: "n", Request: "n-payload"},
+			{ID: "h", Request: "h-old", Options: []ProduceOption{Priority(PriorityHigh)}},
+		})
+		require.NoError(t, err)
+		if n, h = prs[0], prs[1]; n.EntryID() == h.EntryID() {
+			break
+		}
+	}
+	r, err := p.Produce(ctx, "h", "h-new", Priority(PriorityHigh), Replace())
+	require.NoError(t, err)
+
+	var mu sync.Mutex
+	ran := map[string][]string{}
+	c, err := NewConsumer(client, q, func(_ context.Context, m *Message[string]) (string, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		ran[m.ID] = append(ran[m.ID], m.Payload)
+		return m.Payload, nil
+	}, &ConsumerOptions{Workers: 2, ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, c)
+	for _, pr := range []*Promise[string]{n, h, r} {
+		_, err := pr.Wait(waitCtx(t, 10*time.Second))
+		require.NoError(t, err, "request %s", pr.ID())
+	}
+	out, err := r.Wait(waitCtx(t, time.Second))
+	require.NoError(t, err)
+	require.Equal(t, "h-new", out)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []string{"n-payload"}, ran["n"], "the default level's request ran, once")
+	require.Equal(t, []string{"h-new"}, ran["h"], "the high request ran once, with the new payload")
 }

@@ -424,12 +424,21 @@ local function replace(key, cur, id, payload, due, flags, fa, fz)
       end
       return 1, ""
     end
+    -- Its entry: the one with this id and this request id (entry ids are
+    -- per stream: another level's entry with this id is another request's).
     local eid = string.match(cur, "^P([^+]*)")
     local s, ef
     for _, st in ipairs({stream, KEYS[n + 4], KEYS[n + 5]}) do
       local e = redis.call("XRANGE", st, eid, eid)
       if e[1] then
-        s, ef = st, e[1][2]
+        local f = e[1][2]
+        for j = 1, #f - 1, 2 do
+          if f[j] == "id" and f[j + 1] == id then
+            s, ef = st, f
+          end
+        end
+      end
+      if s then
         break
       end
     end
