@@ -111,7 +111,9 @@ func TestReleaseNotUndoneByLeaseInFlight(t *testing.T) {
 }
 
 // dialGate is a go-redis hook that makes new connections of its client
-// fail while it is closed, so a subscription cut off stays down.
+// fail while it is closed, so a subscription cut off stays down. It refuses
+// every dial of the client, its command pool's included: a test that needs
+// commands to go on while it is closed warms the pool first (warmPool).
 type dialGate struct {
 	mu     sync.Mutex
 	closed bool
@@ -142,6 +144,22 @@ func (g *dialGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 	return next
 }
 
+// warmPool makes client's command pool hold at least n connections, by
+// having n blocking reads in flight at once, so that commands need no new
+// connection while a dialGate refuses them (go-redis keeps an idle
+// connection for 30 minutes).
+func warmPool(t *testing.T, client *redis.Client, key string, n int) {
+	t.Helper()
+	eventually(t, 10*time.Second, func() bool {
+		var wg sync.WaitGroup
+		for range n {
+			wg.Go(func() { _ = client.Do(context.Background(), "BLPOP", key, "0.2").Err() })
+		}
+		wg.Wait()
+		return int(client.PoolStats().TotalConns) >= n
+	}, "the pool never held %d connections", n)
+}
+
 // killSubscription cuts the pub/sub connection of the client named name.
 func killSubscription(t *testing.T, client *redis.Client, name string) {
 	t.Helper()
@@ -166,6 +184,18 @@ func killSubscription(t *testing.T, client *redis.Client, name string) {
 // consumer, and TestCancelRunningHandlerSeesCancel failed when a renewal
 // (the one a new subscription asks for) ran between cancel.lua and the
 // notice's arrival.
+//
+// The gate refuses every new connection of the consumer's client, not only
+// the subscription's (go-redis dials both through the same hook), so the
+// renewal needs a connection the pool already holds. A consumer started
+// under load may have dialed only one by then, and its fetcher's blocking
+// read (ReadBlock 50 ms, taken again as soon as it returns) holds that one:
+// beside two to four CPU burners the test failed 6 of 210 runs, each time
+// with a pool of one connection, blocked in XREADGROUP, and all 21 renewals
+// of the 10 s failed with the gate's dial error. Nothing guarantees a
+// renewal a connection its pool cannot dial, so the pool is warmed with
+// more connections than the consumer holds at once before the gate closes:
+// only the subscription needs a new one (0 failures in 120 runs).
 func TestCancelWithNoticeLostStillErrCanceled(t *testing.T) {
 	t.Parallel()
 	client := realRedis(t)
@@ -176,10 +206,11 @@ func TestCancelWithNoticeLostStillErrCanceled(t *testing.T) {
 	require.NoError(t, err)
 
 	name := "notice-lost-" + q
-	clientC := redis.NewClient(&redis.Options{Addr: client.Options().Addr, ClientName: name})
+	clientC := redis.NewClient(&redis.Options{Addr: client.Options().Addr, ClientName: name, PoolSize: 20})
 	t.Cleanup(func() { _ = clientC.Close() })
 	gate := &dialGate{tried: make(chan struct{}, 1)}
 	clientC.AddHook(gate)
+	warmPool(t, clientC, "warm-"+q, 10)
 
 	started := make(chan struct{}, 1)
 	cause := make(chan error, 1)
