@@ -427,6 +427,30 @@ func TestCancelNoticeLostInAReconnection(t *testing.T) {
 	require.ErrorIs(t, err, ErrCanceled)
 }
 
+// entryGoneWithTwin sets up a request ("victim", high level) whose record
+// names an entry that no stream holds any more (deleted by hand), while the
+// default level's stream holds another request's entry ("other", payload
+// "other's payload") with the same entry id: entry ids are per stream. The
+// queue's group exists (a consumer ran once), so scripts check holders. It
+// returns the admin, the victim's promise and the shared entry id.
+func entryGoneWithTwin(t *testing.T, client *redis.Client, q string) (*Admin, *Promise[string], string) {
+	t.Helper()
+	ctx := context.Background()
+	p := newStringProducer(t, client, q)
+	a, err := NewAdmin(client, q, nil)
+	require.NoError(t, err)
+	c, err := NewConsumer(client, q, func(context.Context, *Message[string]) (string, error) { return "", nil },
+		&ConsumerOptions{ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
+	require.NoError(t, err)
+	stop := runConsumer(t, c)
+	stop()
+	victim := mustProduce(t, p, "victim", "x", Priority(PriorityHigh))
+	eid := victim.EntryID()
+	require.EqualValues(t, 1, client.XDel(ctx, streamKey(q)+":high", eid).Val(), "the victim's entry, deleted by hand")
+	require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: streamKey(q), ID: eid, Values: []any{"id", "other", "p", `"other's payload"`}}).Err())
+	return a, victim, eid
+}
+
 // TestCancelOfAnEntryGoneLeavesOtherLevelsAlone: a request whose record
 // names an entry that no stream holds any more (deleted by hand) is
 // cancelled without touching any stream. Entry ids are per stream: the
@@ -440,25 +464,10 @@ func TestCancelOfAnEntryGoneLeavesOtherLevelsAlone(t *testing.T) {
 	client := realRedis(t)
 	ctx := context.Background()
 	q := queueName(t)
-	p := newStringProducer(t, client, q)
-	a, err := NewAdmin(client, q, nil)
-	require.NoError(t, err)
-	// The group exists (a consumer ran once), so cancel.lua checks holders.
-	c, err := NewConsumer(client, q, func(context.Context, *Message[string]) (string, error) { return "", nil },
-		&ConsumerOptions{ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
-	require.NoError(t, err)
-	stop := runConsumer(t, c)
-	stop()
-
-	victim := mustProduce(t, p, "victim", "x", Priority(PriorityHigh))
-	eid := victim.EntryID()
-	high := streamKey(q) + ":high"
-	require.EqualValues(t, 1, client.XDel(ctx, high, eid).Val(), "the victim's entry, deleted by hand")
-	// Another request's entry with the same id, on the default level.
-	require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: streamKey(q), ID: eid, Values: []any{"id", "other", "p", `"y"`}}).Err())
+	a, victim, eid := entryGoneWithTwin(t, client, q)
 
 	require.NoError(t, a.Cancel(ctx, "victim"))
-	_, err = victim.Wait(waitCtx(t, 10*time.Second))
+	_, err := victim.Wait(waitCtx(t, 10*time.Second))
 	require.ErrorIs(t, err, ErrCanceled)
 	require.Len(t, client.XRange(ctx, streamKey(q), eid, eid).Val(), 1, "the other request's entry is still in the default stream")
 }
@@ -473,19 +482,7 @@ func TestForgetAndJobOfAnEntryGoneLeaveOtherLevelsAlone(t *testing.T) {
 	client := realRedis(t)
 	ctx := context.Background()
 	q := queueName(t)
-	p := newStringProducer(t, client, q)
-	a, err := NewAdmin(client, q, nil)
-	require.NoError(t, err)
-	c, err := NewConsumer(client, q, func(context.Context, *Message[string]) (string, error) { return "", nil },
-		&ConsumerOptions{ReadBlock: 50 * time.Millisecond, Logger: testLogger(t)})
-	require.NoError(t, err)
-	stop := runConsumer(t, c)
-	stop()
-
-	victim := mustProduce(t, p, "victim", "x", Priority(PriorityHigh))
-	eid := victim.EntryID()
-	require.EqualValues(t, 1, client.XDel(ctx, streamKey(q)+":high", eid).Val(), "the victim's entry, deleted by hand")
-	require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: streamKey(q), ID: eid, Values: []any{"id", "other", "p", `"other's payload"`}}).Err())
+	a, _, eid := entryGoneWithTwin(t, client, q)
 
 	info, err := a.Job(ctx, "victim")
 	require.NoError(t, err)

@@ -133,22 +133,7 @@ func TestReplaceFindsItsOwnEntryWhenIDsCollideAcrossLevels(t *testing.T) {
 	t.Parallel()
 	client := realRedis(t)
 	ctx := context.Background()
-	var q string
-	var p *Producer[string, string]
-	var n, h *Promise[string]
-	for attempt := 0; ; attempt++ {
-		require.Less(t, attempt, 50, "no batch gave both entries one id")
-		q = queueName(t)
-		p = newStringProducer(t, client, q)
-		prs, err := p.ProduceBatch(ctx, []Job[string]{
-			{ID: "n", Request: "n-payload"},
-			{ID: "h", Request: "h-old", Options: []ProduceOption{Priority(PriorityHigh)}},
-		})
-		require.NoError(t, err)
-		if n, h = prs[0], prs[1]; n.EntryID() == h.EntryID() {
-			break
-		}
-	}
+	q, p, n, h := collidingPair(t, client, "n-payload", "h-old")
 	r, err := p.Produce(ctx, "h", "h-new", Priority(PriorityHigh), Replace())
 	require.NoError(t, err)
 

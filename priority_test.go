@@ -1030,24 +1030,7 @@ func TestPriorityStartCountsApartWhenEntryIDsCollide(t *testing.T) {
 	client := realRedis(t)
 	ctx := context.Background()
 
-	// Two entries of one batch share an id when the batch's script appends
-	// both in one millisecond; try fresh queues until that happens.
-	var q string
-	var p *Producer[string, string]
-	var n, h *Promise[string]
-	for attempt := 0; ; attempt++ {
-		require.Less(t, attempt, 50, "no batch gave both entries one id")
-		q = queueName(t)
-		p = newStringProducer(t, client, q)
-		prs, err := p.ProduceBatch(ctx, []Job[string]{
-			{ID: "n", Request: "x"},
-			{ID: "h", Request: "x", Options: []ProduceOption{Priority(PriorityHigh)}},
-		})
-		require.NoError(t, err)
-		if n, h = prs[0], prs[1]; n.EntryID() == h.EntryID() {
-			break
-		}
-	}
+	q, _, n, h := collidingPair(t, client, "x", "x")
 
 	hStarted, release := make(chan struct{}), make(chan struct{})
 	var hRuns atomic.Int32
@@ -1081,4 +1064,26 @@ func TestPriorityStartCountsApartWhenEntryIDsCollide(t *testing.T) {
 	got, err := h.Wait(waitCtx(t, 20*time.Second))
 	require.NoError(t, err)
 	require.Equal(t, "2", got, "the high request's rerun is its second start")
+}
+
+// collidingPair produces, in one batch, request "n" (payload np, default
+// level) and request "h" (payload hp, high level) on fresh queues until both
+// entries get one entry id (the batch's script appends both in one
+// millisecond; entry ids are per stream), and returns the queue, its
+// producer and both promises.
+func collidingPair(t *testing.T, client *redis.Client, np, hp string) (string, *Producer[string, string], *Promise[string], *Promise[string]) {
+	t.Helper()
+	for attempt := 0; ; attempt++ {
+		require.Less(t, attempt, 50, "no batch gave both entries one id")
+		q := queueName(t)
+		p := newStringProducer(t, client, q)
+		prs, err := p.ProduceBatch(context.Background(), []Job[string]{
+			{ID: "n", Request: np},
+			{ID: "h", Request: hp, Options: []ProduceOption{Priority(PriorityHigh)}},
+		})
+		require.NoError(t, err)
+		if prs[0].EntryID() == prs[1].EntryID() {
+			return q, p, prs[0], prs[1]
+		}
+	}
 }
