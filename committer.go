@@ -987,8 +987,9 @@ func appendStrings(list []any, ss []string) []any {
 	return list
 }
 
-// appendItem appends item i to a list of complete.lua's ARGV[9] that starts
-// with mark (":", "~"): mark before the first, a comma before the others.
+// appendItem appends item i to a list of items that starts with mark
+// (complete.lua's ARGV[9] parts ":", "~"; lease.lua's ARGV[5] "~"): mark
+// before the first, a comma before the others.
 func appendItem(list []byte, mark byte, i int) []byte {
 	if list == nil {
 		list = []byte{mark}

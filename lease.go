@@ -9,7 +9,6 @@ package streamq
 
 import (
 	"context"
-	"strconv"
 	"strings"
 	"time"
 
@@ -126,10 +125,7 @@ func (r *run[Req, Resp]) leaseShard(ctx context.Context, shard int, slots []*slo
 			keyList = append(keyList, r.recordKey(shard, s))
 			if floor > 0 && !o.Fanout && s.entry.ID != "" && (s.earlier || s.msg.reported.Load()) {
 				progKeys = append(progKeys, k.Progress(s.entry.ID))
-				if progressed != nil {
-					progressed = append(progressed, ',')
-				}
-				progressed = strconv.AppendInt(progressed, int64(i+1), 10)
+				progressed = appendItem(progressed, '~', i+1)
 			}
 		}
 		args[4] = string(progressed)

@@ -25,7 +25,7 @@
 --             so that another consumer can claim them at once; a value in between
 --             schedules a retry after (minimum idle - value)
 -- ARGV[4]     record floor in milliseconds; "0" leaves records alone
--- ARGV[5]     "" or "<i>,<j>,...": the entries (1-based, in order) whose
+-- ARGV[5]     "" or "~<i>,<j>,...": the entries (1-based, in order) whose
 --             progress key follows the record keys (only with a floor: the
 --             consumer names those whose delivery reported progress, or that
 --             started before this delivery)
