@@ -16,9 +16,12 @@ const fairPerKey = 5
 
 // runFair compares draining n jobs without keys ("streamq-nokey") with the
 // same n jobs over n/5 keys of 5 jobs each ("streamq-keyed"): the jobs are
-// appended first (ProduceBatch of 500), then the consumers drain them; only
-// the drain is measured. A note line gives keyed/nokey jobs/s and Redis's
-// used_memory after each drain (records expire at once: ResultTTL 1 ms).
+// appended first (ProduceBatch of 500), then the consumers drain them; the
+// result lines measure the drain. A note line gives keyed/nokey jobs/s and
+// Redis's used_memory after each drain (records expire at once: ResultTTL
+// 1 ms); another the same ratio end to end, appends and drain together, with
+// Redis and client CPU per job over both (a keyed job is appended to the
+// stream during the drain, when its turn comes; an unkeyed one before it).
 // Then the fairness figure: key A gets a backlog of n jobs, keys B..K 10
 // jobs each once A's jobs run; the note gives the worst start of B..K's jobs
 // in first starts of entries ahead of it (a smaller entry id) after its
@@ -27,18 +30,21 @@ const fairPerKey = 5
 // starts and in ms from the call (entries behind it whose handlers began
 // first, and re-deliveries, are not bounded by the policy).
 func runFair(ctx context.Context, e *env, n int) error {
-	nokey, memNokey, err := fairDrain(ctx, e, n, false)
+	nokey, nokeyAll, memNokey, err := fairDrain(ctx, e, n, false)
 	if err != nil {
 		return err
 	}
 	e.out.result(nokey)
-	keyed, memKeyed, err := fairDrain(ctx, e, n, true)
+	keyed, keyedAll, memKeyed, err := fairDrain(ctx, e, n, true)
 	if err != nil {
 		return err
 	}
 	e.out.result(keyed)
 	e.out.note("fair       keyed/nokey jobs/s = %.2f (%d keys x %d jobs); used_memory after the drain: nokey %d, keyed %d bytes",
 		keyed.JobsPerSec/nokey.JobsPerSec, n/fairPerKey, fairPerKey, memNokey, memKeyed)
+	e.out.note("fair       end to end (appends and drain): keyed/nokey jobs/s = %.2f; Redis CPU us/job nokey %.2f, keyed %.2f; client nokey %.2f, keyed %.2f",
+		keyedAll.jobsPerSec(n)/nokeyAll.jobsPerSec(n), nokeyAll.redisUs/float64(n), keyedAll.redisUs/float64(n),
+		nokeyAll.clientUs/float64(n), keyedAll.clientUs/float64(n))
 	return fairBacklog(ctx, e, n)
 }
 
@@ -65,8 +71,24 @@ func fairProduce(ctx context.Context, p *streamq.Producer[job, struct{}], n int,
 	return nil
 }
 
-// fairDrain appends n jobs (keyed or not), then measures their drain.
-func fairDrain(ctx context.Context, e *env, n int, keyed bool) (Result, int64, error) {
+// fairSpan is what the appends and the drain of a fair run took together.
+type fairSpan struct {
+	seconds, redisUs, clientUs float64
+}
+
+func (f fairSpan) jobsPerSec(n int) float64 { return float64(n) / f.seconds }
+
+// add adds the span m measured.
+func (f *fairSpan) add(m *meter) {
+	f.seconds += m.t1.Sub(m.t0).Seconds()
+	f.redisUs += m.after.cpuUs - m.before.cpuUs
+	f.clientUs += m.cpu1 - m.cpu0
+}
+
+// fairDrain appends n jobs (keyed or not), then measures their drain. It
+// returns the drain's result, what the appends and the drain took together,
+// and Redis's used_memory after the drain.
+func fairDrain(ctx context.Context, e *env, n int, keyed bool) (Result, fairSpan, int64, error) {
 	system := "streamq-nokey"
 	var key func(int) string
 	if keyed {
@@ -79,12 +101,21 @@ func fairDrain(ctx context.Context, e *env, n int, keyed bool) (Result, int64, e
 	defer cl.Close()
 	p, err := streamq.NewProducer[job, struct{}](cl, q, &streamq.ProducerOptions{Logger: e.log})
 	if err != nil {
-		return Result{}, 0, err
+		return Result{}, fairSpan{}, 0, err
 	}
 	defer p.Close()
-	if err := fairProduce(ctx, p, n, key, padFor(e.cfg.payload)); err != nil {
-		return Result{}, 0, err
+	var span fairSpan
+	pm := &meter{c: e.admin}
+	if err := pm.start(ctx); err != nil {
+		return Result{}, span, 0, err
 	}
+	if err := fairProduce(ctx, p, n, key, padFor(e.cfg.payload)); err != nil {
+		return Result{}, span, 0, err
+	}
+	if err := pm.stop(ctx); err != nil {
+		return Result{}, span, 0, err
+	}
+	span.add(pm)
 	t := newTracker(n)
 	var herr handlerErrors
 	handler := func(_ context.Context, m *streamq.Message[job]) (struct{}, error) {
@@ -95,36 +126,37 @@ func fairDrain(ctx context.Context, e *env, n int, keyed bool) (Result, int64, e
 	}
 	m := e.meter()
 	if err := m.start(ctx); err != nil {
-		return Result{}, 0, err
+		return Result{}, span, 0, err
 	}
 	cs, err := startConsumers(ctx, e, q, handler, consumerOpts(e, streamq.ConsumerOptions{DiscardResults: true, ResultTTL: time.Millisecond}))
 	if err != nil {
-		return Result{}, 0, err
+		return Result{}, span, 0, err
 	}
 	if err := finish(ctx, e, m, t, streamKey(q), streamq.DefaultGroup); err != nil {
 		_ = cs.stop()
-		return Result{}, 0, err
+		return Result{}, span, 0, err
 	}
 	if err := cs.stop(); err != nil {
-		return Result{}, 0, err
+		return Result{}, span, 0, err
 	}
 	if err := firstErr(herr.err(), t.verify("streamq fair "+system)); err != nil {
-		return Result{}, 0, err
+		return Result{}, span, 0, err
 	}
 	left, err := e.admin.Keys(ctx, "streamq:{"+q+"}:keys:*").Result()
 	if err != nil {
-		return Result{}, 0, err
+		return Result{}, span, 0, err
 	}
 	if len(left) > 0 {
-		return Result{}, 0, fmt.Errorf("keyed state left after the drain: %v", left)
+		return Result{}, span, 0, fmt.Errorf("keyed state left after the drain: %v", left)
 	}
 	_ = e.admin.Del(ctx, streamKey(q)).Err()
 	time.Sleep(200 * time.Millisecond) // the records expire (ResultTTL 1 ms)
 	mem, err := usedMemoryOf(ctx, e)
 	if err != nil {
-		return Result{}, 0, err
+		return Result{}, span, 0, err
 	}
-	return m.result("fair", system, n, "", nil), mem, nil
+	span.add(m)
+	return m.result("fair", system, n, "", nil), span, mem, nil
 }
 
 // fairBacklog measures how long other keys' jobs wait behind one key's
