@@ -105,7 +105,7 @@ func fairDrain(ctx context.Context, e *env, n int, keyed bool) (Result, fairSpan
 	}
 	defer p.Close()
 	var span fairSpan
-	pm := &meter{c: e.admin}
+	pm := e.meter()
 	if err := pm.start(ctx); err != nil {
 		return Result{}, span, 0, err
 	}
@@ -114,6 +114,9 @@ func fairDrain(ctx context.Context, e *env, n int, keyed bool) (Result, fairSpan
 	}
 	if err := pm.stop(ctx); err != nil {
 		return Result{}, span, 0, err
+	}
+	if pm.detail != nil {
+		pm.breakdown(pm.detail, "fair/"+system+" appends", n)
 	}
 	span.add(pm)
 	t := newTracker(n)
