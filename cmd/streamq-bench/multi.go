@@ -188,8 +188,12 @@ func fillBacklog(ctx context.Context, e *env, queue string, first, count int, pa
 				for i := first + from; i < first+to; i++ {
 					jobs = append(jobs, streamq.Job[job]{ID: jobID(i), Request: job{Seq: i, T: now, Pad: pad}})
 				}
-				if _, err := p.ProduceBatch(ctx, jobs); err != nil {
+				prs, err := p.ProduceBatch(ctx, jobs)
+				if err != nil {
 					return fmt.Errorf("ProduceBatch: %w", err)
+				}
+				for _, pr := range prs {
+					pr.Release() // no result is waited for (see runDrain)
 				}
 			}
 		})

@@ -22,8 +22,8 @@ func runThroughput(ctx context.Context, e *env, n int) error {
 }
 
 // runDrain measures batches end to end: producers call ProduceBatch with
-// -batch jobs (one calling goroutine each) and consumers with DiscardResults
-// and a no-op handler drain them, beside a baseline that XADDs -batch entries
+// -batch jobs (one calling goroutine each) and release the promises, and
+// consumers with DiscardResults and a no-op handler drain them, beside a baseline that XADDs -batch entries
 // per pipelined round trip and consumes with XREADGROUP COUNT 100 and
 // pipelined XACK+XDEL. (The batch scenario measures appending alone.)
 func runDrain(ctx context.Context, e *env, n int) error {
@@ -94,8 +94,15 @@ func throughputStreamq(ctx context.Context, e *env, n int, pad, scenario string,
 					for i := from; i < to; i++ {
 						jobs = append(jobs, streamq.Job[job]{ID: jobID(i), Request: job{Seq: i, T: time.Now().UnixNano(), Pad: pad}})
 					}
-					if _, err := p.ProduceBatch(ctx, jobs); err != nil {
+					prs, err := p.ProduceBatch(ctx, jobs)
+					if err != nil {
 						return fmt.Errorf("ProduceBatch: %w", err)
+					}
+					// The consumers discard results: give up the promises
+					// at once, as such a caller does, instead of keeping
+					// every job in flight in the producer's map of waiters.
+					for _, pr := range prs {
+						pr.Release()
 					}
 				}
 			})
