@@ -127,6 +127,13 @@ type committer[Req, Resp any] struct {
 	historyDue   bool
 	historyArmed bool
 
+	// stalled is closed while the shard's outcomes fail to record (a tick's
+	// complete.lua or retry.lua failed, and no tick recorded outcomes since),
+	// and replaced by an open one when a tick records outcomes again; see
+	// failing. Guarded by mu.
+	stalled   chan struct{}
+	isStalled bool
+
 	wake chan struct{} // capacity 1: "the queue grew, a count was confirmed, a tick settled, or closing"
 	quit chan struct{} // closed once the committer is done: the tick workers return
 	done chan struct{} // closed when the last tick worker has returned
@@ -134,7 +141,31 @@ type committer[Req, Resp any] struct {
 
 func newCommitter[Req, Resp any](r *run[Req, Resp], shard int, lanes []*lane) *committer[Req, Resp] {
 	return &committer[Req, Resp]{r: r, shard: shard, fixed: r.completeFixedArgs(shard), lanes: lanes,
-		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
+		stalled: make(chan struct{}), wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
+}
+
+// failing returns a channel closed while the shard's outcomes fail to
+// record. A worker that waits for its last outcome of the shard before a
+// redelivered entry stops waiting then: the outcome may not be recorded for
+// as long as the shard fails, and the wait would hold the worker from every
+// other shard's and queue's work (with Workers 1, all of it). A crash
+// meanwhile loses that outcome whether or not the entry starts.
+func (c *committer[Req, Resp]) failing() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stalled
+}
+
+// setStalled records whether the last tick that carried outcomes failed to
+// record them (see failing). mu is held.
+func (c *committer[Req, Resp]) setStalled(stalled bool) {
+	switch {
+	case stalled && !c.isStalled:
+		close(c.stalled)
+	case !stalled && c.isStalled:
+		c.stalled = make(chan struct{})
+	}
+	c.isStalled = stalled
 }
 
 // poke wakes the loop. Workers queue outcomes without poking and poke before
@@ -733,9 +764,14 @@ func (c *committer[Req, Resp]) tick(li int, w tickWork) (after func(), slow bool
 			c.countHistory(recorded, time.Now().UnixMilli())
 		}
 	}
-	if failure == nil {
+	if failure == nil || len(outcomes) > 0 {
 		c.mu.Lock()
-		c.fails = backoff{}
+		if failure == nil {
+			c.fails = backoff{}
+		}
+		if len(outcomes) > 0 {
+			c.setStalled(len(failed) > 0)
+		}
 		c.mu.Unlock()
 	}
 	_, completer := o.Fetcher.(FetchCompleter)

@@ -409,3 +409,84 @@ func TestCompleteAfterScriptFlush(t *testing.T) {
 		require.Equal(t, "done "+id, got)
 	}
 }
+
+// TestRedeliveredEntryOfAFailingShardDoesNotHoldTheWorker: shard 1's
+// outcomes fail to record. The one worker completes a job of shard 1 (its
+// outcome waits), then takes a retry of shard 1 (a redelivered entry, which
+// waits for the worker's last outcome of its shard before it starts). That
+// wait must not hold the worker while the outcome cannot be recorded: a job
+// of shard 0 produced meanwhile still runs. Before, the worker waited until
+// Run ended, and shard 0 ran nothing.
+func TestRedeliveredEntryOfAFailingShardDoesNotHoldTheWorker(t *testing.T) {
+	ctx := context.Background()
+	base := realRedis(t)
+	client := sameServer(base)
+	t.Cleanup(func() { _ = client.Close() })
+	q := queueName(t)
+	shards, err := keys.Shards(q, 2)
+	require.NoError(t, err)
+	fault := &completeFault{}
+	fault.set(shards[1].Stream)
+	client.AddHook(fault)
+	idOn := func(shard int, prefix string) string {
+		for i := 0; ; i++ {
+			if id := prefix + strconv.Itoa(i); keys.ShardOf(id, 2) == shard {
+				return id
+			}
+		}
+	}
+	retried, done, other := idOn(1, "retried"), idOn(1, "done"), idOn(0, "other")
+
+	var mu sync.Mutex
+	ran := map[string]int{}
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		mu.Lock()
+		ran[m.ID]++
+		mu.Unlock()
+		if m.ID == retried && m.Deliveries == 1 {
+			return "", RetryAfter(errors.New("once more"), 300*time.Millisecond)
+		}
+		return m.Payload, nil
+	}, &ConsumerOptions{replyWait: true, Shards: 2, Workers: 1, Prefetch: 8,
+		ReadBlock: 50 * time.Millisecond, ShutdownTimeout: time.Second, Logger: testLogger(t)})
+	require.NoError(t, err)
+	runConsumer(t, c)
+
+	p, err := NewProducer[string, string](base, q, &ProducerOptions{Shards: 2, Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	// The retry's first attempt, then a job whose outcome cannot be recorded.
+	_, err = p.ProduceBatch(ctx, []Job[string]{{ID: retried, Request: "r"}, {ID: done, Request: "d"}})
+	require.NoError(t, err)
+	ranOf := func(id string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return ran[id]
+	}
+	eventually(t, 10*time.Second, func() bool { return ranOf(retried) == 1 && ranOf(done) == 1 },
+		"both jobs of shard 1 ran once")
+	// The retry is read again (the consumer holds it and the stuck job).
+	eventually(t, 10*time.Second, func() bool {
+		pending, err := base.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: shards[1].Stream, Group: DefaultGroup,
+			Start: "-", End: "+", Count: 10}).Result()
+		if err != nil || len(pending) != 2 {
+			return false
+		}
+		for _, pe := range pending {
+			e, err := base.XRange(ctx, shards[1].Stream, pe.ID, pe.ID).Result()
+			if err == nil && len(e) == 1 && e[0].Values[keys.FieldStarts] != nil {
+				return true // the promoted retry, carrying its start count
+			}
+		}
+		return false
+	}, "the retry of shard 1 was read again")
+
+	pr, err := p.Produce(ctx, other, "o")
+	require.NoError(t, err)
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	v, err := pr.Wait(wctx)
+	require.NoError(t, err, "a job of shard 0 did not run while a retry of failing shard 1 waited")
+	require.Equal(t, "o", v)
+	require.Positive(t, fault.failed.Load())
+}

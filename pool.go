@@ -26,7 +26,8 @@ type queueRun interface {
 	process(s *slot, flush func()) (owed bool)
 	// drain sets aside a slot that will not start, for release.
 	drain(s *slot)
-	// committerOf returns the committer of a stream index, for pokes.
+	// committerOf returns the committer of a stream index, for pokes and
+	// for whether its outcomes fail to record.
 	committerOf(shard int) poker
 	// streams returns how many streams the queue reads (levels × shards).
 	streams() int
@@ -47,8 +48,12 @@ type queueRun interface {
 	warn(ctx context.Context, msg string, args ...any)
 }
 
-// poker is a committer as a worker sees it: poke sends what it holds.
-type poker interface{ poke() }
+// poker is a committer as a worker sees it: poke sends what it holds;
+// failing returns a channel closed while its outcomes fail to record.
+type poker interface {
+	poke()
+	failing() <-chan struct{}
+}
 
 // pool is the shared state of one Run.
 type pool struct {
@@ -226,10 +231,13 @@ func (p *pool) work() {
 		if s.entry.Deliveries > 1 && last[li] != nil {
 			// A redelivered message may be the one that crashed an earlier
 			// process: record this worker's last outcome before starting it, so
-			// a crash cannot undo work that already succeeded.
+			// a crash cannot undo work that already succeeded. Not while the
+			// shard's outcomes fail to record: the wait would hold this
+			// worker from the other shards' and queues' work for as long.
 			flush()
 			select {
 			case <-last[li]:
+			case <-q.committerOf(s.shard).failing():
 			case <-p.runCtx.Done():
 				q.drain(s)
 				continue
