@@ -323,12 +323,16 @@ func TestOptionsAreValidated(t *testing.T) {
 		"MinIdle":         {MinIdle: time.Microsecond},
 		"MaxDeliveries":   {MaxDeliveries: -2},
 		"PriorityWeights": {PriorityWeights: [3]int{6, 0, 1}},
+		"FetchTimeout":    {FetchTimeout: time.Microsecond},
 	} {
 		_, err := NewConsumer(client, "q", h, o)
 		require.ErrorIs(t, err, ErrInvalidOptions, name)
 		require.Contains(t, err.Error(), name)
 	}
-	_, err := NewConsumer(client, "bad{name}", h, nil)
+	// -1 is no bound, as FetchRetries' -1 is no retries.
+	_, err := NewConsumer(client, "q", h, &ConsumerOptions{FetchTimeout: -1})
+	require.NoError(t, err)
+	_, err = NewConsumer(client, "bad{name}", h, nil)
 	require.ErrorIs(t, err, ErrInvalidOptions)
 	_, err = NewConsumer[string, string](client, "q", nil, nil)
 	require.ErrorIs(t, err, ErrInvalidOptions)

@@ -610,3 +610,49 @@ func TestPrefetchFetchFailureIsNotAHandlerFailure(t *testing.T) {
 		require.NotContains(t, logs.String(), "handler failed")
 	})
 }
+
+// A fetch that does not return holds the worker that took its slot (with
+// Workers 1, every other job): FetchTimeout ends each attempt, which then
+// fails like any failed fetch, so the other jobs run and the hung one is
+// retried and dead-lettered as MaxDeliveries says.
+func TestPrefetchHangingFetchTimesOut(t *testing.T) {
+	t.Parallel()
+	client := realRedis(t)
+	ctx := context.Background()
+	q := queueName(t)
+	p, err := NewProducer[[]byte, string](client, q, &ProducerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+
+	var hangAttempts atomic.Int64
+	fetcher := FetcherFunc(func(ctx context.Context, e Entry) ([]byte, error) {
+		if e.ID == "hang" {
+			hangAttempts.Add(1)
+			<-ctx.Done() // a source that never answers: only the ctx ends it
+			return nil, ctx.Err()
+		}
+		return e.Data, nil
+	})
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		return m.Payload, nil
+	}, &ConsumerOptions{
+		Workers: 1, Fetcher: fetcher, FetchTimeout: 50 * time.Millisecond, FetchRetries: 1, FetchBackoff: time.Millisecond,
+		MaxDeliveries: 2, RetryBackoff: time.Millisecond, Logger: testLogger(t),
+	})
+	require.NoError(t, err)
+	runConsumer(t, c)
+
+	hang, err := p.Produce(ctx, "hang", []byte(`"hang"`))
+	require.NoError(t, err)
+	next, err := p.Produce(ctx, "next", []byte(`"next"`))
+	require.NoError(t, err)
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	got, err := next.Wait(wctx)
+	require.NoError(t, err, "a job behind a fetch that never returns did not run")
+	require.Equal(t, "next", got)
+	_, err = hang.Wait(wctx)
+	require.ErrorIs(t, err, ErrDeadLettered)
+	require.ErrorContains(t, err, "did not return within FetchTimeout (50ms)")
+	require.EqualValues(t, 4, hangAttempts.Load(), "2 deliveries x (1 + FetchRetries) attempts")
+}

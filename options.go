@@ -56,6 +56,8 @@ const (
 	DefaultFetchRetries = 3
 	// DefaultFetchBackoff is the default ConsumerOptions.FetchBackoff.
 	DefaultFetchBackoff = 50 * time.Millisecond
+	// DefaultFetchTimeout is the default ConsumerOptions.FetchTimeout.
+	DefaultFetchTimeout = 30 * time.Second
 	// DefaultShutdownTimeout is the default ConsumerOptions.ShutdownTimeout.
 	DefaultShutdownTimeout = 30 * time.Second
 	// DefaultMaxCompleteBatch is the default ConsumerOptions.MaxCompleteBatch.
@@ -252,6 +254,15 @@ type ConsumerOptions struct {
 	// FetchBackoff is the first delay between fetch attempts.
 	// Defaults to DefaultFetchBackoff (50ms).
 	FetchBackoff time.Duration
+
+	// FetchTimeout bounds each Fetch call: its context ends after it, and an
+	// attempt that has not returned by then fails like any failed fetch
+	// (retried as FetchRetries says). A worker waits for the fetch of the
+	// slot it took, so without a bound one source that never answers would
+	// hold that worker, and with Workers 1 every job of the consumer.
+	// Fetch must return when its context ends. Defaults to
+	// DefaultFetchTimeout (30s); -1 disables the bound.
+	FetchTimeout time.Duration
 
 	// ResultTTL is how long a completed request's record (its result, and so its
 	// deduplication) is kept. Defaults to DefaultResultTTL (1h).
@@ -450,6 +461,7 @@ func (o *ConsumerOptions) resolve() error {
 	setDefault(&o.Prefetch, max(DefaultMinPrefetch, 4*o.Workers))
 	setDefault(&o.FetchRetries, DefaultFetchRetries)
 	setDefault(&o.FetchBackoff, DefaultFetchBackoff)
+	setDefault(&o.FetchTimeout, DefaultFetchTimeout)
 	setDefault(&o.ResultTTL, DefaultResultTTL)
 	setDefault(&o.ReadBlock, DefaultReadBlock)
 	setDefault(&o.MinIdle, DefaultMinIdle)
@@ -489,9 +501,12 @@ func (o *ConsumerOptions) resolve() error {
 	if o.TrimInterval != -1 {
 		trimErr = atLeast("TrimInterval", o.TrimInterval, 10*time.Millisecond)
 	}
-	var fetchErr error
+	var fetchErr, fetchTimeoutErr error
 	if o.FetchRetries != -1 {
 		fetchErr = positive("FetchRetries", o.FetchRetries)
+	}
+	if o.FetchTimeout != -1 {
+		fetchTimeoutErr = atLeast("FetchTimeout", o.FetchTimeout, time.Millisecond)
 	}
 	return firstError(
 		positive("Workers", o.Workers),
@@ -502,6 +517,7 @@ func (o *ConsumerOptions) resolve() error {
 			"a full ring holds that many messages, payloads included, in memory; a deeper ring reads in no bigger batches"),
 		fetchErr,
 		atLeast("FetchBackoff", o.FetchBackoff, time.Millisecond),
+		fetchTimeoutErr,
 		atLeast("ResultTTL", o.ResultTTL, time.Millisecond),
 		atLeast("ReadBlock", o.ReadBlock, time.Millisecond),
 		atLeast("MinIdle", o.MinIdle, 10*time.Millisecond),

@@ -10,6 +10,7 @@ package streamq
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -202,7 +203,7 @@ func (r *run[Req, Resp]) fetch(ctx context.Context, e Entry) ([]byte, error) {
 	var err error
 	for i := range attempts {
 		var b []byte
-		b, err = o.Fetcher.Fetch(ctx, e)
+		b, err = r.fetchOnce(ctx, e)
 		if err == nil {
 			return b, nil
 		}
@@ -221,6 +222,22 @@ func (r *run[Req, Resp]) fetch(ctx context.Context, e Entry) ([]byte, error) {
 		}
 	}
 	return nil, wrapf(err, "fetch failed after %d attempts", attempts)
+}
+
+// fetchOnce is one Fetch call, bounded by FetchTimeout: an attempt that has
+// not returned by then fails, saying so.
+func (r *run[Req, Resp]) fetchOnce(ctx context.Context, e Entry) ([]byte, error) {
+	o := &r.c.opts
+	if o.FetchTimeout <= 0 {
+		return o.Fetcher.Fetch(ctx, e)
+	}
+	fctx, cancel := context.WithTimeout(ctx, o.FetchTimeout)
+	defer cancel()
+	b, err := o.Fetcher.Fetch(fctx, e)
+	if err != nil && ctx.Err() == nil && fctx.Err() != nil {
+		err = fmt.Errorf("did not return within FetchTimeout (%s): %w", o.FetchTimeout, err)
+	}
+	return b, err
 }
 
 // sleepCtx waits for d or until ctx ends.
