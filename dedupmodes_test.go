@@ -3,6 +3,7 @@ package streamq
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -168,7 +169,9 @@ func sortInt64(s []int64) {
 // it); the run carries the last payload of its cycle (no caller of the
 // cycle whose call started after the run's payload was recorded) and starts
 // no sooner than d after that payload's call; every caller is answered,
-// with the result of a run of its own burst; no cycle's run started later
+// with the result of a run of its own burst (or of an earlier burst's run
+// when another caller of that run was still unanswered as its call
+// started: see below); no cycle's run started later
 // than maxWait (+ the promoter's and consumer's latency, bounded at 1 s on a
 // loaded machine; the cap itself is checked in Redis by
 // TestDedupModesDebounceMaxWait) after it opened.
@@ -250,7 +253,7 @@ func TestDedupModesDebounceBursts(t *testing.T) {
 		require.NoError(t, mc.err, "every caller is answered (%s %s)", mc.id, mc.payload)
 		byID[mc.id] = append(byID[mc.id], mc)
 	}
-	exactBursts, gappy, cycles, oneRun := 0, 0, 0, 0
+	exactBursts, gappy, cycles, oneRun, lateAnswers := 0, 0, 0, 0, 0
 	var maxOpenToRun time.Duration
 	for id, cs := range byID {
 		byPayload := map[string]*modeCall{}
@@ -295,14 +298,30 @@ func TestDedupModesDebounceBursts(t *testing.T) {
 				gappy++
 			}
 		}
-		// Each caller is answered by a run of its own burst; a caller that
-		// joined a waiting cycle (no entry id) got the run of the last
-		// payload: no caller answered with the same run started after that
-		// payload's call returned while joining the wait.
+		// Each caller is answered by a run of its own burst, or by the run
+		// of an earlier burst whose outcome another of its callers still
+		// waited for when its call started: the call attached to that run
+		// while it was queued or running (Debounce's doc: once the wait is
+		// over, a produce attaches to the run), or joined a new wait while
+		// a caller in its Producer still waited for that run's notice (the
+		// limit in Debounce's doc). The gap between bursts leaves the last
+		// run of a burst 400 ms to start, be recorded and be told, which a
+		// loaded machine can exceed: beside two CPU burners and another
+		// test process, "doc-082 b2-p3-s0" was answered by a run of burst 1.
+		// A caller that joined a waiting cycle (no entry id) got the run of
+		// the last payload: no caller answered with the same run started
+		// after that payload's call returned while joining the wait.
 		for _, mc := range cs {
 			pl := strings.TrimPrefix(mc.result, "ran:")
 			src, ok := byPayload[pl]
 			require.True(t, ok, "%s %s: answered with %q", id, mc.payload, mc.result)
+			if burstOf(pl) < burstOf(mc.payload) {
+				require.True(t, slices.ContainsFunc(cs, func(oc *modeCall) bool {
+					return oc != mc && oc.result == mc.result && mc.start.Before(oc.answered)
+				}), "%s %s: answered by a run of burst %d whose other callers were all answered before its call", id, mc.payload, burstOf(pl))
+				lateAnswers++
+				continue
+			}
 			require.Equal(t, burstOf(mc.payload), burstOf(pl), "%s %s: answered by its burst's run", id, mc.payload)
 			// Only where the burst had one cycle: see the limit in the doc of
 			// Debounce (a producer whose caller still waits for a run's notice
@@ -335,8 +354,8 @@ func TestDedupModesDebounceBursts(t *testing.T) {
 	require.Len(t, byID, ids)
 	t.Logf("Debounce(%v, %v): %d calls from %d producers over %d ids in %d bursts: %d runs (one per cycle), "+
 		"%d id-bursts without a possible quiet period (exactly one run), %d with one or more (at least one run, at most one per quiet period); "+
-		"%d of the %d id-bursts ran exactly once; longest open-to-run %v",
-		quiet, maxWait, len(calls), producers, ids, bursts, cycles, exactBursts, gappy, oneRun, ids*bursts, maxOpenToRun)
+		"%d of the %d id-bursts ran exactly once; longest open-to-run %v; %d callers answered by an earlier burst's run, not yet answered to all its callers when they called",
+		quiet, maxWait, len(calls), producers, ids, bursts, cycles, exactBursts, gappy, oneRun, ids*bursts, maxOpenToRun, lateAnswers)
 }
 
 // possibleQuiet returns how many disjoint periods of d with no call of the
