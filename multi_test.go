@@ -136,7 +136,7 @@ func TestMultiWeightedShares(t *testing.T) {
 	all := totals[0] + totals[1] + totals[2]
 	started := time.Now()
 	stop := runMulti(t, m)
-	eventually(t, 28*time.Second, func() bool { return log.len() >= all*9/10 }, "too few starts: %d of %d",
+	eventually(t, 28*time.Second, func() bool { return log.len() >= all*9/10 }, "too few starts: %v of %d",
 		lazyString(func() string { return fmt.Sprint(log.len()) }), all)
 	took := time.Since(started)
 	stop()
