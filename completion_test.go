@@ -483,9 +483,7 @@ func TestRedeliveredEntryOfAFailingShardDoesNotHoldTheWorker(t *testing.T) {
 
 	pr, err := p.Produce(ctx, other, "o")
 	require.NoError(t, err)
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	v, err := pr.Wait(wctx)
+	v, err := waitFor(t, pr)
 	require.NoError(t, err, "a job of shard 0 did not run while a retry of failing shard 1 waited")
 	require.Equal(t, "o", v)
 	require.Positive(t, fault.failed.Load())
