@@ -34,6 +34,16 @@ type Job[Req any] struct {
 // whatever the connection does. Retrying a batch whose outcome is unknown (a
 // timeout, a dropped connection) is safe: ids already appended attach to their
 // existing entries. A nil ctx panics.
+//
+// ProduceBatch does not subscribe to completion notices: a producer listens
+// from its first Produce or ProduceFlow, or from the first Wait, Done or
+// Progress of any of its promises, and then reads the records of the requests
+// appended before (their notices went to nobody). So a producer whose batch
+// promises are released unheard is sent no notice. Until it listens, a
+// batch's outcomes reach its promises from their records: when the consumers
+// keep no result (ConsumerOptions.DiscardResults), a request that completed
+// before then resolves with ErrNoResult; call Wait (or Produce) first to hear
+// those results. Fire-and-forget batches are cheaper still with EnqueueBatch.
 func (p *Producer[Req, Resp]) ProduceBatch(ctx context.Context, jobs []Job[Req]) ([]*Promise[Resp], error) {
 	mustContext(ctx, "Producer.ProduceBatch")
 	if len(jobs) == 0 {
@@ -136,9 +146,10 @@ func (p *Producer[Req, Resp]) produceBatch(ctx context.Context, jobs []Job[Req],
 	if err != nil {
 		return nil, err
 	}
-	if err := p.ensureSubscribed(ctx); err != nil {
+	if err := p.ensureMeta(ctx); err != nil {
 		return nil, err
 	}
+	p.ensureBackstop()
 	// The round trip runs in its own goroutine, which Close waits for (within
 	// CloseTimeout); this caller waits for it with ctx. No lock is held across
 	// the round trip: a call registered after Close is resolved at once.

@@ -196,7 +196,13 @@ func (p *Producer[Req, Resp]) produceFlow(ctx context.Context, id string, req Re
 	if strings.Contains(parent.flags, flagRetryFailed) || parent.mode != modeNone {
 		return nil, fmt.Errorf("%w: %s", ErrInvalidOptions, flowRefused)
 	}
-	if err := p.ensureSubscribed(ctx); err != nil {
+	if err := p.ensureMeta(ctx); err != nil {
+		return nil, err
+	}
+	// Its caller waits for the outcome, most likely: listen before the
+	// append, so that the notice reaches this producer even when the
+	// consumers keep no result (DiscardResults).
+	if err := p.listen(ctx); err != nil {
 		return nil, err
 	}
 	if err := p.resolveQueues(ctx, children); err != nil {

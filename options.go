@@ -270,7 +270,9 @@ type ConsumerOptions struct {
 
 	// DiscardResults stores only a "done" marker instead of each result, for
 	// fire-and-forget queues. Callers waiting at completion still receive the
-	// result through the notification. Defaults to false.
+	// result through the notification, as long as their producer listens
+	// (always after a Produce; a ProduceBatch's promises from their first
+	// Wait, Done or Progress: see ProduceBatch). Defaults to false.
 	DiscardResults bool
 
 	// ReadBlock is the longest a read waits for new entries; reads also block no

@@ -57,7 +57,8 @@ type Producer[Req, Resp any] struct {
 	flowQueues sync.Map
 
 	metaOK     atomic.Bool // the queue's recorded shard count matches ours
-	subscribed atomic.Bool // subs are confirmed and the loops run
+	subscribed atomic.Bool // subs are confirmed and their listeners run
+	backstopOn atomic.Bool // the backstop runs (ensureBackstop); set under setupMu
 
 	// setupMu guards the fields below. It is held only for bookkeeping, never
 	// across Redis I/O: the shard-count check and the subscription each run in
@@ -82,7 +83,8 @@ type Producer[Req, Resp any] struct {
 const setupTimeout = 10 * time.Second
 
 // NewProducer returns a producer for queue. opts may be nil for the defaults.
-// It does not touch Redis: the first Produce subscribes to completion notices.
+// It does not touch Redis: the first Produce subscribes to completion notices
+// (see ProduceBatch for batches).
 func NewProducer[Req, Resp any](client redis.UniversalClient, queue string, opts *ProducerOptions) (*Producer[Req, Resp], error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: client is nil", ErrInvalidOptions)
@@ -114,6 +116,7 @@ func NewProducer[Req, Resp any](client redis.UniversalClient, queue string, opts
 		stopped: make(chan struct{}),
 	}
 	p.inflightTTL = o.InflightTTL.Milliseconds()
+	p.waiters.recheck = p.kickBackstop
 	p.lifetime, p.cancel = context.WithCancel(context.Background())
 	p.batcher = newCoalescer(o.Concurrency, o.MaxBatchItems, o.MaxBatchBytes, o.Linger,
 		(*produceItem).size, p.sendCoalesced)
@@ -134,9 +137,9 @@ func NewProducer[Req, Resp any](client redis.UniversalClient, queue string, opts
 // whatever the connection does, and the outcome is unknown: producing the same
 // id again is safe and attaches to the request if it was recorded.
 //
-// The first Produce (or ProduceBatch) subscribes to completion notices; callers
-// wait for that with their own contexts, and an attempt that Redis does not
-// confirm within 10s fails and is tried again by the next call.
+// The first Produce subscribes to completion notices; callers wait for that
+// with their own contexts, and an attempt that Redis does not confirm within
+// 10s fails and is tried again by the next call.
 //
 // A promise costs a map entry, and a periodic record check, until its request
 // completes or the promise is released: call Promise.Release when the result is
@@ -172,7 +175,13 @@ func (p *Producer[Req, Resp]) produce(ctx context.Context, id string, req Req, o
 	if err != nil {
 		return nil, err
 	}
-	if err := p.ensureSubscribed(ctx); err != nil {
+	if err := p.ensureMeta(ctx); err != nil {
+		return nil, err
+	}
+	// Its caller waits for the outcome, most likely: listen before the
+	// append, so that the notice reaches this producer even when the
+	// consumers keep no result (DiscardResults).
+	if err := p.listen(ctx); err != nil {
 		return nil, err
 	}
 	c := p.waiters.acquire(id)
@@ -447,19 +456,38 @@ func (p *Producer[Req, Resp]) await(ctx context.Context, slot **attempt, ready f
 	if ready() {
 		return nil
 	}
+	a, _, err := p.begin(slot, ready, run)
+	if a == nil {
+		return err
+	}
+	select {
+	case <-a.done:
+		return a.err
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-p.closing:
+		return ErrClosed
+	}
+}
+
+// begin returns the attempt in progress at the setup step guarded by slot,
+// starting one when there is none (see await; started says it did); nil
+// and nil when ready reports the step done, nil and ErrClosed once Close
+// began.
+func (p *Producer[Req, Resp]) begin(slot **attempt, ready func() bool, run func(context.Context) error) (a *attempt, started bool, err error) {
 	p.setupMu.Lock()
+	defer p.setupMu.Unlock()
 	if ready() {
-		p.setupMu.Unlock()
-		return nil
+		return nil, false, nil
 	}
 	select {
 	case <-p.closing:
-		p.setupMu.Unlock()
-		return ErrClosed
+		return nil, false, ErrClosed
 	default:
 	}
-	a := *slot
+	a = *slot
 	if a == nil && !p.stopping {
+		started = true
 		a = &attempt{done: make(chan struct{})}
 		*slot = a
 		p.loops.Add(1)
@@ -478,18 +506,10 @@ func (p *Producer[Req, Resp]) await(ctx context.Context, slot **attempt, ready f
 			close(a.done)
 		}()
 	}
-	p.setupMu.Unlock()
 	if a == nil {
-		return ErrClosed
+		return nil, false, ErrClosed
 	}
-	select {
-	case <-a.done:
-		return a.err
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-p.closing:
-		return ErrClosed
-	}
+	return a, started, nil
 }
 
 // ensureMeta records or checks the queue's shard count once.

@@ -5,8 +5,10 @@ package streamq
 // receives, and the backstop reads the records of calls still waiting (a
 // notice lost with a connection, say).
 //
-// Goroutines: one listener (Producer.listen) and one backstop
-// (Producer.backstop) per Producer, started on the first Produce that waits.
+// Goroutines: one listener per shard (Producer.hearNotices), started by the
+// first Produce or ProduceFlow, or when a caller first listens for an outcome
+// (Promise.Wait, Done, Progress), and one backstop (Producer.backstop),
+// started with them or by the first ProduceBatch.
 
 import (
 	"context"
@@ -19,17 +21,67 @@ import (
 	"github.com/streamq/streamq/internal/keys"
 )
 
-// ensureSubscribed subscribes to the completion notices of every shard once,
-// and starts the listener and backstop loops. It returns after Redis confirmed
-// the subscriptions, so no notice of a request appended afterwards can be missed.
-func (p *Producer[Req, Resp]) ensureSubscribed(ctx context.Context) error {
-	if err := p.ensureMeta(ctx); err != nil {
-		return err
-	}
+// listen subscribes to the completion notices of every shard once, and
+// starts the listeners. It returns after Redis confirmed the subscriptions,
+// so no notice of a request appended afterwards can be missed; the records
+// of those appended before are read then (see waiters).
+func (p *Producer[Req, Resp]) listen(ctx context.Context) error {
 	if p.subscribed.Load() {
 		return nil // no method values to allocate
 	}
 	return p.await(ctx, &p.subTry, p.subscribed.Load, p.subscribe)
+}
+
+// listenSoon starts subscribing, as listen does, without waiting for it (a
+// Done or Progress, which have no ctx). A failed attempt that it started is
+// logged; the backstop still resolves the calls (within BackstopInterval),
+// and the next listen tries again.
+func (p *Producer[Req, Resp]) listenSoon() {
+	if p.subscribed.Load() {
+		return
+	}
+	a, started, _ := p.begin(&p.subTry, p.subscribed.Load, p.subscribe)
+	if !started {
+		return // done, closing, or an attempt in progress that its starter reports
+	}
+	p.loops.Add(1)
+	go func() {
+		defer p.loops.Done()
+		select {
+		case <-a.done:
+			if a.err != nil && !errors.Is(a.err, ErrClosed) {
+				p.log.WarnContext(p.lifetime, "streamq: subscribing to completion notices failed; waiting promises are checked every BackstopInterval",
+					"err", a.err)
+			}
+		case <-p.lifetime.Done():
+		}
+	}()
+}
+
+// ensureBackstop starts the backstop once (the first ProduceBatch of a
+// producer that does not listen yet), so that promises nobody listens to
+// still resolve (within BackstopInterval) and leave the map of waiters.
+func (p *Producer[Req, Resp]) ensureBackstop() {
+	if p.backstopOn.Load() {
+		return
+	}
+	p.setupMu.Lock()
+	defer p.setupMu.Unlock()
+	if p.backstopOn.Load() || p.stopping {
+		return
+	}
+	p.loops.Add(1)
+	go p.backstop()
+	p.backstopOn.Store(true)
+}
+
+// kickBackstop asks the backstop for a check of every waiting request's
+// record now.
+func (p *Producer[Req, Resp]) kickBackstop() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
 }
 
 // subscribe is one subscription attempt, run by await. Each PubSub is listed
@@ -80,17 +132,25 @@ func (p *Producer[Req, Resp]) subscribe(ctx context.Context) error {
 		return ErrClosed
 	}
 	p.subs = subs
-	p.loops.Add(len(subs) + 1)
+	p.loops.Add(len(subs))
 	for _, ps := range subs {
-		go p.listen(ps, ps.ChannelWithSubscriptions())
+		go p.hearNotices(ps, ps.ChannelWithSubscriptions())
 	}
-	go p.backstop()
+	if !p.backstopOn.Load() {
+		p.loops.Add(1)
+		go p.backstop()
+		p.backstopOn.Store(true)
+	}
+	// Notices published from now on reach the listeners; the requests
+	// appended before may have had theirs published to nobody.
+	p.waiters.hear()
 	p.subscribed.Store(true)
+	p.kickBackstop()
 	return nil
 }
 
-// listen resolves promises from completion notices. It runs until Close.
-func (p *Producer[Req, Resp]) listen(ps *redis.PubSub, ch <-chan any) {
+// hearNotices resolves promises from completion notices. It runs until Close.
+func (p *Producer[Req, Resp]) hearNotices(ps *redis.PubSub, ch <-chan any) {
 	defer p.loops.Done()
 	for m := range ch {
 		switch m := m.(type) {
@@ -122,10 +182,7 @@ func (p *Producer[Req, Resp]) listen(ps *redis.PubSub, ch <-chan any) {
 				continue
 			}
 			// A resubscription after a reconnect: notices may have been lost.
-			select {
-			case p.kick <- struct{}{}:
-			default:
-			}
+			p.kickBackstop()
 		}
 	}
 }

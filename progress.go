@@ -295,9 +295,13 @@ var closedProgress = func() chan []byte {
 	return ch
 }()
 
-// progressSource fetches the stored progress value of a request whose
-// promise asked for it late (the producer).
-type progressSource interface {
+// promiseSource is what a promise asks of its producer: to hear completion
+// notices before a caller waits for one (listen with the caller's ctx;
+// listenSoon without waiting, for Done and Progress), and the stored
+// progress value of a request whose promise asked for it late.
+type promiseSource interface {
+	listen(ctx context.Context) error
+	listenSoon()
 	fetchProgress(id string, st *progressState)
 }
 
@@ -361,6 +365,9 @@ func (p *Producer[Req, Resp]) storedProgress(ctx context.Context, id string) (in
 // none was reported or stored. Every call returns the same channel.
 func (pr *Promise[Resp]) Progress() <-chan []byte {
 	pr.progOnce.Do(func() {
+		if pr.src != nil {
+			pr.src.listenSoon() // values are pushed over the subscription
+		}
 		st, fetch := pr.w.progressOf(pr.c, pr.src != nil)
 		pr.prog = st
 		pr.progCh = st.subscribe()

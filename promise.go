@@ -26,7 +26,7 @@ type Promise[Resp any] struct {
 	released chan struct{} // closed by Release
 	relOnce  sync.Once
 
-	src      progressSource // the producer, for a late Progress; nil when none
+	src      promiseSource // the producer: subscription, a late Progress; nil when none
 	progOnce sync.Once
 	prog     *progressState // set by the first Progress
 	progCh   chan []byte
@@ -84,8 +84,18 @@ func (pr *Promise[Resp]) ID() string { return pr.id }
 func (pr *Promise[Resp]) EntryID() string { return pr.entryID }
 
 // Done returns a channel closed when the result is available. Release does not
-// close it: after Release, use Wait, not Done.
-func (pr *Promise[Resp]) Done() <-chan struct{} { return pr.c.done }
+// close it: after Release, use Wait, not Done. Like Wait, Done subscribes a
+// producer that has not listened yet, in the background (see Wait).
+func (pr *Promise[Resp]) Done() <-chan struct{} {
+	if pr.src != nil {
+		select {
+		case <-pr.c.done:
+		default:
+			pr.src.listenSoon()
+		}
+	}
+	return pr.c.done
+}
 
 // Release gives up interest in the result. Once every promise of the request
 // id held in this producer is released, the producer forgets the id: no map
@@ -110,6 +120,15 @@ func (pr *Promise[Resp]) Release() {
 // request failed, ErrNoResult, ErrRecordLost, ErrClosed, ErrReleased, an error
 // saying the codec failed (or panicked) to decode the response, or ctx's error.
 // Wait may be called any number of times, from any goroutine. A nil ctx panics.
+//
+// A producer that has not listened yet (only ProduceBatch calls so far, see
+// there) listens from the first Wait, Done or Progress of any of its
+// promises until Close: such a Wait subscribes (one round trip, bounded by
+// ctx; an attempt that Redis does not confirm within 10s fails, and the next
+// call tries again), then reads the records of the requests appended
+// before, whose notices went to nobody. An error from subscribing (a user
+// without the channel's permission, say) is returned as is; the promise
+// stays valid.
 func (pr *Promise[Resp]) Wait(ctx context.Context) (Resp, error) {
 	mustContext(ctx, "Promise.Wait")
 	var zero Resp
@@ -117,6 +136,19 @@ func (pr *Promise[Resp]) Wait(ctx context.Context) (Resp, error) {
 	case <-pr.released:
 		return zero, ErrReleased
 	default:
+	}
+	select {
+	case <-pr.c.done:
+	default:
+		if pr.src != nil {
+			if err := pr.src.listen(ctx); err != nil {
+				select {
+				case <-pr.c.done: // resolved meanwhile (the backstop, Close)
+				default:
+					return zero, err
+				}
+			}
+		}
 	}
 	select {
 	case <-pr.c.done:
@@ -163,6 +195,10 @@ type call struct {
 	refs       int       // guarded by waiters.mu: Produce calls in progress and unreleased promises
 	appended   bool      // guarded by waiters.mu: the request is recorded in Redis
 	appendedAt time.Time // guarded by waiters.mu: when appended was first set
+	// unheard: registered before the producer heard notices (waiters.heard),
+	// so its notice may have been published to nobody; see markAppended.
+	// Guarded by waiters.mu.
+	unheard bool
 	// prog is the request's progress, made by the first Promise.Progress
 	// (nil until then: a request nobody asks about pays nothing). Guarded
 	// by waiters.mu; its fields by its own mutex.
@@ -170,15 +206,37 @@ type call struct {
 }
 
 // waiters maps request ids to their calls. A call is registered before its
-// request is appended, so a notice that races the append reply is not lost. A
-// call leaves the map when it is resolved or when nobody holds a reference.
+// request is appended, so a notice that races the append reply is not lost
+// once the producer listens. A call leaves the map when it is resolved or
+// when nobody holds a reference.
+//
+// The producer subscribes to notices at its first Produce or ProduceFlow, or
+// when a caller first listens (Wait, Done, Progress): a producer whose batch
+// promises are released unheard is sent no notice. Calls registered before
+// that (unheard) may have missed theirs, so
+// the record check that follows the subscription (recheck) reads every one
+// appended by then, and a call appended later asks for one more check
+// (markAppended).
 type waiters struct {
 	mu     sync.Mutex
 	m      map[string]*call
 	closed error // set by failAll: calls acquired later are resolved with it at once
+	heard  bool  // the producer's subscription is confirmed (hear)
+	// recheck asks for a check of every appended call's record (the
+	// producer's backstop, at once); set before the first call is acquired.
+	recheck func()
 }
 
-func newWaiters() *waiters { return &waiters{m: make(map[string]*call)} }
+func newWaiters() *waiters { return &waiters{m: make(map[string]*call), recheck: func() {}} }
+
+// hear records that notices published from now on reach the producer. The
+// caller then asks for a check of the records of the calls appended before
+// (recheck): their notices may have gone to nobody.
+func (w *waiters) hear() {
+	w.mu.Lock()
+	w.heard = true
+	w.mu.Unlock()
+}
 
 // acquire takes a reference on id's call, registering one when there is none.
 // After failAll, it returns a call already resolved with failAll's error, so a
@@ -193,7 +251,7 @@ func (w *waiters) acquire(id string) *call {
 	}
 	c := w.m[id]
 	if c == nil {
-		c = &call{done: make(chan struct{})}
+		c = &call{done: make(chan struct{}), unheard: !w.heard}
 		w.m[id] = c
 	}
 	c.refs++
@@ -211,13 +269,23 @@ func (w *waiters) drop(id string, c *call) {
 	}
 }
 
+// markAppended records that c's request is in Redis. A call registered
+// before the producer heard notices and marked after it did asks for a
+// record check: the check that followed the subscription did not read it
+// (it reads appended calls only), and its notice may have been published
+// before the subscription. (Marked before hear, the check reads it.)
 func (w *waiters) markAppended(c *call) {
 	w.mu.Lock()
 	if !c.appended {
 		c.appended = true
 		c.appendedAt = time.Now()
 	}
+	late := c.unheard && w.heard
+	c.unheard = false
 	w.mu.Unlock()
+	if late {
+		w.recheck()
+	}
 }
 
 // handOver answers the callers of items[i].id's call with record, the
@@ -233,10 +301,12 @@ func (w *waiters) handOver(items []*produceItem, i int, record string) {
 		return // every call is resolved with the close error
 	}
 	nc := &call{done: make(chan struct{}), appended: true, appendedAt: time.Now()}
+	late := false // as in markAppended: the new run's notice may have gone to nobody
 	for _, it := range items[i:] {
 		if it.id != id || it.call == nil {
 			continue
 		}
+		late = late || (it.call.unheard && w.heard)
 		if c := it.call; c != old {
 			c.refs--
 			if c.refs <= 0 && w.m[id] == c {
@@ -254,6 +324,9 @@ func (w *waiters) handOver(items []*produceItem, i int, record string) {
 		delete(w.m, id)
 	}
 	w.mu.Unlock()
+	if late {
+		w.recheck()
+	}
 	if old != nil {
 		w.resolve(id, old, record, nil)
 	}

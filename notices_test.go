@@ -1,0 +1,138 @@
+package streamq
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamq/streamq/internal/keys"
+)
+
+// noticeRig is a producer whose backstop never runs on its own (an hour), so
+// that only notices and the check that follows a subscription resolve its
+// promises, and a consumer that echoes every request.
+func noticeRig(t *testing.T, client *redis.Client) (*Producer[string, string], string, *atomic.Int64) {
+	t.Helper()
+	q := queueName(t)
+	p, err := NewProducer[string, string](client, q, &ProducerOptions{BackstopInterval: time.Hour, Logger: testLogger(t)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	var runs atomic.Int64
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		runs.Add(1)
+		return "r-" + m.Payload, nil
+	}, fastOpts(t, "w", 10*time.Second))
+	require.NoError(t, err)
+	runConsumer(t, c)
+	return p, q, &runs
+}
+
+// subscribers returns how many clients listen to queue q's notice channel.
+func subscribers(t *testing.T, client *redis.Client, q string) int64 {
+	t.Helper()
+	ks, err := keys.Shards(q, 1)
+	require.NoError(t, err)
+	n, err := client.PubSubNumSub(context.Background(), ks[0].Channel).Result()
+	require.NoError(t, err)
+	return n[ks[0].Channel]
+}
+
+// TestReleasedPromisesAreSentNoNotices: a producer whose batch promises are
+// released unheard does not subscribe to completion notices, so Redis sends
+// it none (each notice of a queue went to every producer of it, which read
+// every one). The first Wait subscribes.
+func TestReleasedPromisesAreSentNoNotices(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		p, q, runs := noticeRig(t, client)
+		ctx := context.Background()
+		jobs := make([]Job[string], 20)
+		for i := range jobs {
+			jobs[i] = Job[string]{ID: fmt.Sprintf("b%d", i), Request: "x"}
+		}
+		prs, err := p.ProduceBatch(ctx, jobs)
+		require.NoError(t, err)
+		for _, pr := range prs {
+			pr.Release()
+		}
+		eventually(t, 20*time.Second, func() bool { return runs.Load() == 20 }, "not every job ran")
+		require.Zero(t, subscribers(t, client, q), "a producer nobody listens to subscribed")
+		require.Zero(t, p.waiters.len(), "released promises are still held")
+
+		prs, err = p.ProduceBatch(ctx, []Job[string]{{ID: "two", Request: "y"}})
+		require.NoError(t, err)
+		got, err := waitFor(t, prs[0])
+		require.NoError(t, err)
+		require.Equal(t, "r-y", got)
+		require.EqualValues(t, 1, subscribers(t, client, q), "Wait did not subscribe")
+	})
+}
+
+// TestWaitFindsOutcomesRecordedBeforeItListened: promises whose requests
+// completed before anyone listened (their notices went to nobody) resolve at
+// the first Wait or Done, from the records read after the subscription,
+// not a BackstopInterval (an hour here) later.
+func TestWaitFindsOutcomesRecordedBeforeItListened(t *testing.T) {
+	for _, how := range []string{"Wait", "Done"} {
+		t.Run(how, func(t *testing.T) {
+			backends(t, func(t *testing.T, client *redis.Client) {
+				p, q, runs := noticeRig(t, client)
+				ctx := context.Background()
+				const n = 30
+				jobs := make([]Job[string], n)
+				for i := range jobs {
+					jobs[i] = Job[string]{ID: fmt.Sprintf("j%d", i), Request: fmt.Sprint(i)}
+				}
+				prs, err := p.ProduceBatch(ctx, jobs)
+				require.NoError(t, err)
+				eventually(t, 20*time.Second, func() bool { return runs.Load() == n }, "not every job ran")
+				ks, err := keys.Shards(q, 1)
+				require.NoError(t, err)
+				eventually(t, 20*time.Second, func() bool {
+					for i := range jobs {
+						v, err := client.Get(ctx, ks[0].Record(jobs[i].ID)).Result()
+						if err != nil || v[0] == keys.RecordInflight {
+							return false
+						}
+					}
+					return true
+				}, "not every outcome was recorded")
+				for i, pr := range prs {
+					if how == "Done" {
+						select {
+						case <-pr.Done():
+						case <-time.After(20 * time.Second):
+							t.Fatalf("promise %d: Done did not close in 20s", i)
+						}
+					}
+					got, err := waitFor(t, pr)
+					require.NoError(t, err)
+					require.Equal(t, fmt.Sprintf("r-%d", i), got)
+				}
+			})
+		})
+	}
+}
+
+// TestACallAppendedAfterTheSubscriptionsCheckIsChecked: a call registered
+// before the producer listened whose append is marked after the check that
+// followed the subscription asks for another check (its notice may have gone
+// to nobody); one registered after the subscription does not.
+func TestACallAppendedAfterTheSubscriptionsCheckIsChecked(t *testing.T) {
+	w := newWaiters()
+	var checks int
+	w.recheck = func() { checks++ }
+	early := w.acquire("a")
+	w.markAppended(w.acquire("before")) // appended before: the check reads it
+	w.hear()
+	w.markAppended(early)
+	require.Equal(t, 1, checks, "a call appended after the subscription's check was not checked")
+	w.markAppended(early)
+	require.Equal(t, 1, checks, "marked twice, checked twice")
+	w.markAppended(w.acquire("later"))
+	require.Equal(t, 1, checks, "a call registered after the subscription asked for a check")
+}
