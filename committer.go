@@ -9,7 +9,9 @@ package streamq
 // answer to their own start. A free tick worker takes whatever is queued and
 // sends it as one tick, so a poke wakes the goroutine that writes, with no
 // dispatcher between them, and a tick worker's stack stays grown from one
-// tick to the next.
+// tick to the next. While the shard's start charges fail, a timer
+// (time.AfterFunc: heldTimer) ends each back-off of its held slots (see
+// holdBack).
 
 import (
 	"errors"

@@ -4,8 +4,10 @@ package streamq
 //
 // Goroutines: the pool's workers (pool.work) run process for each slot they
 // take. A worker owns the slot it took (its data, its Deliveries, charging)
-// until it hands the outcome to the stream's committer; it waits on Redis
-// only for the answer to its own start charge.
+// until it hands the outcome to the stream's committer, or the slot itself
+// while the stream's start charges fail (committer.holdBack: the worker that
+// takes it from the ring again owns it then); it waits on Redis only for the
+// answer to its own start charge.
 
 import (
 	"context"
