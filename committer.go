@@ -9,7 +9,9 @@ package streamq
 // answer to their own start. A free tick worker takes whatever is queued and
 // sends it as one tick, so a poke wakes the goroutine that writes, with no
 // dispatcher between them, and a tick worker's stack stays grown from one
-// tick to the next.
+// tick to the next. While the shard's start charges fail, a timer
+// (time.AfterFunc: heldTimer) ends each back-off of its held slots (see
+// holdBack).
 
 import (
 	"errors"
@@ -89,6 +91,7 @@ const (
 	chargeRun     = iota // counted (or written): the handler may run
 	chargeSkip           // another consumer owns the entry now, or it is gone
 	chargeStopped        // shutdown began before the start could be counted
+	chargeHeld           // the charge failed: the slot waits for its shard (committer.holdBack)
 )
 
 // committer owns one shard's writes. Its queue (starts, outcomes) and the
@@ -134,6 +137,20 @@ type committer[Req, Resp any] struct {
 	stalled   chan struct{}
 	isStalled bool
 
+	// held holds the slots whose start charge failed, and those of the
+	// shard taken while its charges are held, in the order they were taken:
+	// they wait here, unstarted and leased, not in a worker (see holdBack).
+	// heldTimer ends a back-off (unhold); probeDue: the back-off ended, and
+	// the next slot of the shard a worker takes is charged (the probe);
+	// heldDone is set once shutdown took the slots left (drainHeld).
+	// Guarded by mu. holding is set while the shard's charges are held: from
+	// a failed charge until one succeeds.
+	held      []*slot
+	heldTimer *time.Timer
+	probeDue  bool
+	heldDone  bool
+	holding   atomic.Bool
+
 	wake chan struct{} // capacity 1: "the queue grew, a count was confirmed, a tick settled, or closing"
 	quit chan struct{} // closed once the committer is done: the tick workers return
 	done chan struct{} // closed when the last tick worker has returned
@@ -166,6 +183,118 @@ func (c *committer[Req, Resp]) setStalled(stalled bool) {
 		c.stalled = make(chan struct{})
 	}
 	c.isStalled = stalled
+}
+
+// holdBack sets aside slot s, which a worker took and will not start now:
+// its start charge failed (failed), or the shard's charges are held
+// (holding) after a failure. The shard's slots then wait here, not in a
+// worker, while a back-off runs (the committer's, fails: reset by a tick
+// without failure); when it ends, unhold puts them back at the heads of
+// their classes in the ring, in the order they came, and the first of them
+// that a worker takes is charged (the probe; the back-off starts again as
+// it is handed out), the others set aside again. The probe's failure holds
+// it too; a charge of the shard that succeeds ends the hold (recovered) and
+// requeues them all. So a shard whose starts cannot be counted (its
+// start-count key of another type, its node unreachable) keeps no worker
+// from the other shards' and queues' work: one worker at a time waits for
+// one charge of it per back-off. The slot stays leased and keeps its place
+// in the budgets; its charge state is the worker's (charging, the count
+// seen, scriptCharge), so its next charge is the same idempotent one, and a
+// release at shutdown takes back a count that Redis may have kept. It
+// reports false when s is not held: the worker charges it (not failed: the
+// shard's charges are not held, or s is the probe), or shutdown took the
+// held slots already (the worker drains it).
+func (c *committer[Req, Resp]) holdBack(s *slot, failed bool) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.heldDone {
+		return false
+	}
+	if !failed {
+		if !c.holding.Load() {
+			return false
+		}
+		if c.probeDue {
+			c.probeDue = false
+			c.armHold()
+			return false
+		}
+	}
+	c.held = append(c.held, s)
+	c.r.ring.setAside(classOf(s.queue, s.level))
+	c.holding.Store(true)
+	c.armHold()
+	return true
+}
+
+// armHold starts the back-off after which the held slots go back into the
+// ring, unless it runs. mu is held.
+func (c *committer[Req, Resp]) armHold() {
+	if c.heldTimer == nil {
+		c.heldTimer = time.AfterFunc(c.fails.next(), c.unhold)
+	}
+}
+
+// unhold ends a back-off of the held shard (see holdBack): the slots set
+// aside go back into the ring, and the next one taken is charged. When the
+// ring is closed (shutdown) they stay for drainHeld.
+func (c *committer[Req, Resp]) unhold() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.heldTimer = nil
+	if c.heldDone || !c.holding.Load() {
+		return
+	}
+	c.probeDue = true
+	c.requeueHeld()
+}
+
+// recovered ends the hold of the shard's charges after one succeeded: the
+// slots set aside go back into the ring at once. Called by a worker whose
+// charge Redis answered while holding was set.
+func (c *committer[Req, Resp]) recovered() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.holding.Load() {
+		return
+	}
+	c.holding.Store(false)
+	c.probeDue = false
+	if c.heldTimer != nil {
+		c.heldTimer.Stop()
+		c.heldTimer = nil
+	}
+	if !c.heldDone {
+		c.requeueHeld()
+	}
+}
+
+// requeueHeld returns the held slots to the ring, unless it is closed. mu
+// is held.
+func (c *committer[Req, Resp]) requeueHeld() {
+	if len(c.held) > 0 && c.r.ring.requeue(c.held) {
+		clear(c.held)
+		c.held = c.held[:0]
+	}
+}
+
+// drainHeld returns the slots set aside (holdBack) that did not go back into
+// the ring before it closed, counted as read-ahead again, for release at
+// shutdown; no slot is set aside after. Called once the workers have ended.
+func (c *committer[Req, Resp]) drainHeld() []*slot {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.heldDone = true
+	if c.heldTimer != nil {
+		c.heldTimer.Stop()
+		c.heldTimer = nil
+	}
+	held := c.held
+	c.held = nil
+	for _, s := range held {
+		c.r.ring.unsetAside(classOf(s.queue, s.level))
+	}
+	return held
 }
 
 // poke wakes the loop. Workers queue outcomes without poking and poke before
@@ -851,38 +980,47 @@ func (r *run[Req, Resp]) completed(batch []*completion) {
 // Every start is counted, however the entry arrived; a start that is not
 // recorded first would never be counted if the handler crashed the process.
 // The shard's committer carries it in its next tick with whatever else is
-// queued. A failed charge is retried (every charge is idempotent) until it
-// succeeds or the consumer shuts down; the entry is then released unstarted,
-// and the release takes back a charge that Redis may have counted.
+// queued. A failed charge is not retried by the worker, which would wait as
+// long as the shard fails: the slot is set aside, with the shard's others,
+// until the shard's back-off has passed (committer.holdBack, chargeHeld),
+// and charged again by the worker that takes it then (every charge is
+// idempotent); a charge that Redis answers ends the hold. When the consumer
+// shuts down first, the entry is released unstarted, and the release takes
+// back a charge that Redis may have counted.
 func (r *run[Req, Resp]) charge(s *slot) int {
-	var b backoff
-	for {
-		q := &startReq{s: s, eid: s.entry.EntryID, seen: s.entry.Deliveries - 1, done: make(chan struct{})}
-		s.charging = true
-		s.expectCount()
-		r.committers[s.shard].start(q)
-		<-q.done
-		switch {
-		case q.err == nil && q.n == -1:
-			s.charging = false
-			r.c.log.InfoContext(r.runCtx, "streamq: an entry was taken by another consumer before it started",
-				"id", s.entry.ID, "entry", s.entry.EntryID)
-			return chargeSkip
-		case q.err == nil && q.n < 0:
-			s.charging = false
-			return chargeSkip
-		case q.err == nil:
-			s.charging = false
-			s.entry.Deliveries = q.n
-			return chargeRun
-		}
-		r.c.slots.onError(q.err)
-		r.c.log.WarnContext(r.runCtx, "streamq: recording a handler start failed; retrying",
-			"id", s.entry.ID, "entry", s.entry.EntryID, "err", q.err)
-		if sleepCtx(r.runCtx, b.next()) != nil {
-			return chargeStopped
-		}
+	q := &startReq{s: s, eid: s.entry.EntryID, seen: s.entry.Deliveries - 1, done: make(chan struct{})}
+	s.charging = true
+	s.expectCount()
+	c := r.committers[s.shard]
+	c.start(q)
+	<-q.done
+	if q.err == nil && c.holding.Load() {
+		c.recovered() // the shard's charges work again
 	}
+	switch {
+	case q.err == nil && q.n == -1:
+		s.charging = false
+		r.c.log.InfoContext(r.runCtx, "streamq: an entry was taken by another consumer before it started",
+			"id", s.entry.ID, "entry", s.entry.EntryID)
+		return chargeSkip
+	case q.err == nil && q.n < 0:
+		s.charging = false
+		return chargeSkip
+	case q.err == nil:
+		s.charging = false
+		s.entry.Deliveries = q.n
+		return chargeRun
+	}
+	r.c.slots.onError(q.err)
+	if r.runCtx.Err() != nil {
+		return chargeStopped
+	}
+	r.c.log.WarnContext(r.runCtx, "streamq: recording a handler start failed; the entry waits for its shard and is charged again",
+		"id", s.entry.ID, "entry", s.entry.EntryID, "stream", r.c.shards[s.shard].Stream, "err", q.err)
+	if !c.holdBack(s, true) {
+		return chargeStopped
+	}
+	return chargeHeld
 }
 
 // startsTTL is how long a group's start counts live after the last start of

@@ -658,10 +658,17 @@ func (r *ring) pausing(qi int) <-chan struct{} {
 func (r *ring) putBack(s *slot) bool {
 	r.qmu.Lock()
 	defer r.qmu.Unlock()
-	rq := &r.qs[s.queue]
-	if !rq.paused || r.closed {
+	if !r.qs[s.queue].paused || r.closed {
 		return false
 	}
+	r.pushFront(s)
+	return true // held: no worker can take it until Resume
+}
+
+// pushFront puts s at the head of its class: the next of its class taken.
+// qmu is held.
+func (r *ring) pushFront(s *slot) {
+	rq := &r.qs[s.queue]
 	q := &rq.q[s.level]
 	if q.n == len(q.buf) {
 		q.resize(max(ringMinCap, 2*len(q.buf)))
@@ -674,7 +681,47 @@ func (r *ring) putBack(s *slot) bool {
 	if s.level != levelNormal {
 		rq.mixed = true
 	}
-	return true // held: no worker can take it until Resume
+}
+
+// setAside marks the place of a slot that a worker took and set aside
+// without starting it (its shard's start charges fail: see
+// committer.holdBack) as not read-ahead while it waits, as a handed-off
+// slot's is (settle): it would otherwise hold the target that the other
+// shards and queues read by. requeue or unsetAside undoes it.
+func (r *ring) setAside(class int) { r.settle(class) }
+
+// unsetAside counts a slot set aside (setAside) as read-ahead again: it is
+// drained at shutdown instead of requeued.
+func (r *ring) unsetAside(class int) {
+	r.mu.Lock()
+	r.settled--
+	r.out[class]++
+	r.mu.Unlock()
+}
+
+// requeue returns slots set aside (setAside) to the heads of their classes,
+// in their order, ahead of the slots read after them, and wakes the
+// workers; they keep their places in the budget, as they did aside. It
+// does nothing and reports false when the ring is closed: shutdown drains
+// them then.
+func (r *ring) requeue(slots []*slot) bool {
+	r.mu.Lock()
+	r.qmu.Lock()
+	if r.closed {
+		r.qmu.Unlock()
+		r.mu.Unlock()
+		return false
+	}
+	for i := len(slots) - 1; i >= 0; i-- {
+		s := slots[i]
+		r.settled--
+		r.out[classOf(s.queue, s.level)]++
+		r.pushFront(s)
+	}
+	r.qmu.Unlock()
+	r.mu.Unlock()
+	r.queued.Broadcast()
+	return true
 }
 
 // addWaiting counts a worker that starts (delta 1) or stops (-1) waiting

@@ -253,6 +253,11 @@ func (r *run[Req, Resp]) warn(ctx context.Context, msg string, args ...any) {
 // leases stop, because entries must stay leased until they are completed.
 func (r *run[Req, Resp]) finish() {
 	r.fetches.Wait()
+	for _, c := range r.committers {
+		for _, s := range c.drainHeld() {
+			r.drain(s) // set aside while its shard's charges failed
+		}
+	}
 	r.releaseUnstarted()
 	for _, c := range r.committers {
 		c.close() // sends every queued outcome, or gives up at the hard bound

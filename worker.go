@@ -4,8 +4,10 @@ package streamq
 //
 // Goroutines: the pool's workers (pool.work) run process for each slot they
 // take. A worker owns the slot it took (its data, its Deliveries, charging)
-// until it hands the outcome to the stream's committer; it waits on Redis
-// only for the answer to its own start charge.
+// until it hands the outcome to the stream's committer, or the slot itself
+// while the stream's start charges fail (committer.holdBack: the worker that
+// takes it from the ring again owns it then); it waits on Redis only for the
+// answer to its own start charge.
 
 import (
 	"context"
@@ -32,7 +34,8 @@ func (r *run[Req, Resp]) drain(s *slot) {
 // runs before anything that waits (the pause gate, a rate-limit token). It
 // reports whether an outcome was queued without a poke (the worker owes it).
 // When it reports false the slot is no longer the worker's (it may be back in
-// the ring, taken by another worker).
+// the ring, taken by another worker, or set aside while its shard's start
+// charges fail).
 func (r *run[Req, Resp]) process(s *slot, flush func()) (owed bool) {
 	if lost, canceled := s.ended(); lost || canceled {
 		r.forget(s)
@@ -51,6 +54,12 @@ func (r *run[Req, Resp]) process(s *slot, flush func()) (owed bool) {
 		// failure, and the handler does not run (no start is charged).
 		r.handOff(completion{s: s, code: keys.RecordFailed, value: []byte(s.meta.flowFailed)})
 		return true
+	}
+	// While the shard's start charges fail, its slots wait aside, not in a
+	// worker, and take no rate-limit token; one at a time is charged, once
+	// per back-off (see committer.holdBack).
+	if c := r.committers[s.shard]; c.holding.Load() && c.holdBack(s, false) {
+		return false
 	}
 	// A paused queue's slot goes back into the ring; then wait for a
 	// rate-limit token: neither counts as a delivery, and the entry stays
@@ -77,13 +86,17 @@ func (r *run[Req, Resp]) process(s *slot, flush func()) (owed bool) {
 		return true
 	}
 	// The handler's start is charged here, before it runs; the tick that
-	// carries it also carries the outcomes queued before it.
+	// carries it also carries the outcomes queued before it. A charge that
+	// failed leaves the slot set aside for its shard: no longer the
+	// worker's.
 	switch r.charge(s) {
 	case chargeSkip:
 		r.forget(s)
 		return false
 	case chargeStopped:
 		r.drain(s)
+		return false
+	case chargeHeld:
 		return false
 	}
 	req, err := decode[Req](r.c.opts.Codec, s.data)
