@@ -140,7 +140,16 @@ func TestReplaceQueuedRetryKeepsItsGroup(t *testing.T) {
 		require.NoError(t, err)
 		return c
 	}
-	stopA, stopF := runConsumer(t, answer()), runConsumer(t, audit())
+	aud := audit()
+	stopA, stopF := runConsumer(t, answer()), runConsumer(t, aud)
+	// The fan-out group's marker is set before the first request: otherwise
+	// the answering group's retry can acknowledge and delete the entry before
+	// the fan-out group exists, and that group never sees it.
+	select {
+	case <-aud.Ready():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the fan-out consumer was not ready in 10s")
+	}
 	p := newStringProducer(t, client, q)
 	first := mustProduce(t, p, "j", "v1")
 	<-failed
