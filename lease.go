@@ -2,14 +2,20 @@ package streamq
 
 // The leases of what a consumer holds, and their release at stop.
 //
-// Goroutines: the lease goroutine (run.leaseLoop) renews the leases of owned
-// slots and moves their ownedAt, and marks lost the slots another consumer
-// took. The shutdown goroutine releases unstarted slots (run.releaseUnstarted)
-// so that another consumer claims them at once.
+// Goroutines: the lease goroutine (run.leaseLoop) starts a renewal round
+// every MinIdle/3; each shard's renewal runs in a goroutine of its own
+// (run.renewShard, at most one per shard at a time), which renews the
+// leases of the shard's owned slots, moves their ownedAt, and marks lost the
+// slots another consumer took. leaseMu guards leasing and leaseAgain. The
+// shutdown goroutine releases unstarted slots (run.releaseUnstarted), one
+// goroutine per shard, so that another consumer claims them at once.
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/streamq/streamq/internal/scripts"
@@ -22,7 +28,8 @@ const releaseIdle = 365 * 24 * time.Hour
 // leaseLoop renews the leases of every owned entry (in the ring, in a handler
 // or awaiting completion) every MinIdle/3, so they are not claimed while this
 // consumer lives. Entries found claimed by another consumer are marked lost and
-// their handlers cancelled. It runs until the end of shutdown.
+// their handlers cancelled. It runs until the end of shutdown; the renewals
+// it started are counted in loops too, so finish waits for them.
 func (r *run[Req, Resp]) leaseLoop() {
 	defer r.loops.Done()
 	t := time.NewTicker(r.c.opts.MinIdle / 3)
@@ -38,44 +45,109 @@ func (r *run[Req, Resp]) leaseLoop() {
 	}
 }
 
-// renew renews the leases of every owned entry, shard by shard. It holds
-// renewing throughout (see releaseUnstarted).
+// renew starts a renewal of the leases of every owned entry: one goroutine
+// per shard that holds entries (renewShard), so a shard whose node or
+// connection stalls delays the renewals of no other shard. A shard whose
+// previous renewal is still in flight gets no second one: it is marked to
+// renew again as soon as that one is answered (once, however many rounds
+// found it busy). The snapshot of owned is taken under leaseMu (see
+// releaseUnstarted).
 func (r *run[Req, Resp]) renew() {
-	r.renewing.Lock()
-	defer r.renewing.Unlock()
+	r.leaseMu.Lock()
+	defer r.leaseMu.Unlock()
 	byShard := make([][]*slot, len(r.c.shards))
 	r.mu.Lock()
 	for k, s := range r.owned {
-		byShard[k.shard] = append(byShard[k.shard], s)
+		if r.leasing[k.shard] == nil {
+			byShard[k.shard] = append(byShard[k.shard], s)
+		}
 	}
 	r.mu.Unlock()
 	for shard, slots := range byShard {
-		at := mono()
-		lost, err := r.leaseShard(r.bg, shard, slots, 0, r.recordFloor())
-		if err != nil {
-			r.c.slots.onError(err)
-			r.c.log.WarnContext(r.runCtx, "streamq: renewing leases failed; will retry", "entries", len(slots), "err", err)
-		} else {
-			r.renewed(slots, lost, at)
+		switch {
+		case r.leasing[shard] != nil:
+			r.leaseAgain[shard] = true
+		case len(slots) > 0:
+			done := make(chan struct{})
+			r.leasing[shard] = done
+			r.loops.Add(1) // leaseLoop's own count is held: never Add from zero
+			go r.renewShard(shard, slots, done)
 		}
-		for _, id := range lost {
-			id, canceled := strings.CutPrefix(id, "c")
+	}
+}
+
+// renewShard renews the leases of a shard's slots, snapshotted by renew,
+// then closes done. When a round found it busy meanwhile (leaseAgain), it
+// snapshots the shard's owned slots again and renews those at once, with a
+// new done, until shutdown closed stopLoops.
+func (r *run[Req, Resp]) renewShard(shard int, slots []*slot, done chan struct{}) {
+	defer r.loops.Done()
+	for {
+		r.renewSlots(shard, slots)
+		r.leaseMu.Lock()
+		close(done)
+		r.leasing[shard] = nil
+		again := r.leaseAgain[shard]
+		r.leaseAgain[shard] = false
+		slots = nil
+		if again && !r.loopsStopped() {
 			r.mu.Lock()
-			s := r.owned[ownedKey{shard, id}]
-			r.mu.Unlock()
-			// A handed-off entry leaves the pending list when its outcome
-			// is recorded; a renewal that raced with that is no loss (and
-			// if another consumer ran it too, the first outcome wins).
-			switch {
-			case s == nil || s.handedOff.Load() || s.isCanceled():
-			case canceled:
-				// Admin.Cancel's notice was lost, or has not arrived yet.
-				r.c.log.InfoContext(r.runCtx, "streamq: request canceled by Admin.Cancel; stopping it", "id", s.entry.ID, "entry", id)
-				s.markCanceled()
-			default:
-				r.c.log.WarnContext(r.runCtx, "streamq: lost a message to another consumer", "id", s.entry.ID, "entry", id)
-				s.markLost()
+			for k, s := range r.owned {
+				if k.shard == shard {
+					slots = append(slots, s)
+				}
 			}
+			r.mu.Unlock()
+		}
+		if len(slots) > 0 {
+			done = make(chan struct{})
+			r.leasing[shard] = done
+		}
+		r.leaseMu.Unlock()
+		if len(slots) == 0 {
+			return
+		}
+	}
+}
+
+// loopsStopped reports whether shutdown asked the loops to stop.
+func (r *run[Req, Resp]) loopsStopped() bool {
+	select {
+	case <-r.stopLoops:
+		return true
+	default:
+		return false
+	}
+}
+
+// renewSlots sends one renewal of the leases of a shard's slots, moves their
+// ownership time (renewed) and marks the slots it found lost or cancelled.
+func (r *run[Req, Resp]) renewSlots(shard int, slots []*slot) {
+	at := mono()
+	lost, err := r.leaseShard(r.bg, shard, slots, 0, r.recordFloor())
+	if err != nil {
+		r.c.slots.onError(err)
+		r.c.log.WarnContext(r.runCtx, "streamq: renewing leases failed; will retry", "entries", len(slots), "err", err)
+	} else {
+		r.renewed(slots, lost, at)
+	}
+	for _, id := range lost {
+		id, canceled := strings.CutPrefix(id, "c")
+		r.mu.Lock()
+		s := r.owned[ownedKey{shard, id}]
+		r.mu.Unlock()
+		// A handed-off entry leaves the pending list when its outcome
+		// is recorded; a renewal that raced with that is no loss (and
+		// if another consumer ran it too, the first outcome wins).
+		switch {
+		case s == nil || s.handedOff.Load() || s.isCanceled():
+		case canceled:
+			// Admin.Cancel's notice was lost, or has not arrived yet.
+			r.c.log.InfoContext(r.runCtx, "streamq: request canceled by Admin.Cancel; stopping it", "id", s.entry.ID, "entry", id)
+			s.markCanceled()
+		default:
+			r.c.log.WarnContext(r.runCtx, "streamq: lost a message to another consumer", "id", s.entry.ID, "entry", id)
+			s.markLost()
 		}
 	}
 }
@@ -150,29 +222,51 @@ func (r *run[Req, Resp]) releaseUnstarted() {
 	if len(slots) == 0 {
 		return
 	}
-	// Untrack first, so that a lease renewal does not undo the release: a
-	// renewal in flight has snapshotted these entries, and must be answered
-	// before the release is sent (TestReleaseNotUndoneByLeaseInFlight).
-	r.renewing.Lock()
+	// Untrack first, so that a lease renewal does not undo the release: no
+	// renewal snapshots owned after this, but one in flight may have
+	// snapshotted these entries, and its shard's release is sent only once
+	// it is answered (TestReleaseNotUndoneByLeaseInFlight). Each shard's
+	// release runs in a goroutine of its own, so a shard whose renewal or
+	// release stalls holds up no other's
+	// (TestStalledLeaseOfOneShardHoldsNoOtherRelease).
+	r.leaseMu.Lock()
 	r.untrack(slots...)
-	r.renewing.Unlock()
+	inFlight := slices.Clone(r.leasing)
+	r.leaseMu.Unlock()
 	byShard := make([][]*slot, len(r.c.shards))
 	for _, s := range slots {
 		byShard[s.shard] = append(byShard[s.shard], s)
 	}
 	ctx, cancel := context.WithTimeout(r.bg, r.c.opts.ShutdownTimeout)
 	defer cancel()
+	var wg sync.WaitGroup
 	for shard, ids := range byShard {
 		if len(ids) == 0 {
 			continue
 		}
-		if err := r.releaseShard(ctx, shard, ids); err != nil {
-			r.c.log.WarnContext(r.runCtx, "streamq: releasing prefetched entries failed; they will be claimed after MinIdle",
-				"entries", len(ids), "err", err)
-		} else {
-			r.c.log.InfoContext(r.runCtx, "streamq: released prefetched entries that had not started", "entries", len(ids))
-		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var err error
+			if done := inFlight[shard]; done != nil {
+				select {
+				case <-done:
+				case <-ctx.Done():
+					err = fmt.Errorf("a lease renewal of these entries is still in flight: %w", context.Cause(ctx))
+				}
+			}
+			if err == nil {
+				err = r.releaseShard(ctx, shard, ids)
+			}
+			if err != nil {
+				r.c.log.WarnContext(r.runCtx, "streamq: releasing prefetched entries failed; they will be claimed after MinIdle",
+					"entries", len(ids), "err", err)
+			} else {
+				r.c.log.InfoContext(r.runCtx, "streamq: released prefetched entries that had not started", "entries", len(ids))
+			}
+		}()
 	}
+	wg.Wait()
 	r.forget(slots...)
 }
 

@@ -32,8 +32,10 @@ import (
 //     on lanes.go's connections): every write of the hot path, in one
 //     pipelined round trip per tick: outcomes, retries and start charges;
 //     then forget the slots (their places go back to the ring).
-//   - leaser (run.leaseLoop; lease.go): renews the leases of owned slots,
-//     marks lost ones.
+//   - leaser (run.leaseLoop; lease.go): starts a lease renewal round every
+//     MinIdle/3; renewals (run.renewShard, one per shard while its
+//     lease.lua calls are in flight) renew the leases of the shard's owned
+//     slots and mark lost ones.
 //   - promoters (run.promoteLoop, one per shard; promoter.go): move due
 //     delayed requests and retries into the stream.
 //   - pause watcher (run.watchPause; pause.go): follows the queue's pause
@@ -62,10 +64,17 @@ type run[Req, Resp any] struct {
 
 	releaseMu sync.Mutex
 	unstarted []*slot // slots drained at shutdown, to release
-	// renewing is held by the leaser from its snapshot of owned until the
-	// renewal is answered; releaseUnstarted untracks under it, so a renewal
-	// that saw released entries never reaches Redis after their release.
-	renewing sync.Mutex
+	// leaseMu guards leasing and leaseAgain, and is held while a renewal
+	// snapshots owned; releaseUnstarted untracks under it, then waits for
+	// the renewals in flight then (their done channels), so a renewal that
+	// saw released entries never reaches Redis after their release.
+	leaseMu sync.Mutex
+	// leasing has, per index of Consumer.shards, the done channel of the
+	// shard's renewal in flight (closed when it is answered), or nil.
+	leasing []chan struct{}
+	// leaseAgain marks, per index of Consumer.shards, a shard whose renewal
+	// was in flight when a round began: it renews again once answered.
+	leaseAgain []bool
 
 	committers []*committer[Req, Resp] // one per stream: shards fail independently
 	lanes      [][]*lane               // per stream, the committer's connections (nil entries: none)
@@ -86,7 +95,7 @@ type run[Req, Resp any] struct {
 	startHeld bool
 
 	fetches   sync.WaitGroup
-	loops     sync.WaitGroup // leaser, trimmer and heartbeat
+	loops     sync.WaitGroup // leaser and its renewals, heartbeat, pause watcher, limiter, trimmer, promoters
 	feeder    sync.WaitGroup
 	stopLoops chan struct{}
 	// leaseNow asks the leaser for a renewal at once (capacity 1): a
@@ -121,6 +130,7 @@ func newRun[Req, Resp any](c *Consumer[Req, Resp], ring *ring, queue, prefetch i
 		levelWake: make([]chan struct{}, len(c.shards)),
 		presumed:  make([]bool, len(c.shards)),
 	}
+	r.leasing, r.leaseAgain = make([]chan struct{}, len(c.shards)), make([]bool, len(c.shards))
 	for v := range r.levelWake {
 		r.levelWake[v] = make(chan struct{}, 1)
 	}
