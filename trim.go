@@ -2,6 +2,8 @@ package streamq
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"math/rand/v2"
 	"time"
 
@@ -39,36 +41,50 @@ func (r *run[Req, Resp]) trimLoop() {
 }
 
 // trimStream removes, from every shard, the entries every group is done with
-// (MINID ~ the safe point) and returns how many were removed.
+// (MINID ~ the safe point) and returns how many were removed. A shard that
+// fails does not stop the others: its error, naming the stream, is joined
+// to the result (while ctx lives), so one failing shard never leaves the
+// healthy ones to grow.
 func trimStream[Req, Resp any](ctx context.Context, c *Consumer[Req, Resp]) (int64, error) {
 	var total int64
+	var errs []error
 	for _, k := range c.shards {
 		res, err := scripts.Trim.Run(ctx, c.client, []string{k.Stream, k.Fanout}).Slice()
 		if err != nil {
-			return total, err
+			if ctx.Err() != nil {
+				return total, ctx.Err()
+			}
+			errs = append(errs, fmt.Errorf("trim %s: %w", k.Stream, err))
+			continue
 		}
 		if len(res) > 0 {
 			n, _ := res[0].(int64)
 			total += n
 		}
 	}
-	return total, nil
+	return total, errors.Join(errs...)
 }
 
 // pruneConsumers deletes consumers of the group, other than c, that hold no
 // pending entries on any shard they are known on and have been idle for
-// ConsumerIdleTimeout. Each shard's group has its own consumer list.
+// ConsumerIdleTimeout. Each shard's group has its own consumer list. A shard
+// that fails does not stop the others (see trimStream).
 func pruneConsumers[Req, Resp any](ctx context.Context, c *Consumer[Req, Resp]) ([]string, error) {
 	var deleted []string
+	var errs []error
 	for _, k := range c.shards {
 		names, err := scripts.Prune.Run(ctx, c.client, []string{k.Stream},
 			c.opts.Group, c.opts.ConsumerIdleTimeout.Milliseconds(), c.opts.Name).StringSlice()
 		if err != nil {
-			return deleted, err
+			if ctx.Err() != nil {
+				return deleted, ctx.Err()
+			}
+			errs = append(errs, fmt.Errorf("prune the consumers of %s: %w", k.Stream, err))
+			continue
 		}
 		deleted = append(deleted, names...)
 	}
-	return deleted, pruneSeen(ctx, c, deleted)
+	return deleted, errors.Join(append(errs, pruneSeen(ctx, c, deleted))...)
 }
 
 // Trim removes the stream entries that every consumer group has acknowledged,
