@@ -12,7 +12,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/streamq/streamq/internal/keys"
-	"github.com/streamq/streamq/internal/scripts"
 )
 
 // Queues returns the names of the streamq queues present in the Redis that
@@ -235,16 +234,9 @@ func (a *Admin) trim(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	var total int64
-	for _, k := range shards {
-		res, err := scripts.Trim.Run(ctx, a.client, []string{k.Stream, k.Fanout}).Slice()
-		if err != nil {
-			return total, fmt.Errorf("streamq: trim %s: %w", a.queue, err)
-		}
-		if len(res) > 0 {
-			n, _ := res[0].(int64)
-			total += n
-		}
+	total, err := trimShards(ctx, a.client, shards)
+	if err != nil {
+		return total, fmt.Errorf("streamq: trim %s: %w", a.queue, err)
 	}
 	return total, nil
 }

@@ -7,6 +7,9 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/streamq/streamq/internal/keys"
 	"github.com/streamq/streamq/internal/scripts"
 )
 
@@ -46,10 +49,15 @@ func (r *run[Req, Resp]) trimLoop() {
 // to the result (while ctx lives), so one failing shard never leaves the
 // healthy ones to grow.
 func trimStream[Req, Resp any](ctx context.Context, c *Consumer[Req, Resp]) (int64, error) {
+	return trimShards(ctx, c.client, c.shards)
+}
+
+// trimShards is trimStream over the given shards (Admin.Trim's too).
+func trimShards(ctx context.Context, client redis.UniversalClient, shards []keys.Keys) (int64, error) {
 	var total int64
 	var errs []error
-	for _, k := range c.shards {
-		res, err := scripts.Trim.Run(ctx, c.client, []string{k.Stream, k.Fanout}).Slice()
+	for _, k := range shards {
+		res, err := scripts.Trim.Run(ctx, client, []string{k.Stream, k.Fanout}).Slice()
 		if err != nil {
 			if ctx.Err() != nil {
 				return total, ctx.Err()
