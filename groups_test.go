@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamq/streamq/internal/keys"
@@ -122,4 +123,44 @@ func TestSecondAnsweringGroupRefused(t *testing.T) {
 	err = b.Run(ctx)
 	require.ErrorIs(t, err, ErrAnsweringGroup)
 	require.Contains(t, err.Error(), "Fanout")
+}
+
+// TestRetryLeavesTheEntryWhileTheFanoutMarkerIsSet: a retry acknowledges
+// its entry but does not delete it once the shard's fan-out marker is set,
+// even while the stream has one group. A fan-out consumer sets the marker
+// before it creates its group (at "0"), so that group reads the entry;
+// complete.lua already left entries alone then, and retry.lua, which looked
+// only at the number of groups, deleted it.
+func TestRetryLeavesTheEntryWhileTheFanoutMarkerIsSet(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		ks, err := keys.Shards(q, 1)
+		require.NoError(t, err)
+		k := ks[0]
+		failed := make(chan struct{}, 1)
+		o := fastOpts(t, "main", 30*time.Second)
+		o.RetryBackoff, o.MaxDeliveries = time.Hour, 5
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+			failed <- struct{}{}
+			return "", errors.New("fails, with retries left")
+		}, o)
+		require.NoError(t, err)
+		runConsumer(t, c)
+		select {
+		case <-c.Ready():
+		case <-time.After(10 * time.Second):
+			t.Fatal("the consumer was not ready in 10s")
+		}
+		// A fan-out consumer starting: its marker is set, its group not yet.
+		require.NoError(t, client.Set(ctx, k.Fanout, "1", 0).Err())
+		p := newStringProducer(t, client, q)
+		require.NoError(t, p.Enqueue(ctx, "j", "x"))
+		<-failed
+		eventually(t, 10*time.Second, func() bool { return strings.HasPrefix(client.Get(ctx, k.Record("j")).Val(), "P@") }, "no retry scheduled")
+		require.EqualValues(t, 1, client.XLen(ctx, k.Stream).Val(), "the retried attempt's entry was deleted while the fan-out marker was set")
+		pending, err := client.XPending(ctx, k.Stream, DefaultGroup).Result()
+		require.NoError(t, err)
+		require.Zero(t, pending.Count, "the retried attempt's entry is still pending")
+	})
 }

@@ -195,7 +195,7 @@ func (r *run[Req, Resp]) signalLevel(v int) {
 func (r *run[Req, Resp]) retryArgs(shard int, batch []*completion) ([]string, []any) {
 	o := &r.c.opts
 	k := r.c.shards[shard]
-	keyList := make([]string, 4, 5+len(batch))
+	keyList := make([]string, 4, 6+len(batch))
 	keyList[0], keyList[1], keyList[2], keyList[3] = k.Stream, k.Starts(o.Group), k.Retry, k.ScheduleData
 	fanout := "0"
 	if o.Fanout {
@@ -231,6 +231,7 @@ func (r *run[Req, Resp]) retryArgs(shard int, batch []*completion) ([]string, []
 	if keyed && !o.Fanout {
 		args[3] = args[3].(string) + "%" // keyed entries give back their slots (fair.lua)
 	}
+	keyList = append(keyList, k.Fanout) // last: the fan-out marker (retry.lua deletes only without it)
 	return keyList, args
 }
 

@@ -462,7 +462,8 @@ func TestRetentionErrors(t *testing.T) {
 				require.NotContains(t, args[3:3+nkeys], k.Errors("flaky"))
 			} else {
 				require.Equal(t, "0#3", flag)
-				require.Equal(t, k.Errors("flaky"), args[3+nkeys-1])
+				require.Equal(t, k.Errors("flaky"), args[3+nkeys-2], "the error list, before the fan-out marker")
+				require.Equal(t, k.Fanout, args[3+nkeys-1], "the fan-out marker, last")
 			}
 		}
 		retries.mu.Unlock()

@@ -2,7 +2,8 @@
 -- one step.
 --
 -- A failed attempt that is to be retried after a delay leaves the stream:
--- its entry is acknowledged (and deleted when the stream has one group), and
+-- its entry is acknowledged (and deleted when the stream has one group and
+-- the shard's fan-out marker is absent, as complete.lua deletes), and
 -- the job waits in the retry set (a sorted set like the schedule, so that
 -- retries and delayed jobs are listed apart) until the delay has passed on
 -- the server's clock, when promote.lua appends it again as a new entry. Its
@@ -51,6 +52,9 @@
 --              item i's request (KEYS[1] when it has none): the attempt's
 --              "<ms> <start> <error>" is pushed, the list cut to m and given
 --              the record's TTL. Without the mark there are no such keys.
+-- KEYS[last]   the shard's fan-out marker (see complete.lua): present once a
+--              fan-out group may read the stream, and then entries are
+--              left to the trim
 -- ARGV[1]      consumer group
 -- ARGV[2]      this consumer's name
 -- ARGV[3]      a scheduled record lives at least the delay plus this (ms)
@@ -171,7 +175,10 @@ end
 -- unpack() has a limit of a few thousand values: go in chunks.
 if #acked > 0 then
   local del = false
-  if not fanout then
+  -- The marker is set before a fan-out group is created: with it present
+  -- and the group not made yet, the one group seen here would delete an
+  -- entry that group is about to read (complete.lua leaves it).
+  if not fanout and redis.call("EXISTS", KEYS[#KEYS]) == 0 then
     local ok, groups = pcall(redis.call, "XINFO", "GROUPS", stream)
     del = ok and #groups == 1
   end
