@@ -67,7 +67,15 @@ func (p *Producer[Req, Resp]) ensureBackstop() {
 	}
 	p.setupMu.Lock()
 	defer p.setupMu.Unlock()
-	if p.backstopOn.Load() || p.stopping {
+	if !p.stopping {
+		p.startBackstop()
+	}
+}
+
+// startBackstop starts the backstop unless it runs. setupMu is held, and
+// Close has not begun stopping the goroutines.
+func (p *Producer[Req, Resp]) startBackstop() {
+	if p.backstopOn.Load() {
 		return
 	}
 	p.loops.Add(1)
@@ -136,11 +144,7 @@ func (p *Producer[Req, Resp]) subscribe(ctx context.Context) error {
 	for _, ps := range subs {
 		go p.hearNotices(ps, ps.ChannelWithSubscriptions())
 	}
-	if !p.backstopOn.Load() {
-		p.loops.Add(1)
-		go p.backstop()
-		p.backstopOn.Store(true)
-	}
+	p.startBackstop()
 	// Notices published from now on reach the listeners; the requests
 	// appended before may have had theirs published to nobody.
 	p.waiters.hear()
