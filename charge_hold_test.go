@@ -27,6 +27,20 @@ type chargeFault struct {
 	entries atomic.Int64 // the entries they charged
 }
 
+// failingCharges returns a client of base's server on which every start
+// charge of single-shard queue q fails (the fault is on), and the fault.
+func failingCharges(t *testing.T, base *redis.Client, q string) (*redis.Client, *chargeFault) {
+	t.Helper()
+	client := sameServer(base)
+	t.Cleanup(func() { _ = client.Close() })
+	shards, err := keys.Shards(q, 1)
+	require.NoError(t, err)
+	fault := &chargeFault{starts: shards[0].Starts(DefaultGroup)}
+	fault.on.Store(true)
+	client.AddHook(fault)
+	return client, fault
+}
+
 func (h *chargeFault) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (h *chargeFault) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
@@ -197,14 +211,8 @@ func mustEntryID(t *testing.T, pr *Promise[string]) string {
 func TestHeldStartIsReleasedAtShutdown(t *testing.T) {
 	backends(t, func(t *testing.T, base *redis.Client) {
 		ctx := context.Background()
-		client := sameServer(base)
-		t.Cleanup(func() { _ = client.Close() })
 		q := queueName(t)
-		shards, err := keys.Shards(q, 1)
-		require.NoError(t, err)
-		fault := &chargeFault{starts: shards[0].Starts(DefaultGroup)}
-		fault.on.Store(true)
-		client.AddHook(fault)
+		client, fault := failingCharges(t, base, q)
 		h := newStartsHandler()
 		optsA := fastOpts(t, "A", 30*time.Second)
 		optsA.replyWait, optsA.Workers, optsA.MaxDeliveries, optsA.ShutdownTimeout = true, 1, 1, time.Second
@@ -238,14 +246,8 @@ func TestHeldStartIsReleasedAtShutdown(t *testing.T) {
 func TestMultiFailingStartChargeHoldsOnlyItsQueue(t *testing.T) {
 	t.Parallel()
 	base := realRedis(t)
-	client := sameServer(base)
-	t.Cleanup(func() { _ = client.Close() })
 	qa, qb := queueName(t), queueName(t)
-	shardsA, err := keys.Shards(qa, 1)
-	require.NoError(t, err)
-	fault := &chargeFault{starts: shardsA[0].Starts(DefaultGroup)}
-	fault.on.Store(true)
-	client.AddHook(fault)
+	client, fault := failingCharges(t, base, qa)
 	var startsA atomic.Int64
 	ca, err := NewConsumer(client, qa, func(ctx context.Context, m *Message[string]) (string, error) {
 		startsA.Add(1)
@@ -283,14 +285,8 @@ func TestMultiFailingStartChargeHoldsOnlyItsQueue(t *testing.T) {
 func TestFailingShardIsChargedOneSlotAtATime(t *testing.T) {
 	t.Parallel()
 	base := realRedis(t)
-	client := sameServer(base)
-	t.Cleanup(func() { _ = client.Close() })
 	q := queueName(t)
-	shards, err := keys.Shards(q, 1)
-	require.NoError(t, err)
-	fault := &chargeFault{starts: shards[0].Starts(DefaultGroup)}
-	fault.on.Store(true)
-	client.AddHook(fault)
+	client, fault := failingCharges(t, base, q)
 	h := newStartsHandler()
 	opts := fastOpts(t, "A", 30*time.Second)
 	opts.replyWait, opts.Workers, opts.Prefetch = true, 4, 8

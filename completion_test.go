@@ -98,6 +98,23 @@ func (h *completeFault) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
+// isScriptOn reports whether an EVAL/EVALSHA command runs one of ss with
+// stream as its first key.
+func isScriptOn(args []any, stream string, ss ...*redis.Script) bool {
+	if len(args) < 4 {
+		return false
+	}
+	if key, _ := args[3].(string); key != stream { // KEYS[1]
+		return false
+	}
+	for _, s := range ss {
+		if isScript(args, s) {
+			return true
+		}
+	}
+	return false
+}
+
 // isScript reports whether an EVAL/EVALSHA command runs s.
 func isScript(args []any, s *redis.Script) bool {
 	name, _ := args[0].(string)

@@ -46,7 +46,7 @@ func (h *leaseStall) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		if len(args) < 4 || !isScript(args, scripts.Lease) {
 			return next(ctx, cmd)
 		}
-		if key, _ := args[3].(string); key != h.stream { // KEYS[1]
+		if !isScriptOn(args, h.stream, scripts.Lease) {
 			err := next(ctx, cmd)
 			if err == nil && h.holding.Load() {
 				h.others.Add(1)

@@ -29,17 +29,10 @@ func (h *scriptFault) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 
 func (h *scriptFault) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		args := cmd.Args()
-		if len(args) >= 4 {
-			if key, _ := args[3].(string); key == h.stream { // KEYS[1]
-				for _, s := range h.scripts {
-					if isScript(args, s) {
-						err := errors.New("injected: the shard's node fails")
-						cmd.SetErr(err)
-						return err
-					}
-				}
-			}
+		if isScriptOn(cmd.Args(), h.stream, h.scripts...) {
+			err := errors.New("injected: the shard's node fails")
+			cmd.SetErr(err)
+			return err
 		}
 		return next(ctx, cmd)
 	}
