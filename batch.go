@@ -108,12 +108,18 @@ type batchResult struct {
 }
 
 // awaitBatch runs a batch's round trip (one atomic produce.lua call per
-// shard) in a goroutine of its own, counted in batches (startBatch has added
-// it), which Close waits for within CloseTimeout; the caller waits for it
-// with ctx. It returns ctx's error, or errClosedUnknown once Close gave up,
-// when that came first: the outcome is then unknown, and producing the
-// batch again is safe.
+// shard), counted in batches (startBatch has added it), which Close waits
+// for within CloseTimeout. A batch of one shard goes from the caller's
+// goroutine on the direct connection when that is free (sendBatchDirect);
+// otherwise the round trip runs in a goroutine of its own and the caller
+// waits for it with ctx. It returns ctx's error, or errClosedUnknown once
+// Close gave up, when that came first: the outcome is then unknown, and
+// producing the batch again is safe.
 func (p *Producer[Req, Resp]) awaitBatch(ctx context.Context, items []*produceItem) (batchResult, error) {
+	if r, sent, err := p.sendBatchDirect(ctx, items); sent {
+		p.batches.Done()
+		return r, err
+	}
 	done := make(chan batchResult, 1)
 	go func() {
 		defer p.batches.Done()

@@ -17,12 +17,18 @@ package streamq
 // again the usual way, on the user's client with its retries: the request
 // id makes a resend harmless.
 //
+// A ProduceBatch or EnqueueBatch call whose jobs all belong to one shard
+// sends its batch the same way when no other call is using the connection
+// (sendBatchDirect); otherwise its round trip runs in a goroutine of its own,
+// on the user's client.
+//
 // Goroutines: none of its own; the calling goroutine does the I/O.
 
 import (
 	"context"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -31,6 +37,10 @@ import (
 // directConn is a producer's connection for direct sends.
 type directConn struct {
 	client *redis.Client
+
+	// held is true while a call owns the connection, from claim to unclaim:
+	// the one-job path (inside the coalescer's direct turn) or a batch.
+	held atomic.Bool
 
 	mu     sync.Mutex
 	conn   net.Conn // the connection dialed last
@@ -89,6 +99,13 @@ func (d *directConn) interrupt() {
 	}
 }
 
+// claim takes the connection for one call, and reports false when another
+// call has it. The owner calls unclaim once its ctx can no longer interrupt
+// the connection (after stopping its context.AfterFunc).
+func (d *directConn) claim() bool { return d.held.CompareAndSwap(false, true) }
+
+func (d *directConn) unclaim() { d.held.Store(false) }
+
 // begin marks the connection in use; end marks it free again, clearing a
 // deadline that an interrupt may have set after the reply arrived.
 func (d *directConn) begin() {
@@ -126,24 +143,78 @@ func (p *Producer[Req, Resp]) sendDirect(ctx context.Context, it *produceItem) (
 	p.mu.RUnlock()
 	defer p.batches.Done()
 	defer p.batcher.directDone()
+	if !d.claim() {
+		return produceOutcome{}, false, nil // a batch is using the connection
+	}
+	defer d.unclaim()
 	if err := ctx.Err(); err != nil {
 		return produceOutcome{}, true, err
 	}
+	outs, err := p.runDirect(ctx, it.shard, []*produceItem{it}, false)
+	if err != nil {
+		sent, err = p.directFailed(ctx)
+		return produceOutcome{}, sent, err
+	}
+	return outs[0], true, nil
+}
+
+// sendBatchDirect sends a batch (atomic) from the caller's goroutine when
+// all its items belong to one shard and no other call is using the direct
+// connection; it reports sent = false when it did not, or when the send
+// failed for a reason that is not the caller's: the batch then goes the
+// usual way (a round trip in a goroutine of its own, on the user's client),
+// which is safe, since a batch sent again appends no id twice. The caller
+// has registered the round trip in p.batches (startBatch).
+func (p *Producer[Req, Resp]) sendBatchDirect(ctx context.Context, items []*produceItem) (r batchResult, sent bool, err error) {
+	d := p.direct
+	if d == nil || len(items) == 0 {
+		return batchResult{}, false, nil
+	}
+	shard := items[0].shard
+	for _, it := range items[1:] {
+		if it.shard != shard {
+			return batchResult{}, false, nil
+		}
+	}
+	if !d.claim() {
+		return batchResult{}, false, nil
+	}
+	defer d.unclaim()
+	if err := ctx.Err(); err != nil {
+		return batchResult{}, true, err
+	}
+	outs, err := p.runDirect(ctx, shard, items, true)
+	if err != nil {
+		sent, err = p.directFailed(ctx)
+		return batchResult{}, sent, err
+	}
+	return batchResult{outs: outs, errs: make([]error, len(items))}, true, nil
+}
+
+// runDirect runs one produce.lua call on the direct connection, which the
+// end of ctx cuts. The caller has claimed the connection.
+func (p *Producer[Req, Resp]) runDirect(ctx context.Context, shard int, items []*produceItem, atomic bool) ([]produceOutcome, error) {
+	d := p.direct
 	stop := noStopFunc
 	if ctx.Done() != nil {
 		stop = context.AfterFunc(ctx, d.interrupt)
 	}
 	d.begin()
-	outs, err := p.runProduce(ctx, d.client, it.shard, []*produceItem{it}, false)
+	outs, err := p.runProduce(ctx, d.client, shard, items, atomic)
 	d.end()
 	stop()
+	return outs, err
+}
+
+// directFailed says what a failed direct send returns: the end of ctx or of
+// Close's bound, whose outcome is unknown (as when a wait ends), or, for any
+// other failure, sent = false: the request goes the usual way.
+func (p *Producer[Req, Resp]) directFailed(ctx context.Context) (sent bool, err error) {
 	switch {
-	case err == nil:
-		return outs[0], true, nil
 	case ctx.Err() != nil:
-		return produceOutcome{}, true, ctx.Err() // the outcome is unknown, as when a wait ends
+		return true, ctx.Err()
 	case p.lifetime.Err() != nil:
-		return produceOutcome{}, true, errClosedUnknown
+		return true, errClosedUnknown
 	}
-	return produceOutcome{}, false, nil
+	return false, nil
 }

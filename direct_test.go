@@ -2,10 +2,14 @@ package streamq
 
 import (
 	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -22,15 +26,23 @@ func TestDirectSendReturnsWithinContext(t *testing.T) {
 	require.NotNil(t, p.direct, "a *redis.Client producer sends directly when idle")
 
 	px.Stall(time.Minute)
-	for _, name := range []string{"Enqueue", "Produce"} {
+	names := []string{"Enqueue", "Produce", "ProduceBatch", "EnqueueBatch"}
+	for _, name := range names {
 		dctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 		deadline, _ := dctx.Deadline()
 		err := returnsWithin(t, 5*time.Second, name, func() error {
-			if name == "Enqueue" {
-				return p.Enqueue(dctx, "stalled-"+name, "x")
+			id := "stalled-" + name
+			switch name {
+			case "Enqueue":
+				return p.Enqueue(dctx, id, "x")
+			case "Produce":
+				_, err := p.Produce(dctx, id, "x")
+				return err
+			case "ProduceBatch":
+				_, err := p.ProduceBatch(dctx, []Job[string]{{ID: id, Request: "x"}})
+				return err
 			}
-			_, err := p.Produce(dctx, "stalled-"+name, "x")
-			return err
+			return p.EnqueueBatch(dctx, []Job[string]{{ID: id, Request: "x"}})
 		})
 		cancel()
 		require.ErrorIs(t, err, context.DeadlineExceeded, name)
@@ -43,12 +55,13 @@ func TestDirectSendReturnsWithinContext(t *testing.T) {
 	// The producer is idle again and its direct connection was cut: the
 	// next call dials a new one. Whether the stalled requests were recorded
 	// is unknown to their callers; producing them again is safe either way.
-	for _, id := range []string{"after", "stalled-Enqueue", "stalled-Produce"} {
-		require.NoError(t, p.Enqueue(ctx, id, "x"), id)
+	require.NoError(t, p.Enqueue(ctx, "after", "x"))
+	for _, name := range names {
+		require.NoError(t, p.Enqueue(ctx, "stalled-"+name, "x"), name)
 	}
 	n, err := direct.XLen(ctx, streamKey(q)).Result()
 	require.NoError(t, err)
-	require.EqualValues(t, 4, n, "warm, after and the two stalled ids: one entry each")
+	require.EqualValues(t, 2+len(names), n, "warm, after and the stalled ids: one entry each")
 }
 
 // A direct send that fails for a reason that is not the caller's (its
@@ -72,6 +85,102 @@ func TestDirectSendFailureGoesTheUsualWay(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 2, n, "warm and cut-me, once each")
 	pr.Release()
+}
+
+// A batch of one shard goes on the idle producer's own connection like a
+// one-job call, from the caller's goroutine; cut as its reply comes back, it
+// is sent again on the user's client, and each id has one entry.
+func TestDirectBatchFailureGoesTheUsualWay(t *testing.T) {
+	q := queueName(t)
+	var evals int
+	p, direct, px := proxiedProducer(t, q, 5*time.Second, nil, countEvals(&evals))
+	defer p.Close()
+	ctx := context.Background()
+	require.NoError(t, p.EnqueueBatch(ctx, []Job[string]{{ID: "w1", Request: "x"}, {ID: "w2", Request: "x"}}))
+	prs, err := p.ProduceBatch(ctx, []Job[string]{{ID: "w3", Request: "x"}})
+	require.NoError(t, err)
+	releaseAll(prs)
+	require.Zero(t, evals, "the idle producer's batches went on its own connection, not the user's client")
+
+	fired := px.CutReplyTo([]byte("cut-batch"))
+	prs, err = p.ProduceBatch(ctx, []Job[string]{{ID: "cut-batch", Request: "x"}, {ID: "b2", Request: "x"}})
+	require.NoError(t, err)
+	<-fired
+	require.Equal(t, 1, evals, "the cut batch was sent again on the user's client")
+	require.Len(t, prs, 2)
+	releaseAll(prs)
+	n, err := direct.XLen(ctx, streamKey(q)).Result()
+	require.NoError(t, err)
+	require.EqualValues(t, 5, n, "w1, w2, w3, cut-batch and b2, once each")
+}
+
+// One-job calls and batches of many goroutines share the producer's direct
+// connection one call at a time (the others go the usual way), and every id
+// is appended once.
+func TestDirectConnectionIsUsedByOneCallAtATime(t *testing.T) {
+	client := realRedis(t)
+	q := queueName(t)
+	p, err := NewProducer[string, string](client, q, &ProducerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	require.NotNil(t, p.direct)
+	var inFlight, most atomic.Int32
+	p.direct.client.AddHook(concurrencyGauge{&inFlight, &most})
+
+	ctx := context.Background()
+	const goroutines, rounds = 8, 40
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			for r := range rounds {
+				id := fmt.Sprintf("g%d-r%d", g, r)
+				var err error
+				if (g+r)%2 == 0 {
+					err = p.Enqueue(ctx, id, "x")
+				} else {
+					err = p.EnqueueBatch(ctx, []Job[string]{{ID: id + "a", Request: "x"}, {ID: id + "b", Request: "x"}})
+				}
+				assert.NoError(t, err, id)
+			}
+		})
+	}
+	wg.Wait()
+	require.LessOrEqual(t, most.Load(), int32(1), "two calls used the direct connection at once")
+	n, err := client.XLen(ctx, streamKey(q)).Result()
+	require.NoError(t, err)
+	require.EqualValues(t, goroutines*rounds/2*3, n, "each id once: one per Enqueue, two per batch")
+}
+
+// concurrencyGauge is a hook that tracks the most script calls in flight at
+// once.
+type concurrencyGauge struct{ now, most *atomic.Int32 }
+
+func (concurrencyGauge) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (g concurrencyGauge) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name != "evalsha" && name != "eval" {
+			return next(ctx, cmd) // a new connection's HELLO runs inside the call that dialed
+		}
+		n := g.now.Add(1)
+		defer g.now.Add(-1)
+		for {
+			m := g.most.Load()
+			if n <= m || g.most.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+func (concurrencyGauge) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// releaseAll releases every promise of a batch.
+func releaseAll(prs []*Promise[string]) {
+	for _, pr := range prs {
+		pr.Release()
+	}
 }
 
 // countEvals is a hook that counts the script calls of a client.

@@ -89,6 +89,8 @@ func TestEnqueueBatchSendsProduceBatchsCalls(t *testing.T) {
 		t.Cleanup(func() { _ = client.Close() })
 		client.AddHook(logs[i])
 		producers[i] = newStringProducer(t, client, queues[i])
+		// An idle producer sends a batch on its own connection (direct.go).
+		producers[i].direct.client.AddHook(logs[i])
 	}
 	const n = 200
 	prs, err := producers[0].ProduceBatch(ctx, enqueueBatchJobs(n))
