@@ -116,10 +116,16 @@ type batchResult struct {
 // Close gave up, when that came first: the outcome is then unknown, and
 // producing the batch again is safe.
 func (p *Producer[Req, Resp]) awaitBatch(ctx context.Context, items []*produceItem) (batchResult, error) {
+	mine := true // the round trip is this goroutine's until handed to another
+	defer func() {
+		if mine {
+			p.batches.Done() // a panic included: Close does not wait for it
+		}
+	}()
 	if r, sent, err := p.sendBatchDirect(ctx, items); sent {
-		p.batches.Done()
 		return r, err
 	}
+	mine = false
 	done := make(chan batchResult, 1)
 	go func() {
 		defer p.batches.Done()
