@@ -26,6 +26,7 @@ package streamq
 
 import (
 	"context"
+	"errors"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -46,6 +47,11 @@ type directConn struct {
 	conn   net.Conn // the connection dialed last
 	active bool     // a call is using it: interrupt may cut it
 	cut    bool     // interrupt cut it during the current call
+	call   uint64   // counts the calls (begin): a late interrupt spares the next
+
+	// testHook, when a test sets it (before any call), runs as an
+	// interrupt starts, before it looks at the connection.
+	testHook func()
 }
 
 // newDirectConn returns the producer's direct connection, or nil when the
@@ -69,8 +75,13 @@ func newDirectConn(client redis.UniversalClient) *directConn {
 			}
 			d.mu.Lock()
 			d.conn = conn
+			if d.cut {
+				// The call was interrupted while it dialed: the cut
+				// holds for the new connection.
+				_ = conn.SetDeadline(time.Unix(1, 0))
+			}
 			d.mu.Unlock()
-			return uncheckedConn{conn}, nil
+			return uncheckedConn{conn, d}, nil
 		}
 		// A retry would dial again after an interrupt and outlive the
 		// call's ctx: a failed direct send goes the usual way instead.
@@ -86,14 +97,63 @@ func newDirectConn(client redis.UniversalClient) *directConn {
 // instead, which then fails and goes the usual way (see sendDirect): the
 // request id makes the resend harmless, and a write into a closed socket
 // never reached Redis.
-type uncheckedConn struct{ net.Conn }
+//
+// It also keeps a cut: go-redis sets a deadline before each write and read,
+// which would undo an interrupt that came between them (after the request
+// was written, before its reply's read), and the call would wait for the
+// reply or ReadTimeout. While the current call is cut, those are ignored;
+// end clears the deadline on the connection itself.
+type uncheckedConn struct {
+	net.Conn
+	d *directConn
+}
 
-// interrupt cuts the connection if a call is using it: its blocked write or
-// read returns at once with a timeout.
-func (d *directConn) interrupt() {
+func (c uncheckedConn) SetDeadline(t time.Time) error {
+	if c.d.isCut(c.Conn) {
+		return nil
+	}
+	return c.Conn.SetDeadline(t)
+}
+
+func (c uncheckedConn) SetReadDeadline(t time.Time) error {
+	if c.d.isCut(c.Conn) {
+		return nil
+	}
+	return c.Conn.SetReadDeadline(t)
+}
+
+func (c uncheckedConn) SetWriteDeadline(t time.Time) error {
+	if c.d.isCut(c.Conn) {
+		return nil
+	}
+	return c.Conn.SetWriteDeadline(t)
+}
+
+// isCut reports whether an interrupt cut conn during the current call.
+func (d *directConn) isCut(conn net.Conn) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.active && d.conn != nil {
+	return d.cut && d.conn == conn
+}
+
+// interrupt cuts the connection if a call is using it: its blocked write or
+// read returns at once with a timeout. Close's bound (the producer's
+// lifetime) calls it.
+func (d *directConn) interrupt() {
+	d.interruptCall(0)
+}
+
+// interruptCall cuts the connection if call n is using it (any call for n =
+// 0). The end of a call's ctx calls it: context.AfterFunc runs it in a
+// goroutine of its own, which may reach the lock only after the call ended
+// and the next one began, and must then leave the next one alone.
+func (d *directConn) interruptCall(n uint64) {
+	if d.testHook != nil {
+		d.testHook()
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.active && (n == 0 || n == d.call) && d.conn != nil {
 		_ = d.conn.SetDeadline(time.Unix(1, 0))
 		d.cut = true
 	}
@@ -106,25 +166,25 @@ func (d *directConn) claim() bool { return d.held.CompareAndSwap(false, true) }
 
 func (d *directConn) unclaim() { d.held.Store(false) }
 
-// begin marks the connection in use; end marks it free again, clearing a
-// deadline that an interrupt may have set after the reply arrived.
-func (d *directConn) begin() {
+// begin marks the connection in use by a new call and returns its number;
+// end marks it free again, clearing a deadline that an interrupt may have
+// set after the reply arrived.
+func (d *directConn) begin() uint64 {
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	d.active, d.cut = true, false
-	d.mu.Unlock()
+	d.call++
+	return d.call
 }
 
 func (d *directConn) end() {
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	if d.cut && d.conn != nil {
 		_ = d.conn.SetDeadline(time.Time{})
 	}
-	d.active = false
-	d.mu.Unlock()
+	d.active, d.cut = false, false
 }
-
-// noStopFunc stands for context.AfterFunc's stop when ctx never ends.
-func noStopFunc() bool { return true }
 
 // sendDirect sends it from the caller's goroutine when the producer is idle,
 // and reports sent = false when it did not (the caller hands it to the
@@ -152,7 +212,7 @@ func (p *Producer[Req, Resp]) sendDirect(ctx context.Context, it *produceItem) (
 	}
 	outs, err := p.runDirect(ctx, it.shard, []*produceItem{it}, false)
 	if err != nil {
-		sent, err = p.directFailed(ctx)
+		sent, err = p.directFailed(ctx, err)
 		return produceOutcome{}, sent, err
 	}
 	return outs[0], true, nil
@@ -185,7 +245,7 @@ func (p *Producer[Req, Resp]) sendBatchDirect(ctx context.Context, items []*prod
 	}
 	outs, err := p.runDirect(ctx, shard, items, true)
 	if err != nil {
-		sent, err = p.directFailed(ctx)
+		sent, err = p.directFailed(ctx, err)
 		return batchResult{}, sent, err
 	}
 	return batchResult{outs: outs, errs: make([]error, len(items))}, true, nil
@@ -195,22 +255,26 @@ func (p *Producer[Req, Resp]) sendBatchDirect(ctx context.Context, items []*prod
 // end of ctx cuts. The caller has claimed the connection.
 func (p *Producer[Req, Resp]) runDirect(ctx context.Context, shard int, items []*produceItem, atomic bool) ([]produceOutcome, error) {
 	d := p.direct
-	stop := noStopFunc
+	n := d.begin()
+	defer d.end() // after stop, a panic included
 	if ctx.Done() != nil {
-		stop = context.AfterFunc(ctx, d.interrupt)
+		stop := context.AfterFunc(ctx, func() { d.interruptCall(n) })
+		defer stop()
 	}
-	d.begin()
-	outs, err := p.runProduce(ctx, d.client, shard, items, atomic)
-	d.end()
-	stop()
-	return outs, err
+	if p.lifetime.Err() != nil {
+		d.interrupt() // Close's bound passed before begin: its interrupt found no call
+	}
+	return p.runProduce(ctx, d.client, shard, items, atomic)
 }
 
-// directFailed says what a failed direct send returns: the end of ctx or of
-// Close's bound, whose outcome is unknown (as when a wait ends), or, for any
-// other failure, sent = false: the request goes the usual way.
-func (p *Producer[Req, Resp]) directFailed(ctx context.Context) (sent bool, err error) {
+// directFailed says what a direct send that failed with err returns: an
+// invalid batch's ErrWrongType; the end of ctx or of Close's bound, whose
+// outcome is unknown (as when a wait ends); or, for any other failure, sent
+// = false: the request goes the usual way.
+func (p *Producer[Req, Resp]) directFailed(ctx context.Context, err error) (bool, error) {
 	switch {
+	case errors.Is(err, ErrWrongType):
+		return true, err // the batch's answer: sent again, it would only fail again
 	case ctx.Err() != nil:
 		return true, ctx.Err()
 	case p.lifetime.Err() != nil:

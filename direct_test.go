@@ -3,12 +3,14 @@ package streamq
 import (
 	"context"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/streamq/streamq/internal/faultproxy"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -112,6 +114,12 @@ func TestDirectBatchFailureGoesTheUsualWay(t *testing.T) {
 	n, err := direct.XLen(ctx, streamKey(q)).Result()
 	require.NoError(t, err)
 	require.EqualValues(t, 5, n, "w1, w2, w3, cut-batch and b2, once each")
+
+	// An invalid batch's answer is the answer: it is not sent again.
+	require.NoError(t, direct.LPush(ctx, "streamq:{"+q+"}:id:bad", "x").Err())
+	err = p.EnqueueBatch(ctx, []Job[string]{{ID: "ok", Request: "x"}, {ID: "bad", Request: "x"}})
+	require.ErrorIs(t, err, ErrWrongType)
+	require.Equal(t, 1, evals, "the invalid batch was sent again on the user's client")
 }
 
 // One-job calls and batches of many goroutines share the producer's direct
@@ -220,4 +228,134 @@ func TestEnqueueAfterScriptFlush(t *testing.T) {
 	_, err = p.ProduceBatch(ctx, []Job[string]{{ID: "c", Request: "x"}, {ID: "d", Request: "x"}})
 	require.NoError(t, err)
 	require.EqualValues(t, 4, client.XLen(ctx, benchStream(q)).Val())
+}
+
+// writeSeam is a connection whose writes call after (when set) once they
+// returned: the moment between go-redis writing a command and setting the
+// deadline of the read that follows.
+type writeSeam struct {
+	net.Conn
+	after *atomic.Pointer[func()]
+}
+
+func (c writeSeam) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if f := c.after.Swap(nil); f != nil {
+		(*f)()
+	}
+	return n, err
+}
+
+// A ctx that ends just after a direct call's request was written, before
+// go-redis sets the reply's read deadline, still ends the call at once:
+// the deadline that go-redis sets next must not undo the cut. (Before, the
+// call waited for the reply: for the stall here, 2 s, or up to ReadTimeout.)
+func TestDirectCallCutBetweenWriteAndReadReturns(t *testing.T) {
+	for _, name := range []string{"Enqueue", "EnqueueBatch"} {
+		t.Run(name, func(t *testing.T) {
+			q := queueName(t)
+			direct := realRedis(t)
+			px, err := faultproxy.New(direct.Options().Addr)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = px.Close() })
+			var after atomic.Pointer[func()]
+			client := redis.NewClient(&redis.Options{Addr: px.Addr(), ReadTimeout: 5 * time.Second,
+				Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+					c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+					if err != nil {
+						return nil, err
+					}
+					return writeSeam{c, &after}, nil
+				}})
+			t.Cleanup(func() { _ = client.Close() })
+			p, err := NewProducer[string, string](client, q, &ProducerOptions{Logger: testLogger(t)})
+			require.NoError(t, err)
+			defer p.Close()
+			ctx := context.Background()
+			require.NoError(t, p.Enqueue(ctx, "warm", "x"))
+
+			cctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			px.Stall(2 * time.Second)
+			defer px.Resume()
+			cut := func() {
+				cancel()
+				// The interrupt (context.AfterFunc) runs in a goroutine of
+				// its own: it has cut the connection once ctx's cause is
+				// the only thing left to see.
+				eventually(t, time.Second, func() bool {
+					p.direct.mu.Lock()
+					defer p.direct.mu.Unlock()
+					return p.direct.cut
+				}, "the interrupt ran")
+			}
+			after.Store(&cut)
+			start := time.Now()
+			if name == "Enqueue" {
+				err = p.Enqueue(cctx, "cut", "x")
+			} else {
+				err = p.EnqueueBatch(cctx, []Job[string]{{ID: "cut", Request: "x"}})
+			}
+			took := time.Since(start)
+			require.ErrorIs(t, err, context.Canceled)
+			require.Less(t, took, time.Second, "the call returned %v after its ctx ended", took)
+		})
+	}
+}
+
+// A call's ctx that ends as the call returns cuts no later call: its
+// interrupt, run late in a goroutine of its own, finds another call on the
+// connection and leaves it alone. (Before, the later call was cut and sent
+// again on the user's client.)
+func TestLateInterruptCutsNoLaterCall(t *testing.T) {
+	q := queueName(t)
+	var evals int
+	p, _, px := proxiedProducer(t, q, 5*time.Second, nil, countEvals(&evals))
+	defer p.Close()
+	ctx := context.Background()
+	require.NoError(t, p.Enqueue(ctx, "warm", "x"))
+	require.Zero(t, evals)
+
+	// The first call's interrupt starts when its ctx ends, inside the call,
+	// and waits until the second call is in flight.
+	late, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	p.direct.testHook = func() {
+		once.Do(func() {
+			close(late)
+			<-release
+		})
+	}
+	actx, cancelA := context.WithCancel(ctx)
+	var calls atomic.Int32
+	p.direct.client.AddHook(fnHook(func(cmd redis.Cmder) {
+		if name := cmd.Name(); name != "evalsha" && name != "eval" {
+			return
+		}
+		switch calls.Add(1) {
+		case 1: // the first call: its ctx ends before its command is sent
+			cancelA()
+			<-late
+		case 2: // the second call: its reply is held back while the late interrupt runs
+			px.Stall(300 * time.Millisecond)
+			time.AfterFunc(50*time.Millisecond, func() { close(release) })
+		}
+	}))
+	_ = p.EnqueueBatch(actx, []Job[string]{{ID: "a", Request: "x"}}) // its ctx ended: any outcome
+	require.NoError(t, p.EnqueueBatch(ctx, []Job[string]{{ID: "b", Request: "x"}}))
+	require.Zero(t, evals, "the second call was cut by the first one's ctx and sent again on the user's client")
+}
+
+// fnHook is a hook that calls f before each command.
+type fnHook func(cmd redis.Cmder)
+
+func (fnHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (f fnHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		f(cmd)
+		return next(ctx, cmd)
+	}
+}
+func (fnHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
