@@ -3,6 +3,7 @@ package streamq
 import (
 	"context"
 	"fmt"
+	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -135,4 +136,61 @@ func TestACallAppendedAfterTheSubscriptionsCheckIsChecked(t *testing.T) {
 	require.Equal(t, 1, checks, "marked twice, checked twice")
 	w.markAppended(w.acquire("later"))
 	require.Equal(t, 1, checks, "a call registered after the subscription asked for a check")
+}
+
+// A Wait that started the producer's subscription returns when its promise
+// is released (ErrReleased) or its request resolves (the backstop read the
+// outcome), without waiting for the subscription attempt to end. (Before,
+// it waited for the attempt: up to its 10 s bound while Redis did not
+// confirm, then returned the attempt's error even after Release.)
+func TestWaitBlockedInSubscribeEndsOnReleaseOrOutcome(t *testing.T) {
+	for _, how := range []string{"Release", "Resolved"} {
+		t.Run(how, func(t *testing.T) {
+			raw := realRedis(t)
+			var hang atomic.Bool // new connections hang until their dial ends
+			client := redis.NewClient(&redis.Options{Addr: raw.Options().Addr, PoolSize: 8, MinIdleConns: 4,
+				Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+					if hang.Load() {
+						<-ctx.Done()
+						return nil, ctx.Err()
+					}
+					return (&net.Dialer{}).DialContext(ctx, network, addr)
+				}})
+			t.Cleanup(func() { _ = client.Close() })
+			q := queueName(t)
+			p, err := NewProducer[string, string](client, q, &ProducerOptions{BackstopInterval: 50 * time.Millisecond, Logger: testLogger(t)})
+			require.NoError(t, err)
+			defer p.Close()
+			ctx := context.Background()
+			prs, err := p.ProduceBatch(ctx, []Job[string]{{ID: "a", Request: "x"}})
+			require.NoError(t, err)
+			for range 4 {
+				require.NoError(t, client.Ping(ctx).Err()) // the pool's idle connections serve the backstop
+			}
+			hang.Store(true) // the subscription's own connection never comes
+			defer hang.Store(false)
+			if how == "Resolved" {
+				c, err := NewConsumer(raw, q, func(ctx context.Context, m *Message[string]) (string, error) {
+					return "r-" + m.Payload, nil
+				}, fastOpts(t, "w", 10*time.Second))
+				require.NoError(t, err)
+				runConsumer(t, c)
+			} else {
+				time.AfterFunc(200*time.Millisecond, prs[0].Release)
+			}
+			start := time.Now()
+			wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			got, err := prs[0].Wait(wctx)
+			took := time.Since(start)
+			if how == "Release" {
+				require.ErrorIs(t, err, ErrReleased)
+			} else {
+				require.NoError(t, err)
+				require.Equal(t, "r-x", got)
+			}
+			// The attempt's bound is 10 s; the rest absorbs a loaded machine.
+			require.Less(t, took, 5*time.Second, "Wait waited for the subscription attempt")
+		})
+	}
 }

@@ -32,30 +32,56 @@ func (p *Producer[Req, Resp]) listen(ctx context.Context) error {
 	return p.await(ctx, &p.subTry, p.subscribed.Load, p.subscribe)
 }
 
+// listenFor is listen for a promise's Wait: it also returns, with nil, once
+// the promise's call resolved (resolved) or the promise was released
+// (released), which the Wait then reports, without waiting for the
+// subscription attempt to end (up to setupTimeout when Redis does not
+// confirm it).
+func (p *Producer[Req, Resp]) listenFor(ctx context.Context, resolved, released <-chan struct{}) error {
+	if p.subscribed.Load() {
+		return nil
+	}
+	a, _, err := p.begin(&p.subTry, p.subscribed.Load, p.subscribe)
+	if a == nil {
+		return err
+	}
+	select {
+	case <-a.done:
+		return a.err
+	case <-resolved:
+		return nil
+	case <-released:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-p.closing:
+		return ErrClosed
+	}
+}
+
 // listenSoon starts subscribing, as listen does, without waiting for it (a
 // Done or Progress, which have no ctx). A failed attempt that it started is
-// logged; the backstop still resolves the calls (within BackstopInterval),
-// and the next listen tries again.
+// logged, by the attempt itself; the backstop still resolves the calls
+// (within BackstopInterval), and the next listen tries again.
 func (p *Producer[Req, Resp]) listenSoon() {
 	if p.subscribed.Load() {
 		return
 	}
-	a, started, _ := p.begin(&p.subTry, p.subscribed.Load, p.subscribe)
-	if !started {
-		return // done, closing, or an attempt in progress that its starter reports
+	// An attempt in progress is joined, and its starter reports its error.
+	_, _, _ = p.begin(&p.subTry, p.subscribed.Load, p.subscribeLogged)
+}
+
+// subscribeLogged is subscribe for an attempt nobody waits for: it logs its
+// failure. (It runs in the attempt's goroutine, which begin counted in loops
+// under setupMu: a goroutine of its own, counted after begin returned, could
+// be added while Close waits for the loops.)
+func (p *Producer[Req, Resp]) subscribeLogged(ctx context.Context) error {
+	err := p.subscribe(ctx)
+	if err != nil && p.lifetime.Err() == nil && !errors.Is(err, ErrClosed) {
+		p.log.WarnContext(p.lifetime, "streamq: subscribing to completion notices failed; waiting promises are checked every BackstopInterval",
+			"err", err)
 	}
-	p.loops.Add(1)
-	go func() {
-		defer p.loops.Done()
-		select {
-		case <-a.done:
-			if a.err != nil && !errors.Is(a.err, ErrClosed) {
-				p.log.WarnContext(p.lifetime, "streamq: subscribing to completion notices failed; waiting promises are checked every BackstopInterval",
-					"err", a.err)
-			}
-		case <-p.lifetime.Done():
-		}
-	}()
+	return err
 }
 
 // ensureBackstop starts the backstop once (the first ProduceBatch of a

@@ -296,11 +296,12 @@ var closedProgress = func() chan []byte {
 }()
 
 // promiseSource is what a promise asks of its producer: to hear completion
-// notices before a caller waits for one (listen with the caller's ctx;
-// listenSoon without waiting, for Done and Progress), and the stored
-// progress value of a request whose promise asked for it late.
+// notices before a caller waits for one (listenFor with the caller's ctx,
+// ending early once the promise resolved or was released; listenSoon
+// without waiting, for Done and Progress), and the stored progress value of
+// a request whose promise asked for it late.
 type promiseSource interface {
-	listen(ctx context.Context) error
+	listenFor(ctx context.Context, resolved, released <-chan struct{}) error
 	listenSoon()
 	fetchProgress(id string, st *progressState)
 }

@@ -141,7 +141,7 @@ func (pr *Promise[Resp]) Wait(ctx context.Context) (Resp, error) {
 	case <-pr.c.done:
 	default:
 		if pr.src != nil {
-			if err := pr.src.listen(ctx); err != nil {
+			if err := pr.src.listenFor(ctx, pr.c.done, pr.released); err != nil {
 				select {
 				case <-pr.c.done: // resolved meanwhile (the backstop, Close)
 				default:
