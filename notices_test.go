@@ -136,6 +136,15 @@ func TestACallAppendedAfterTheSubscriptionsCheckIsChecked(t *testing.T) {
 	require.Equal(t, 1, checks, "marked twice, checked twice")
 	w.markAppended(w.acquire("later"))
 	require.Equal(t, 1, checks, "a call registered after the subscription asked for a check")
+
+	// The subscription is lost and made again (a reconnect): a call
+	// registered before the new confirmation may have had its notice
+	// published while nobody listened, and the check that followed the
+	// confirmation may have read its record before its append was marked.
+	during := w.acquire("during")
+	w.hear()
+	w.markAppended(during)
+	require.Equal(t, 2, checks, "a call appended after a resubscription's check was not checked")
 }
 
 // A Wait that started the producer's subscription returns when its promise

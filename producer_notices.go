@@ -211,7 +211,10 @@ func (p *Producer[Req, Resp]) hearNotices(ps *redis.PubSub, ch <-chan any) {
 			if m.Kind != "subscribe" && m.Kind != "ssubscribe" {
 				continue
 			}
-			// A resubscription after a reconnect: notices may have been lost.
+			// A resubscription after a reconnect: notices may have been
+			// lost, of requests appended before it and of those whose
+			// append is marked after the check it asks for (hear).
+			p.waiters.hear()
 			p.kickBackstop()
 		}
 	}

@@ -195,10 +195,11 @@ type call struct {
 	refs       int       // guarded by waiters.mu: Produce calls in progress and unreleased promises
 	appended   bool      // guarded by waiters.mu: the request is recorded in Redis
 	appendedAt time.Time // guarded by waiters.mu: when appended was first set
-	// unheard: registered before the producer heard notices (waiters.heard),
-	// so its notice may have been published to nobody; see markAppended.
+	// heard is waiters.heard when the call was registered (or last marked
+	// appended): a call marked appended under a later subscription may have
+	// had its notice published while nobody listened; see markAppended.
 	// Guarded by waiters.mu.
-	unheard bool
+	heard uint64
 	// prog is the request's progress, made by the first Promise.Progress
 	// (nil until then: a request nobody asks about pays nothing). Guarded
 	// by waiters.mu; its fields by its own mutex.
@@ -213,15 +214,15 @@ type call struct {
 // The producer subscribes to notices at its first Produce or ProduceFlow, or
 // when a caller first listens (Wait, Done, Progress): a producer whose batch
 // promises are released unheard is sent no notice. Calls registered before
-// that (unheard) may have missed theirs, so
-// the record check that follows the subscription (recheck) reads every one
-// appended by then, and a call appended later asks for one more check
-// (markAppended).
+// that may have missed theirs, and so may calls registered before a
+// resubscription (after a reconnect), so the record check that follows each
+// confirmation (hear, then recheck) reads every one appended by then, and a
+// call appended later asks for one more check (markAppended).
 type waiters struct {
 	mu     sync.Mutex
 	m      map[string]*call
 	closed error // set by failAll: calls acquired later are resolved with it at once
-	heard  bool  // the producer's subscription is confirmed (hear)
+	heard  uint64 // subscriptions confirmed so far (hear): 0 before the first
 	// recheck asks for a check of every appended call's record (the
 	// producer's backstop, at once); set before the first call is acquired.
 	recheck func()
@@ -234,7 +235,7 @@ func newWaiters() *waiters { return &waiters{m: make(map[string]*call), recheck:
 // (recheck): their notices may have gone to nobody.
 func (w *waiters) hear() {
 	w.mu.Lock()
-	w.heard = true
+	w.heard++
 	w.mu.Unlock()
 }
 
@@ -251,7 +252,7 @@ func (w *waiters) acquire(id string) *call {
 	}
 	c := w.m[id]
 	if c == nil {
-		c = &call{done: make(chan struct{}), unheard: !w.heard}
+		c = &call{done: make(chan struct{}), heard: w.heard}
 		w.m[id] = c
 	}
 	c.refs++
@@ -270,18 +271,19 @@ func (w *waiters) drop(id string, c *call) {
 }
 
 // markAppended records that c's request is in Redis. A call registered
-// before the producer heard notices and marked after it did asks for a
-// record check: the check that followed the subscription did not read it
-// (it reads appended calls only), and its notice may have been published
-// before the subscription. (Marked before hear, the check reads it.)
+// before a confirmation of the producer's subscription (the first, or one
+// after a reconnect) and marked after it asks for a record check: the check
+// that followed the confirmation did not read it (it reads appended calls
+// only), and its notice may have been published while nobody listened.
+// (Marked before hear, the check reads it.)
 func (w *waiters) markAppended(c *call) {
 	w.mu.Lock()
 	if !c.appended {
 		c.appended = true
 		c.appendedAt = time.Now()
 	}
-	late := c.unheard && w.heard
-	c.unheard = false
+	late := c.heard != w.heard
+	c.heard = w.heard
 	w.mu.Unlock()
 	if late {
 		w.recheck()
@@ -300,13 +302,13 @@ func (w *waiters) handOver(items []*produceItem, i int, record string) {
 		w.mu.Unlock()
 		return // every call is resolved with the close error
 	}
-	nc := &call{done: make(chan struct{}), appended: true, appendedAt: time.Now()}
+	nc := &call{done: make(chan struct{}), appended: true, appendedAt: time.Now(), heard: w.heard}
 	late := false // as in markAppended: the new run's notice may have gone to nobody
 	for _, it := range items[i:] {
 		if it.id != id || it.call == nil {
 			continue
 		}
-		late = late || (it.call.unheard && w.heard)
+		late = late || it.call.heard != w.heard
 		if c := it.call; c != old {
 			c.refs--
 			if c.refs <= 0 && w.m[id] == c {
