@@ -203,3 +203,47 @@ func TestWaitBlockedInSubscribeEndsOnReleaseOrOutcome(t *testing.T) {
 		})
 	}
 }
+
+// With DiscardResults the notice is the only place a result is: a record
+// check that reads the done marker ("N") before the listener handled the
+// notice (a listener a little behind) must leave the promise to the notice
+// when the producer listened before the request was appended. (Before, the
+// check resolved it with ErrNoResult.)
+func TestRecordCheckLeavesTheResultToTheNotice(t *testing.T) {
+	client := realRedis(t)
+	q := queueName(t)
+	p, err := NewProducer[string, string](client, q, &ProducerOptions{BackstopInterval: time.Hour, Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	ctx := context.Background()
+	pr, err := p.Produce(ctx, "a", "x") // listens before the append
+	require.NoError(t, err)
+	lag := make(chan struct{})
+	hold := func() { <-lag }
+	p.testHookNotice.Store(&hold) // the listener lags behind
+	o := fastOpts(t, "w", 10*time.Second)
+	o.DiscardResults = true
+	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+		return "r-" + m.Payload, nil
+	}, o)
+	require.NoError(t, err)
+	runConsumer(t, c)
+	ks, err := keys.Shards(q, 1)
+	require.NoError(t, err)
+	eventually(t, 10*time.Second, func() bool {
+		v, err := client.Get(ctx, ks[0].Record("a")).Result()
+		return err == nil && v != "" && v[0] == keys.RecordNoResult
+	}, "the request completed")
+	// A check while the notice waits in the listener (the periodic one, a
+	// resubscription's, a late append's): it reads "N".
+	require.NoError(t, p.checkWaiting(ctx))
+	select {
+	case <-pr.Done():
+		t.Fatal("the record check resolved the promise before its notice was handled")
+	default:
+	}
+	close(lag)
+	got, err := pr.Wait(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "r-x", got)
+}

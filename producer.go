@@ -58,7 +58,10 @@ type Producer[Req, Resp any] struct {
 
 	metaOK     atomic.Bool // the queue's recorded shard count matches ours
 	subscribed atomic.Bool // subs are confirmed and their listeners run
-	backstopOn atomic.Bool // the backstop runs (ensureBackstop); set under setupMu
+	// testHookNotice, when a test sets it, runs as a listener takes each
+	// message (before it handles it).
+	testHookNotice atomic.Pointer[func()]
+	backstopOn     atomic.Bool // the backstop runs (ensureBackstop); set under setupMu
 
 	// setupMu guards the fields below. It is held only for bookkeeping, never
 	// across Redis I/O: the shard-count check and the subscription each run in

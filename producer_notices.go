@@ -183,6 +183,9 @@ func (p *Producer[Req, Resp]) subscribe(ctx context.Context) error {
 func (p *Producer[Req, Resp]) hearNotices(ps *redis.PubSub, ch <-chan any) {
 	defer p.loops.Done()
 	for m := range ch {
+		if h := p.testHookNotice.Load(); h != nil {
+			(*h)()
+		}
 		switch m := m.(type) {
 		case *redis.Message:
 			if len(m.Payload) > 0 && m.Payload[0] == '~' {
@@ -304,6 +307,9 @@ func (p *Producer[Req, Resp]) checkRecords(ctx context.Context, k keys.Keys, ids
 			switch {
 			case !ok:
 				p.waiters.resolveLost(part[i], p.opts.InflightTTL)
+			case s == string(keys.RecordNoResult) && p.waiters.noticeDue(part[i]):
+				// The result is only in the notice, which is on its way
+				// to the listener: resolving now would give ErrNoResult.
 			case len(s) > 0 && s[0] != keys.RecordInflight:
 				p.waiters.resolveID(part[i], s)
 			}

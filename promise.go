@@ -195,10 +195,11 @@ type call struct {
 	refs       int       // guarded by waiters.mu: Produce calls in progress and unreleased promises
 	appended   bool      // guarded by waiters.mu: the request is recorded in Redis
 	appendedAt time.Time // guarded by waiters.mu: when appended was first set
-	// heard is waiters.heard when the call was registered (or last marked
-	// appended): a call marked appended under a later subscription may have
-	// had its notice published while nobody listened; see markAppended.
-	// Guarded by waiters.mu.
+	// heard is waiters.heard when the call was registered: a call marked
+	// appended under a later confirmation of the subscription may have had
+	// its notice published while nobody listened (see markAppended), and a
+	// call registered under the current one will hear its notice (see
+	// noticeDue). Guarded by waiters.mu.
 	heard uint64
 	// prog is the request's progress, made by the first Promise.Progress
 	// (nil until then: a request nobody asks about pays nothing). Guarded
@@ -221,7 +222,7 @@ type call struct {
 type waiters struct {
 	mu     sync.Mutex
 	m      map[string]*call
-	closed error // set by failAll: calls acquired later are resolved with it at once
+	closed error  // set by failAll: calls acquired later are resolved with it at once
 	heard  uint64 // subscriptions confirmed so far (hear): 0 before the first
 	// recheck asks for a check of every appended call's record (the
 	// producer's backstop, at once); set before the first call is acquired.
@@ -278,12 +279,11 @@ func (w *waiters) drop(id string, c *call) {
 // (Marked before hear, the check reads it.)
 func (w *waiters) markAppended(c *call) {
 	w.mu.Lock()
+	late := !c.appended && c.heard != w.heard
 	if !c.appended {
 		c.appended = true
 		c.appendedAt = time.Now()
 	}
-	late := c.heard != w.heard
-	c.heard = w.heard
 	w.mu.Unlock()
 	if late {
 		w.recheck()
@@ -302,12 +302,15 @@ func (w *waiters) handOver(items []*produceItem, i int, record string) {
 		w.mu.Unlock()
 		return // every call is resolved with the close error
 	}
+	// The new run was appended after its callers registered: it heard from
+	// the oldest confirmation they did.
 	nc := &call{done: make(chan struct{}), appended: true, appendedAt: time.Now(), heard: w.heard}
 	late := false // as in markAppended: the new run's notice may have gone to nobody
 	for _, it := range items[i:] {
 		if it.id != id || it.call == nil {
 			continue
 		}
+		nc.heard = min(nc.heard, it.call.heard)
 		late = late || it.call.heard != w.heard
 		if c := it.call; c != old {
 			c.refs--
@@ -391,6 +394,20 @@ func (w *waiters) resolve(id string, c *call, record string, err error) {
 	if c.prog != nil {
 		c.prog.close()
 	}
+}
+
+// noticeDue reports whether id's call was registered under the current
+// confirmation of the producer's subscription: its request was appended,
+// and its notice published, while the producer listened, so the notice
+// reaches the listener (or the subscription is lost, and the confirmation
+// after the reconnect makes this false). A record check that finds a done
+// marker without the result (DiscardResults) leaves such a call to its
+// notice, which carries the result.
+func (w *waiters) noticeDue(id string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	c := w.m[id]
+	return c != nil && c.heard != 0 && c.heard == w.heard
 }
 
 func (w *waiters) appendedIDs() []string {
