@@ -247,3 +247,63 @@ func TestRecordCheckLeavesTheResultToTheNotice(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "r-x", got)
 }
+
+// A done marker whose notice never reaches the listener (here one it drops
+// as malformed; go-redis also drops messages from a listener that lags a
+// minute) leaves its promise to the notice only for a short grace: then a
+// check resolves it with ErrNoResult, as without the notice. (Before, every
+// check left it to the notice until the record expired.)
+func TestDoneMarkerWhoseNoticeIsLostResolves(t *testing.T) {
+	for _, interval := range []time.Duration{50 * time.Millisecond, time.Hour} {
+		t.Run(interval.String(), func(t *testing.T) {
+			client := realRedis(t)
+			q := queueName(t)
+			p, err := NewProducer[string, string](client, q, &ProducerOptions{BackstopInterval: interval, Logger: testLogger(t)})
+			require.NoError(t, err)
+			defer p.Close()
+			ctx := context.Background()
+			pr, err := p.Produce(ctx, "a", "x") // listens before the append: its notice is due
+			require.NoError(t, err)
+			ks, err := keys.Shards(q, 1)
+			require.NoError(t, err)
+			// The request completed with DiscardResults; its notice is lost.
+			require.NoError(t, client.Set(ctx, ks[0].Record("a"), "N", time.Hour).Err())
+			require.NoError(t, client.Publish(ctx, ks[0].Channel, "garbage").Err())
+			require.NoError(t, p.checkWaiting(ctx)) // leaves it to the notice, for the grace
+			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			_, err = pr.Wait(wctx)
+			require.ErrorIs(t, err, ErrNoResult)
+		})
+	}
+}
+
+// A run that replaced a stored outcome (handOver) gets its call when the
+// produce reply is read, which may be after the listener handled the run's
+// notice: that call is never left to a notice. (Before, a check skipped its
+// done marker for good.)
+func TestHandedOverCallIsNotLeftToANotice(t *testing.T) {
+	client := realRedis(t)
+	q := queueName(t)
+	p, err := NewProducer[string, string](client, q, &ProducerOptions{BackstopInterval: time.Hour, Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer p.Close()
+	ctx := context.Background()
+	_, err = p.Produce(ctx, "warm", "x") // the producer listens
+	require.NoError(t, err)
+	ks, err := keys.Shards(q, 1)
+	require.NoError(t, err)
+	c := p.waiters.acquire("x") // a Produce with a mode that replaces a stored outcome
+	items := []*produceItem{{id: "x", call: c}}
+	// The new run completed (DiscardResults) and its notice was handled
+	// before the producer read the script's reply.
+	require.NoError(t, client.Set(ctx, ks[0].Record("x"), "N", time.Hour).Err())
+	p.waiters.resolveID("x", "Rnew")
+	p.waiters.handOver(items, 0, "Eold") // the reply, read late
+	require.NoError(t, p.checkWaiting(ctx))
+	select {
+	case <-items[0].call.done:
+	default:
+		t.Fatal("the new run's call was left to a notice that was already handled")
+	}
+}

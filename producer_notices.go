@@ -41,7 +41,8 @@ func (p *Producer[Req, Resp]) listenFor(ctx context.Context, resolved, released 
 	if p.subscribed.Load() {
 		return nil
 	}
-	a, _, err := p.begin(&p.subTry, p.subscribed.Load, p.subscribe)
+	// Logged by the attempt: this Wait may leave before it ends.
+	a, _, err := p.begin(&p.subTry, p.subscribed.Load, p.subscribeLogged)
 	if a == nil {
 		return err
 	}
@@ -290,6 +291,7 @@ func (p *Producer[Req, Resp]) checkWaiting(ctx context.Context) error {
 // show an outcome or vanished. MGET keeps to one slot: the keys share a tag.
 func (p *Producer[Req, Resp]) checkRecords(ctx context.Context, k keys.Keys, ids []string) error {
 	const chunk = 256
+	leftToNotice := false
 	for len(ids) > 0 {
 		n := min(chunk, len(ids))
 		part := ids[:n]
@@ -307,15 +309,27 @@ func (p *Producer[Req, Resp]) checkRecords(ctx context.Context, k keys.Keys, ids
 			switch {
 			case !ok:
 				p.waiters.resolveLost(part[i], p.opts.InflightTTL)
-			case s == string(keys.RecordNoResult) && p.waiters.noticeDue(part[i]):
-				// The result is only in the notice, which is on its way
-				// to the listener: resolving now would give ErrNoResult.
+			case s == string(keys.RecordNoResult) && p.waiters.noticeDue(part[i], p.noticeGrace()):
+				// The result is only in the notice, most likely on its
+				// way to the listener: resolving now would give
+				// ErrNoResult. A check after the grace decides.
+				if !leftToNotice {
+					leftToNotice = true
+					time.AfterFunc(p.noticeGrace(), p.kickBackstop)
+				}
 			case len(s) > 0 && s[0] != keys.RecordInflight:
 				p.waiters.resolveID(part[i], s)
 			}
 		}
 	}
 	return nil
+}
+
+// noticeGrace is how long record checks leave a done marker without its
+// result to the notice that carries the result (see waiters.noticeDue):
+// BackstopInterval, at most a second.
+func (p *Producer[Req, Resp]) noticeGrace() time.Duration {
+	return min(p.opts.BackstopInterval, time.Second)
 }
 
 // parseNotice splits a completion notice ("<len>:<id><len>:<record>"...) and

@@ -144,6 +144,8 @@ func (pr *Promise[Resp]) Wait(ctx context.Context) (Resp, error) {
 			if err := pr.src.listenFor(ctx, pr.c.done, pr.released); err != nil {
 				select {
 				case <-pr.c.done: // resolved meanwhile (the backstop, Close)
+				case <-pr.released:
+					return zero, ErrReleased
 				default:
 					return zero, err
 				}
@@ -201,6 +203,9 @@ type call struct {
 	// call registered under the current one will hear its notice (see
 	// noticeDue). Guarded by waiters.mu.
 	heard uint64
+	// markerAt is when a record check first left the call's done marker to
+	// its notice (noticeDue). Guarded by waiters.mu.
+	markerAt time.Time
 	// prog is the request's progress, made by the first Promise.Progress
 	// (nil until then: a request nobody asks about pays nothing). Guarded
 	// by waiters.mu; its fields by its own mutex.
@@ -302,15 +307,15 @@ func (w *waiters) handOver(items []*produceItem, i int, record string) {
 		w.mu.Unlock()
 		return // every call is resolved with the close error
 	}
-	// The new run was appended after its callers registered: it heard from
-	// the oldest confirmation they did.
-	nc := &call{done: make(chan struct{}), appended: true, appendedAt: time.Now(), heard: w.heard}
+	// The new run's call is made when the reply is read, which may be after
+	// the listener handled the run's notice: it is never left to a notice
+	// (heard 0, see noticeDue).
+	nc := &call{done: make(chan struct{}), appended: true, appendedAt: time.Now()}
 	late := false // as in markAppended: the new run's notice may have gone to nobody
 	for _, it := range items[i:] {
 		if it.id != id || it.call == nil {
 			continue
 		}
-		nc.heard = min(nc.heard, it.call.heard)
 		late = late || it.call.heard != w.heard
 		if c := it.call; c != old {
 			c.refs--
@@ -396,18 +401,26 @@ func (w *waiters) resolve(id string, c *call, record string, err error) {
 	}
 }
 
-// noticeDue reports whether id's call was registered under the current
-// confirmation of the producer's subscription: its request was appended,
-// and its notice published, while the producer listened, so the notice
-// reaches the listener (or the subscription is lost, and the confirmation
-// after the reconnect makes this false). A record check that finds a done
-// marker without the result (DiscardResults) leaves such a call to its
-// notice, which carries the result.
-func (w *waiters) noticeDue(id string) bool {
+// noticeDue reports whether a record check that found id's done marker
+// without its result (DiscardResults) leaves the call to its notice, which
+// carries the result: when the call was registered under the current
+// confirmation of the producer's subscription (so its request was appended,
+// and its notice published, while the producer listened), for grace from
+// the first such check. A notice can still be lost without a confirmation
+// after it (the listener drops a malformed one; go-redis drops messages of
+// a listener a minute behind), hence the bound.
+func (w *waiters) noticeDue(id string, grace time.Duration) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	c := w.m[id]
-	return c != nil && c.heard != 0 && c.heard == w.heard
+	if c == nil || c.heard == 0 || c.heard != w.heard {
+		return false
+	}
+	if c.markerAt.IsZero() {
+		c.markerAt = time.Now()
+		return true
+	}
+	return time.Since(c.markerAt) < grace
 }
 
 func (w *waiters) appendedIDs() []string {
