@@ -44,10 +44,10 @@ type directConn struct {
 	held atomic.Bool
 
 	mu     sync.Mutex
-	conn   net.Conn // the connection dialed last
-	active bool     // a call is using it: interrupt may cut it
-	cut    bool     // interrupt cut it during the current call
-	call   uint64   // counts the calls (begin): a late interrupt spares the next
+	conn   net.Conn    // the connection dialed last
+	active bool        // a call is using it: interrupt may cut it
+	cut    atomic.Bool // interrupt cut it during the current call (written under mu)
+	call   uint64      // counts the calls (begin): a late interrupt spares the next
 
 	// testHook, when a test sets it (before any call), runs as an
 	// interrupt starts, before it looks at the connection.
@@ -75,7 +75,7 @@ func newDirectConn(client redis.UniversalClient) *directConn {
 			}
 			d.mu.Lock()
 			d.conn = conn
-			if d.cut {
+			if d.cut.Load() {
 				// The call was interrupted while it dialed: the cut
 				// holds for the new connection.
 				_ = conn.SetDeadline(time.Unix(1, 0))
@@ -101,39 +101,34 @@ func newDirectConn(client redis.UniversalClient) *directConn {
 // It also keeps a cut: go-redis sets a deadline before each write and read,
 // which would undo an interrupt that came between them (after the request
 // was written, before its reply's read), and the call would wait for the
-// reply or ReadTimeout. While the current call is cut, those are ignored;
-// end clears the deadline on the connection itself.
+// reply or ReadTimeout. While the current call is cut, those are ignored
+// (one atomic load per deadline: a cut connection is the only one, since
+// the dialer cuts a connection dialed after the cut too); end clears the
+// deadline on the connection itself.
 type uncheckedConn struct {
 	net.Conn
 	d *directConn
 }
 
 func (c uncheckedConn) SetDeadline(t time.Time) error {
-	if c.d.isCut(c.Conn) {
+	if c.d.cut.Load() {
 		return nil
 	}
 	return c.Conn.SetDeadline(t)
 }
 
 func (c uncheckedConn) SetReadDeadline(t time.Time) error {
-	if c.d.isCut(c.Conn) {
+	if c.d.cut.Load() {
 		return nil
 	}
 	return c.Conn.SetReadDeadline(t)
 }
 
 func (c uncheckedConn) SetWriteDeadline(t time.Time) error {
-	if c.d.isCut(c.Conn) {
+	if c.d.cut.Load() {
 		return nil
 	}
 	return c.Conn.SetWriteDeadline(t)
-}
-
-// isCut reports whether an interrupt cut conn during the current call.
-func (d *directConn) isCut(conn net.Conn) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.cut && d.conn == conn
 }
 
 // interrupt cuts the connection if a call is using it: its blocked write or
@@ -155,7 +150,7 @@ func (d *directConn) interruptCall(n uint64) {
 	defer d.mu.Unlock()
 	if d.active && (n == 0 || n == d.call) && d.conn != nil {
 		_ = d.conn.SetDeadline(time.Unix(1, 0))
-		d.cut = true
+		d.cut.Store(true)
 	}
 }
 
@@ -172,7 +167,8 @@ func (d *directConn) unclaim() { d.held.Store(false) }
 func (d *directConn) begin() uint64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.active, d.cut = true, false
+	d.active = true
+	d.cut.Store(false)
 	d.call++
 	return d.call
 }
@@ -180,10 +176,11 @@ func (d *directConn) begin() uint64 {
 func (d *directConn) end() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.cut && d.conn != nil {
+	if d.cut.Load() && d.conn != nil {
 		_ = d.conn.SetDeadline(time.Time{})
 	}
-	d.active, d.cut = false, false
+	d.active = false
+	d.cut.Store(false)
 }
 
 // sendDirect sends it from the caller's goroutine when the producer is idle,

@@ -281,13 +281,9 @@ func TestDirectCallCutBetweenWriteAndReadReturns(t *testing.T) {
 			cut := func() {
 				cancel()
 				// The interrupt (context.AfterFunc) runs in a goroutine of
-				// its own: it has cut the connection once ctx's cause is
-				// the only thing left to see.
-				eventually(t, time.Second, func() bool {
-					p.direct.mu.Lock()
-					defer p.direct.mu.Unlock()
-					return p.direct.cut
-				}, "the interrupt ran")
+				// its own: wait until it has cut the connection, before
+				// go-redis sets the reply's read deadline.
+				eventually(t, time.Second, p.direct.cut.Load, "the interrupt ran")
 			}
 			after.Store(&cut)
 			start := time.Now()
