@@ -132,8 +132,8 @@ func TestDirectConnectionIsUsedByOneCallAtATime(t *testing.T) {
 	require.NoError(t, err)
 	defer p.Close()
 	require.NotNil(t, p.direct)
-	var inFlight, most atomic.Int32
-	p.direct.client.AddHook(concurrencyGauge{&inFlight, &most})
+	var most atomic.Int32
+	p.direct.client.AddHook(scriptsInFlight(&most))
 
 	ctx := context.Background()
 	const goroutines, rounds = 8, 40
@@ -159,54 +159,11 @@ func TestDirectConnectionIsUsedByOneCallAtATime(t *testing.T) {
 	require.EqualValues(t, goroutines*rounds/2*3, n, "each id once: one per Enqueue, two per batch")
 }
 
-// concurrencyGauge is a hook that tracks the most script calls in flight at
-// once.
-type concurrencyGauge struct{ now, most *atomic.Int32 }
-
-func (concurrencyGauge) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (g concurrencyGauge) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := cmd.Name(); name != "evalsha" && name != "eval" {
-			return next(ctx, cmd) // a new connection's HELLO runs inside the call that dialed
-		}
-		n := g.now.Add(1)
-		defer g.now.Add(-1)
-		for {
-			m := g.most.Load()
-			if n <= m || g.most.CompareAndSwap(m, n) {
-				break
-			}
-		}
-		return next(ctx, cmd)
-	}
-}
-func (concurrencyGauge) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
 // releaseAll releases every promise of a batch.
 func releaseAll(prs []*Promise[string]) {
 	for _, pr := range prs {
 		pr.Release()
 	}
-}
-
-// countEvals is a hook that counts the script calls of a client.
-func countEvals(n *int) redis.Hook { return evalCounter{n} }
-
-type evalCounter struct{ n *int }
-
-func (evalCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h evalCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := cmd.Name(); name == "evalsha" || name == "eval" {
-			*h.n++
-		}
-		return next(ctx, cmd)
-	}
-}
-func (evalCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 // TestEnqueueAfterScriptFlush: a server that lost its scripts (a restart,
@@ -324,10 +281,7 @@ func TestLateInterruptCutsNoLaterCall(t *testing.T) {
 	}
 	actx, cancelA := context.WithCancel(ctx)
 	var calls atomic.Int32
-	p.direct.client.AddHook(fnHook(func(cmd redis.Cmder) {
-		if name := cmd.Name(); name != "evalsha" && name != "eval" {
-			return
-		}
+	p.direct.client.AddHook(beforeScripts(func() {
 		switch calls.Add(1) {
 		case 1: // the first call: its ctx ends before its command is sent
 			cancelA()
@@ -342,16 +296,53 @@ func TestLateInterruptCutsNoLaterCall(t *testing.T) {
 	require.Zero(t, evals, "the second call was cut by the first one's ctx and sent again on the user's client")
 }
 
-// fnHook is a hook that calls f before each command.
-type fnHook func(cmd redis.Cmder)
+// scriptHook is a hook that runs around each script call (EVALSHA or EVAL)
+// of a client: f gets the call and whatever runs it. Other commands pass
+// (a new connection's HELLO runs inside the call that dialed).
+type scriptHook func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error
 
-func (fnHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (f fnHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (scriptHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (f scriptHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		f(cmd)
-		return next(ctx, cmd)
+		if name := cmd.Name(); name != "evalsha" && name != "eval" {
+			return next(ctx, cmd)
+		}
+		return f(ctx, cmd, next)
 	}
 }
-func (fnHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (scriptHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// countEvals is a hook that counts the script calls of a client.
+func countEvals(n *int) redis.Hook {
+	return scriptHook(func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+		*n++
+		return next(ctx, cmd)
+	})
+}
+
+// beforeScripts is a hook that calls f before each script call.
+func beforeScripts(f func()) redis.Hook {
+	return scriptHook(func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+		f()
+		return next(ctx, cmd)
+	})
+}
+
+// scriptsInFlight is a hook that keeps in most the most script calls in
+// flight at once.
+func scriptsInFlight(most *atomic.Int32) redis.Hook {
+	var now atomic.Int32
+	return scriptHook(func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+		n := now.Add(1)
+		defer now.Add(-1)
+		for {
+			m := most.Load()
+			if n <= m || most.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		return next(ctx, cmd)
+	})
 }
