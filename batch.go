@@ -505,15 +505,26 @@ func (p *Producer[Req, Resp]) produceArgs(shard int, items []*produceItem, atomi
 	if anyKeyed(items) {
 		call += keyedCall // keyed items take their key's turn (fair.lua)
 	}
-	if call == "0" && len(items) == 1 && items[0].due == 0 {
-		// The one-job path (produce.lua's top): the stream, the record, the
-		// TTL and the item without its due time; not the schedule's keys or
-		// the wake channel, which that path never uses.
-		it := items[0]
-		args := scripts.ProduceHead.Args(2, 2+5+len(it.fields))
-		args = append(args, b.stream, k.Record(it.id), p.inflightTTL, it.id, it.payload, it.flags, len(it.fields))
-		for _, f := range it.fields {
-			args = append(args, f)
+	if (call == "0" || call == "1") && plainItems(items, atomic) {
+		// A plain call (produce.lua's shorter form): the stream, the
+		// records, the TTL, the call and the items without their due
+		// times; not the schedule's keys or the wake channel, which such a
+		// call never uses.
+		var plain any = "0P" // independent items
+		if atomic {
+			plain = "1P" // all or nothing
+		}
+		args := scripts.ProduceHead.Args(1+len(items), n-2+len(items))
+		args = append(args, b.stream)
+		for _, it := range items {
+			args = append(args, k.Record(it.id))
+		}
+		args = append(args, p.inflightTTL, plain)
+		for _, it := range items {
+			args = append(args, it.id, it.payload, it.flags, len(it.fields))
+			for _, f := range it.fields {
+				args = append(args, f)
+			}
 		}
 		return args
 	}
@@ -587,6 +598,20 @@ func (p *Producer[Req, Resp]) produceReply(shard int, items []*produceItem, res 
 		outs[i] = produceOutcome{code: code, data: data}
 	}
 	return outs, nil
+}
+
+// plainItems reports whether items may go in a plain call (produce.lua's
+// shorter form): every one due now, with no mode, and in an atomic call
+// without flags (RetryFailed replaces a stored failure, which an atomic
+// call's undo would have to put back). The caller has checked that none has
+// a level or a key.
+func plainItems(items []*produceItem, atomic bool) bool {
+	for _, it := range items {
+		if it.due != 0 || it.mode != modeNone || (atomic && it.flags != "") {
+			return false
+		}
+	}
+	return true
 }
 
 // boxedCall returns produce.lua's ARGV[2] as an argument list value: the

@@ -138,6 +138,59 @@ func TestProduceBatch(t *testing.T) {
 			require.Greater(t, ttl, 59*time.Minute, "with its TTL")
 			require.NoError(t, client.Del(ctx, rec("failed")).Err())
 		})
+		t.Run("a plain batch with a wrong key type undoes its appends", func(t *testing.T) {
+			// Every job due now, with no options: produce.lua's plain form.
+			rec := func(id string) string { return "streamq:{" + q + "}:id:" + id }
+			require.NoError(t, client.LPush(ctx, rec("bad"), "x").Err()) // kept for the subtests after
+			plain := []Job[string]{{ID: "p1", Request: "x"}, {ID: "p2", Request: "y"}, {ID: "p1", Request: "z"}, {ID: "bad", Request: "w"}}
+			_, err := p.ProduceBatch(ctx, plain)
+			require.ErrorIs(t, err, ErrWrongType)
+			require.Contains(t, err.Error(), "item 4")
+			require.Zero(t, client.Exists(ctx, stream).Val(), "the stream the batch created")
+			require.Zero(t, client.Exists(ctx, rec("p1"), rec("p2")).Val(), "records the batch created")
+
+			// A stream that existed stays, without the batch's entries.
+			first, err := p.ProduceBatch(ctx, []Job[string]{{ID: "kept", Request: "k"}, {ID: "kept2", Request: "k"}})
+			require.NoError(t, err)
+			_, err = p.ProduceBatch(ctx, plain)
+			require.ErrorIs(t, err, ErrWrongType)
+			entries := client.XRange(ctx, stream, "-", "+").Val()
+			require.Len(t, entries, 2)
+			require.Equal(t, first[0].EntryID(), entries[0].ID)
+			require.Equal(t, first[1].EntryID(), entries[1].ID)
+			require.Zero(t, client.Exists(ctx, rec("p1"), rec("p2")).Val())
+			require.NoError(t, client.Del(ctx, stream, rec("kept"), rec("kept2")).Err())
+		})
+		t.Run("independent plain items: a wrong key type rejects only its own", func(t *testing.T) {
+			// As coalesced Enqueues are sent: one produce.lua call, items
+			// independent.
+			rec := func(id string) string { return "streamq:{" + q + "}:id:" + id }
+			require.NoError(t, client.LPush(ctx, rec("bad"), "x").Err()) // kept for the subtests after
+			require.NoError(t, client.Set(ctx, rec("gone"), "Eboom", time.Hour).Err())
+			items, err := p.batchItems(ctx, []Job[string]{
+				{ID: "i1", Request: "x"},
+				{ID: "bad", Request: "y"},
+				{ID: "gone", Request: "again", Options: []ProduceOption{RetryFailed()}},
+				{ID: "i1", Request: "z"},
+			}, nil)
+			require.NoError(t, err)
+			outs, errs := p.runShards(ctx, items, false)
+			for _, err := range errs {
+				require.NoError(t, err)
+			}
+			require.EqualValues(t, outcomeAppended, outs[0].code)
+			require.EqualValues(t, outcomeRejected, outs[1].code)
+			require.Contains(t, outs[1].data, "not a streamq record")
+			require.EqualValues(t, outcomeAppended, outs[2].code, "a stored failure replaced (RetryFailed)")
+			require.EqualValues(t, outcomeInflight, outs[3].code)
+			require.Equal(t, outs[0].data, outs[3].data, "the same id twice: one entry")
+			require.Equal(t, "P"+outs[2].data, client.Get(ctx, rec("gone")).Val())
+			entries := client.XRange(ctx, stream, "-", "+").Val()
+			require.Len(t, entries, 2, "no entry of the rejected item")
+			require.Equal(t, outs[0].data, entries[0].ID)
+			require.Equal(t, outs[2].data, entries[1].ID)
+			require.NoError(t, client.Del(ctx, stream, rec("i1"), rec("gone")).Err())
+		})
 		t.Run("an undone batch puts back a schedule member it overwrote", func(t *testing.T) {
 			// A job whose record expired before it was promoted left its
 			// member; a batch that schedules the id again, then fails, must

@@ -44,13 +44,15 @@
 --                    quiet period, the longest wait; Replace: 0, 0)
 -- ARGV[after the items]    the wake channel, then "PUBLISH" or "SPUBLISH"
 --
--- The one-job path: a call of one item, now (due time "0"), not atomic, on
--- the default level, with no mode and no key (ARGV[2] would be "0") comes in
--- a shorter form, told by its two keys: KEYS[1] the stream, KEYS[2] the
--- record key; ARGV[1] the TTL, then the item without its due time: request
--- id, payload, flags, f, then f strings. No schedule's keys, no ARGV[2] and
--- no wake channel, which that path never uses (each argument costs Redis
--- the making of a Lua string on every call).
+-- Plain calls: when every item is due now, on the default level, with no
+-- mode and no key (ARGV[2] would be "0" or "1"), and no item of an atomic
+-- call carries a flag, the call comes in a shorter form, told by ARGV[2]
+-- "0P" (independent items) or "1P" (all or nothing): KEYS[1] the stream,
+-- KEYS[1+i] the record key of item i; ARGV[1] the TTL, ARGV[2] the call,
+-- then the items without their due times: request id, payload, flags, f,
+-- then f strings. No schedule's keys and no wake channel, which such a call
+-- never uses (each argument costs Redis the making of a Lua string on every
+-- call). One Enqueue is the one-item case of this form.
 --
 -- A call that creates a priority level's stream publishes "+high" or "+low"
 -- on the wake channel once it succeeded, so that consumers start reading the
@@ -103,38 +105,95 @@
 -- writes nothing, so it is answered under maxmemory too; otherwise its first
 -- write is a new id's XADD or record SET, which Redis refuses under maxmemory
 -- before anything is written.
--- The one-job path (two keys: its shorter form, see the header): the same
--- steps as the general path below, without its set-up.
-if #KEYS == 2 then
-  local key = KEYS[2]
-  local prev = redis.pcall("GET", key)
-  if type(prev) ~= "string" then
-    prev = false -- none, or a key of another type (SET NX GET then fails)
-  end
-  if prev then
-    local c = string.sub(prev, 1, 1)
-    if not ((c == "E" or c == "L") and string.find(ARGV[4], "f", 1, true)) then
-      if c ~= "P" then
-        return {2, prev}
+-- Plain calls (the producer's ARGV[2] "0P" or "1P", see the header): the
+-- same steps as the general path below, without its set-up and without the
+-- branches of what a plain item cannot be.
+if string.byte(ARGV[2], 2) == 80 then -- "P"
+  local ttl, stream, n = ARGV[1], KEYS[1], #KEYS - 1
+  local atomic = string.byte(ARGV[2], 1) == 49 -- "1"
+  local created = atomic and redis.call("EXISTS", stream) == 0
+  local prevs -- false: none, or a key of another type (SET NX GET then fails)
+  if n == 1 then
+    local v = redis.pcall("GET", KEYS[2]) -- cheaper than MGET of one key
+    prevs = {type(v) ~= "table" and v}
+  elseif n <= 1000 then
+    prevs = redis.call("MGET", unpack(KEYS, 2, n + 1))
+  else
+    prevs = {}
+    for s = 1, n, 1000 do
+      local e = math.min(s + 999, n)
+      local vals = redis.call("MGET", unpack(KEYS, s + 1, e + 1))
+      for j = s, e do
+        prevs[j] = vals[j - s + 1]
       end
-      c = string.sub(prev, 2, 2)
-      return {1, (c == "@" or c == "&" or c == "%") and "" or string.match(prev, "^P([^+]*)")}
     end
   end
-  local eid = redis.call("XADD", KEYS[1], "*", "id", ARGV[2], "p", ARGV[3], unpack(ARGV, 6, 5 + tonumber(ARGV[5])))
-  if prev then
-    redis.call("SET", key, "P" .. eid, "PX", ARGV[1]) -- a stored failure, replaced (RetryFailed)
-    return {0, eid}
-  end
-  local r = redis.pcall("SET", key, "P" .. eid, "NX", "GET", "PX", ARGV[1])
-  if type(r) == "table" and r.err then
-    redis.call("XDEL", KEYS[1], eid)
-    if string.sub(r.err, 1, 9) ~= "WRONGTYPE" then
-      error(r)
+  local out, written = {}, {}
+  local a = 3 -- the current item's first argument
+  for i = 1, n do
+    local key, id, payload, flags = KEYS[1 + i], ARGV[a], ARGV[a + 1], ARGV[a + 2]
+    local fa = a + 4
+    local fz = a + 3 + tonumber(ARGV[a + 3])
+    a = fz + 1
+    local prev, o = prevs[i], 2 * i - 1
+    local replaced = false
+    if prev and flags ~= "" then
+      -- A stored failure with flag "f" (RetryFailed; never in an atomic
+      -- call) is replaced as for a new id.
+      local c = string.byte(prev, 1)
+      replaced = (c == 69 or c == 76) and string.find(flags, "f", 1, true) ~= nil -- "E", "L"
     end
-    return {-1, "key " .. key .. " holds a value that is not a streamq record"}
+    if written[key] then
+      out[o], out[o + 1] = 1, written[key] -- the same id earlier in this call
+    elseif prev and not replaced then
+      -- A known id: completed, or in flight ("P<entry>", or "P@", "P&" and
+      -- "P%" with no entry yet).
+      if string.byte(prev, 1) ~= 80 then
+        out[o], out[o + 1] = 2, prev
+      else
+        local c = string.sub(prev, 2, 2)
+        out[o], out[o + 1] = 1, (c == "@" or c == "&" or c == "%") and "" or string.match(prev, "^P([^+]*)")
+      end
+    else
+      local eid
+      if fa > fz then
+        eid = redis.call("XADD", stream, "*", "id", id, "p", payload)
+      else
+        eid = redis.call("XADD", stream, "*", "id", id, "p", payload, unpack(ARGV, fa, fz))
+      end
+      local r
+      if replaced then
+        r = redis.call("SET", key, "P" .. eid, "PX", ttl)
+      else
+        r = redis.pcall("SET", key, "P" .. eid, "NX", "GET", "PX", ttl)
+      end
+      if type(r) == "table" and r.err then
+        -- A key of another type (MGET read it as missing).
+        redis.call("XDEL", stream, eid)
+        if string.sub(r.err, 1, 9) ~= "WRONGTYPE" then
+          error(r)
+        end
+        if atomic then
+          -- Undo this call's appends and records, newest first.
+          for j = i - 1, 1, -1 do
+            if out[2 * j - 1] == 0 then -- appended (a repeated id answers 1)
+              redis.call("XDEL", stream, out[2 * j])
+              redis.call("DEL", KEYS[1 + j])
+            end
+          end
+          if created and redis.call("XLEN", stream) == 0 then
+            redis.call("DEL", stream) -- created by this call's XADD
+          end
+          return redis.error_reply("WRONGTYPE item " .. i .. ": key " .. key .. " is not a streamq record")
+        end
+        out[o], out[o + 1] = -1, "key " .. key .. " holds a value that is not a streamq record"
+      else
+        written[key] = eid
+        out[o], out[o + 1] = 0, eid
+      end
+    end
   end
-  return {0, eid}
+  return out
 end
 
 -- fair.lua goes here
