@@ -328,10 +328,11 @@ func evalshaUsec(b *testing.B, client *redis.Client) time.Duration {
 }
 
 // BenchmarkProduceScript reports the time Redis spends in produce.lua per
-// job (server-us/job, INFO commandstats' EVALSHA time): one Enqueue (the
-// one-job path), a ProduceBatch of 16 new ids (atomic, the general path),
-// 16 new ids in one independent call (as coalesced Enqueues send them) and
-// a ProduceBatch of 16 ids already in flight (answered from their records).
+// job (server-us/job, INFO commandstats' EVALSHA time): one Enqueue, a
+// ProduceBatch of 16 new ids (atomic) and 16 new ids in one independent call
+// (as coalesced Enqueues send them), all three in the script's plain form,
+// and a ProduceBatch of 16 ids already in flight (answered from their
+// records).
 func BenchmarkProduceScript(b *testing.B) {
 	const size = 16
 	client := benchRedis(b)

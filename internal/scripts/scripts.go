@@ -109,8 +109,8 @@ var (
 )
 
 // fairMarker is the line of produce.lua where fair.lua's functions go: after
-// the one-job path, which never meets a keyed item, so that path runs
-// exactly as it did before keys existed.
+// the plain form, which never meets a keyed item, so that form runs exactly
+// as it would without keys.
 const fairMarker = "-- fair.lua goes here\n"
 
 // The sources of the scripts that Heads call too (see call.go).
