@@ -514,7 +514,11 @@ func (p *Producer[Req, Resp]) produceArgs(shard int, items []*produceItem, atomi
 		if atomic {
 			plain = "1P" // all or nothing
 		}
-		args := scripts.ProduceHead.Args(1+len(items), n-2+len(items))
+		size := 1 + len(items) + 2 // the keys, the TTL and the call
+		for _, it := range items {
+			size += 4 + len(it.fields) // its arguments
+		}
+		args := scripts.ProduceHead.Args(1+len(items), size)
 		args = append(args, b.stream)
 		for _, it := range items {
 			args = append(args, k.Record(it.id))
