@@ -229,12 +229,19 @@ type waiters struct {
 	m      map[string]*call
 	closed error  // set by failAll: calls acquired later are resolved with it at once
 	heard  uint64 // subscriptions confirmed so far (hear): 0 before the first
+	// old holds, per id, the calls moved off m while they wait for the
+	// notice of an earlier run than the id's current call's (retire), oldest
+	// first: the id's next notice answers the first (notices of one id come
+	// in the order of its runs).
+	old map[string][]*call
 	// recheck asks for a check of every appended call's record (the
 	// producer's backstop, at once); set before the first call is acquired.
 	recheck func()
 }
 
-func newWaiters() *waiters { return &waiters{m: make(map[string]*call), recheck: func() {}} }
+func newWaiters() *waiters {
+	return &waiters{m: make(map[string]*call), old: make(map[string][]*call), recheck: func() {}}
+}
 
 // hear records that notices published from now on reach the producer. The
 // caller then asks for a check of the records of the calls appended before
@@ -249,20 +256,33 @@ func (w *waiters) hear() {
 // After failAll, it returns a call already resolved with failAll's error, so a
 // promise settled after Close never waits.
 func (w *waiters) acquire(id string) *call {
+	c, _ := w.join(id)
+	return c
+}
+
+// join is acquire, and reports whether the call was marked appended
+// already: an earlier caller of the id in this producer returned holding
+// it, waiting for the outcome of a run recorded before this caller's
+// request reaches Redis. A reply that tells of a later run (a new one, or
+// an outcome that may be a later run's) then must not answer that caller
+// (see settle).
+func (w *waiters) join(id string) (c *call, joined bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed != nil {
 		c := &call{done: make(chan struct{}), err: w.closed, refs: 1}
 		close(c.done)
-		return c
+		return c, false
 	}
-	c := w.m[id]
+	c = w.m[id]
 	if c == nil {
 		c = &call{done: make(chan struct{}), heard: w.heard}
 		w.m[id] = c
+	} else {
+		joined = c.appended
 	}
 	c.refs++
-	return c
+	return c, joined
 }
 
 // drop gives back a reference taken by acquire: a Produce whose request was not
@@ -271,8 +291,12 @@ func (w *waiters) drop(id string, c *call) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	c.refs--
-	if c.refs <= 0 && w.m[id] == c {
-		delete(w.m, id)
+	if c.refs <= 0 {
+		if w.m[id] == c {
+			delete(w.m, id)
+		} else {
+			w.unretire(id, c)
+		}
 	}
 }
 
@@ -298,8 +322,13 @@ func (w *waiters) markAppended(c *call) {
 // handOver answers the callers of items[i].id's call with record, the
 // stored outcome a new run replaced (produce.lua's code 3), after moving the
 // references of items[i] and of the id's later items to a new call, which
-// the new run's notice resolves.
-func (w *waiters) handOver(items []*produceItem, i int, record string) {
+// the new run's notice resolves. When items[i]'s caller joined that call
+// while it waited for an earlier run (join), record may be the outcome of a
+// run produced after that earlier caller's Produce returned (another
+// producer's, while this producer's listener lags behind): the call then
+// waits for the id's next notice instead, for grace, and gets record only
+// after it (retire).
+func (w *waiters) handOver(items []*produceItem, i int, record string, grace time.Duration) {
 	id := items[i].id
 	w.mu.Lock()
 	old := w.m[id]
@@ -307,6 +336,7 @@ func (w *waiters) handOver(items []*produceItem, i int, record string) {
 		w.mu.Unlock()
 		return // every call is resolved with the close error
 	}
+	waiting := old != nil && items[i].call == old && items[i].joined
 	// The new run's call is made when the reply is read, which may be after
 	// the listener handled the run's notice: it is never left to a notice
 	// (heard 0, see noticeDue).
@@ -333,6 +363,10 @@ func (w *waiters) handOver(items []*produceItem, i int, record string) {
 	} else if old != nil {
 		delete(w.m, id)
 	}
+	if waiting && old.refs > 0 && !isDone(old) {
+		w.retire(id, old, grace, record, nil)
+		old = nil
+	}
 	w.mu.Unlock()
 	if late {
 		w.recheck()
@@ -342,14 +376,125 @@ func (w *waiters) handOver(items []*produceItem, i int, record string) {
 	}
 }
 
+// newRun gives a caller that joined c (join) and whose request was appended
+// as a new run (produce.lua's code 0: the id had no record) a call of its
+// own, and returns it: c waits for the outcome of an earlier run, which is
+// not this one's. c waits for the id's next notice, for grace, then gets
+// ErrRecordLost (its record was gone: a check would have said so). When c
+// is no longer the id's call (resolved, and another registered), the caller
+// stays on c.
+func (w *waiters) newRun(id string, c *call, grace, inflightTTL time.Duration) *call {
+	w.mu.Lock()
+	if w.closed != nil || (w.m[id] != c && w.m[id] != nil) {
+		w.mu.Unlock()
+		return c
+	}
+	// As handOver's: never left to a notice, which may have been handled
+	// already (by c); a check reads its record soon.
+	nc := &call{done: make(chan struct{}), refs: 1, appended: true, appendedAt: time.Now()}
+	current := w.m[id] == c // else retired already, or resolved
+	w.m[id] = nc
+	c.refs--
+	if c.refs <= 0 && !current {
+		w.unretire(id, c)
+	}
+	if current && c.refs > 0 && !isDone(c) {
+		age := time.Since(c.appendedAt).Round(time.Millisecond)
+		w.retire(id, c, grace, "", fmt.Errorf("%w (request %q, recorded %v ago: its record was gone when a later call of this producer "+
+			"appended a new run of the id, and its completion notice did not reach this producer within %v; most likely its outcome "+
+			"expired (ResultTTL) before this producer saw it; InflightTTL %v)", ErrRecordLost, id, age, grace, inflightTTL))
+	}
+	late := w.heard != 0
+	w.mu.Unlock()
+	if late {
+		w.recheck()
+	}
+	return nc
+}
+
+// stored answers a caller that joined c (join) with record, the stored
+// outcome produce.lua answered (code 2): it may be the outcome of a run
+// produced after c's earlier callers returned, so it does not answer them.
+// The caller gets a call of its own answered with record (c, already
+// answered, when it was: an outcome of a run produced before this call).
+func (w *waiters) stored(id string, c *call, record string) *call {
+	if isDone(c) {
+		return c
+	}
+	return w.answered(id, c, record, nil)
+}
+
+// answered moves a caller's reference from c to a call of its own, resolved
+// with record or err, and returns it.
+func (w *waiters) answered(id string, c *call, record string, err error) *call {
+	w.drop(id, c)
+	own := &call{done: make(chan struct{}), record: record, err: err, refs: 1}
+	close(own.done)
+	return own
+}
+
+// isDone reports whether c is resolved.
+func isDone(c *call) bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// retire moves c, no longer id's call in m, to the calls waiting for the
+// id's next notice (old), and resolves it with record or err after grace
+// unless a notice did first. w.mu is held.
+func (w *waiters) retire(id string, c *call, grace time.Duration, record string, err error) {
+	w.old[id] = append(w.old[id], c)
+	time.AfterFunc(grace, func() { w.resolve(id, c, record, err) })
+}
+
+// unretire removes c from id's retired calls. w.mu is held.
+func (w *waiters) unretire(id string, c *call) {
+	o := w.old[id]
+	for j, x := range o {
+		if x == c {
+			o = append(o[:j:j], o[j+1:]...)
+			break
+		}
+	}
+	if len(o) == 0 {
+		delete(w.old, id)
+	} else {
+		w.old[id] = o
+	}
+}
+
 // len returns the number of registered calls.
 func (w *waiters) len() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return len(w.m)
+	n := len(w.m)
+	for _, o := range w.old {
+		n += len(o)
+	}
+	return n
 }
 
+// resolveID resolves id's call with a notice's record: the oldest of its
+// retired calls (retire) when there is one, else its call.
 func (w *waiters) resolveID(id, record string) {
+	w.mu.Lock()
+	c := w.m[id]
+	if o := w.old[id]; len(o) > 0 {
+		c = o[0]
+	}
+	w.mu.Unlock()
+	if c != nil {
+		w.resolve(id, c, record, nil)
+	}
+}
+
+// resolveChecked resolves id's call with the record a check read: never a
+// retired call, whose run the record no longer tells of.
+func (w *waiters) resolveChecked(id, record string) {
 	w.mu.Lock()
 	c := w.m[id]
 	w.mu.Unlock()
@@ -388,6 +533,8 @@ func (w *waiters) resolve(id string, c *call, record string, err error) {
 	defer w.mu.Unlock()
 	if w.m[id] == c {
 		delete(w.m, id)
+	} else if len(w.old[id]) > 0 {
+		w.unretire(id, c)
 	}
 	select {
 	case <-c.done:
@@ -412,7 +559,11 @@ func (w *waiters) resolve(id string, c *call, record string, err error) {
 func (w *waiters) noticeDue(id string, grace time.Duration) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	c := w.m[id]
+	return w.dueLocked(w.m[id], grace)
+}
+
+// dueLocked is noticeDue's rule for c (nil: none). w.mu is held.
+func (w *waiters) dueLocked(c *call, grace time.Duration) bool {
 	if c == nil || c.heard == 0 || c.heard != w.heard {
 		return false
 	}
@@ -438,11 +589,16 @@ func (w *waiters) appendedIDs() []string {
 // failAll resolves every call with err, and every call acquired later too.
 func (w *waiters) failAll(err error) {
 	w.mu.Lock()
-	calls := w.m
-	w.m = make(map[string]*call)
+	calls, old := w.m, w.old
+	w.m, w.old = make(map[string]*call), make(map[string][]*call)
 	w.closed = err
 	w.mu.Unlock()
 	for id, c := range calls {
 		w.resolve(id, c, "", err)
+	}
+	for id, o := range old {
+		for _, c := range o {
+			w.resolve(id, c, "", err)
+		}
 	}
 }

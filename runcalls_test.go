@@ -1,0 +1,149 @@
+package streamq
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamq/streamq/internal/keys"
+)
+
+// lagRig is a producer p whose listener is held (its notices wait until
+// release is called), another producer q of the same queue whose listener
+// is not, and a consumer that answers "r-"+payload (o, when set, are its
+// options). p's backstop never runs on its own.
+func lagRig(t *testing.T, client *redis.Client, o *ConsumerOptions) (p, q *Producer[string, string], ks keys.Keys, release func()) {
+	t.Helper()
+	name := queueName(t)
+	var err error
+	p, err = NewProducer[string, string](client, name, &ProducerOptions{BackstopInterval: time.Hour, Logger: testLogger(t)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	q = newStringProducer(t, client, name)
+	if o == nil {
+		o = fastOpts(t, "w", 10*time.Second)
+	}
+	c, err := NewConsumer(client, name, func(ctx context.Context, m *Message[string]) (string, error) {
+		return "r-" + m.Payload, nil
+	}, o)
+	require.NoError(t, err)
+	runConsumer(t, c)
+	ctx := context.Background()
+	warm, err := p.Produce(ctx, "warm", "w") // p listens
+	require.NoError(t, err)
+	_, err = warm.Wait(waitCtx(t, 10*time.Second))
+	require.NoError(t, err)
+	lag := make(chan struct{})
+	hold := func() { <-lag }
+	p.testHookNotice.Store(&hold) // p's listener lags behind from here
+	all, err := keys.Shards(name, 1)
+	require.NoError(t, err)
+	var once bool
+	return p, q, all[0], func() {
+		if !once {
+			once = true
+			close(lag)
+		}
+	}
+}
+
+// completed waits until the record of id holds an outcome.
+func completed(t *testing.T, client *redis.Client, ks keys.Keys, id string) {
+	t.Helper()
+	eventually(t, 10*time.Second, func() bool {
+		v, err := client.Get(context.Background(), ks.Record(id)).Result()
+		return err == nil && v != "" && v[0] != keys.RecordInflight
+	}, "%s completed", id)
+}
+
+// TestThrottleCallerIsNotAnsweredByALaterRun: a caller of p attached to a
+// Throttle run whose notice p's listener has not handled yet (it lags
+// behind) while another producer opens the next window and that run
+// completes. Then a call of p reads the later run's outcome: stored (code 2,
+// its window open) or replaced by a third run (code 3, its window closed).
+// That outcome is not the first caller's: it was produced after the first
+// call returned. The first caller gets its own run's result (its notice),
+// the later one the outcome it read, or, for the third run, the result of a
+// run produced before its call returned. (Before, both were resolved with
+// the outcome read, the first caller with a run that did not exist when its
+// Produce returned: TestDedupModesThrottleSteadyStream's rare failure.)
+func TestThrottleCallerIsNotAnsweredByALaterRun(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		dedup Dedup    // of the later call of p
+		later []string // what it may get
+	}{
+		{"stored", DedupStored, []string{"r-b"}},
+		{"replaced", DedupNone, []string{"r-b", "r-c"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := realRedis(t)
+			p, q, ks, release := lagRig(t, client, nil)
+			defer release()
+			ctx := context.Background()
+			const window = time.Hour // its end is the test's: the mode key is deleted
+			first, err := p.Produce(ctx, "x", "a", Throttle(window))
+			require.NoError(t, err)
+			require.Equal(t, DedupNone, first.Deduplicated())
+			completed(t, client, ks, "x")
+			require.NoError(t, client.Del(ctx, ks.Mode("x")).Err()) // the window closes
+			second, err := q.Produce(ctx, "x", "b", Throttle(window))
+			require.NoError(t, err)
+			require.Equal(t, DedupNone, second.Deduplicated(), "q opens the next window")
+			got, err := second.Wait(waitCtx(t, 10*time.Second))
+			require.NoError(t, err)
+			require.Equal(t, "r-b", got)
+			if tc.dedup == DedupNone {
+				require.NoError(t, client.Del(ctx, ks.Mode("x")).Err()) // that window closes too
+			}
+			later, err := p.Produce(ctx, "x", "c", Throttle(window))
+			require.NoError(t, err)
+			require.Equal(t, tc.dedup, later.Deduplicated())
+			release()
+			got, err = first.Wait(waitCtx(t, 10*time.Second))
+			require.NoError(t, err)
+			require.Equal(t, "r-a", got, "the first caller is answered by its own run, not by one produced after its call returned")
+			got, err = later.Wait(waitCtx(t, 10*time.Second))
+			require.NoError(t, err)
+			require.Contains(t, tc.later, got)
+		})
+	}
+}
+
+// TestNewRunDoesNotJoinACallWaitingForAnEarlierRun: a caller of p waits for
+// its run's notice (p's listener lags behind) when the run's outcome is gone
+// (ResultTTL; here deleted), and a later call of p appends a new run of the
+// id (code 0). A record check that reads the new run's outcome answers the
+// later caller only: the first one gets its own run's result from the
+// notice (or ErrRecordLost after the grace), never the new run's. (Before,
+// the later call joined the first one's call, and the check answered both
+// with the new run's result.)
+func TestNewRunDoesNotJoinACallWaitingForAnEarlierRun(t *testing.T) {
+	client := realRedis(t)
+	p, _, ks, release := lagRig(t, client, nil)
+	defer release()
+	ctx := context.Background()
+	first, err := p.Produce(ctx, "x", "a")
+	require.NoError(t, err)
+	completed(t, client, ks, "x")
+	require.NoError(t, client.Del(ctx, ks.Record("x")).Err()) // its outcome expired
+	later, err := p.Produce(ctx, "x", "c")
+	require.NoError(t, err)
+	require.Equal(t, DedupNone, later.Deduplicated(), "a new run")
+	completed(t, client, ks, "x")
+	require.NoError(t, p.checkWaiting(ctx)) // a check while the notices wait
+	got, err := later.Wait(waitCtx(t, 10*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, "r-c", got)
+	release()
+	got, err = first.Wait(waitCtx(t, 10*time.Second))
+	if err != nil {
+		require.ErrorIs(t, err, ErrRecordLost)
+	} else {
+		require.Equal(t, "r-a", got, "the first caller is not answered by a run produced after its call returned")
+	}
+	require.Eventually(t, func() bool { return p.waiters.len() == 0 }, 5*time.Second, 10*time.Millisecond, "calls left")
+}
