@@ -439,7 +439,7 @@ func (p *Producer[Req, Resp]) settle(id string, c *call, out produceOutcome, joi
 	case outcomeDone:
 		pr.dedup = DedupStored
 		if joined {
-			pr.c = p.waiters.stored(id, c, out.data)
+			pr.c = p.waiters.stored(id, c, out.data, p.noticeGrace())
 		} else {
 			p.waiters.resolve(id, c, out.data, nil)
 		}

@@ -51,7 +51,11 @@ const (
 	// this call's payload and options were not used.
 	DedupInflight
 	// DedupStored: the id's outcome was stored (ResultTTL): the promise is
-	// resolved with it at once, and this call's payload was not used.
+	// resolved with it at once, and this call's payload was not used. With
+	// DiscardResults the stored outcome is a done marker; while an earlier
+	// promise of the id in this producer waits for the notice that carries
+	// the result, this one gets that result too, within a second
+	// (BackstopInterval if shorter), else ErrNoResult.
 	DedupStored
 )
 
@@ -417,8 +421,16 @@ func (w *waiters) newRun(id string, c *call, grace, inflightTTL time.Duration) *
 // produced after c's earlier callers returned, so it does not answer them.
 // The caller gets a call of its own answered with record (c, already
 // answered, when it was: an outcome of a run produced before this call).
-func (w *waiters) stored(id string, c *call, record string) *call {
+// But a done marker without its result (DiscardResults) while c's notice is
+// due, by noticeDue's rule, leaves the caller on c, whose notice carries the
+// result, for noticeDue's grace; c is then resolved with the marker, as a
+// check after the grace does.
+func (w *waiters) stored(id string, c *call, record string, grace time.Duration) *call {
 	if isDone(c) {
+		return c
+	}
+	if record == string(keys.RecordNoResult) && w.noticeDueFor(id, c, grace) {
+		time.AfterFunc(grace, func() { w.resolve(id, c, record, nil) })
 		return c
 	}
 	return w.answered(id, c, record, nil)
@@ -560,6 +572,13 @@ func (w *waiters) noticeDue(id string, grace time.Duration) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.dueLocked(w.m[id], grace)
+}
+
+// noticeDueFor is noticeDue for c, which must be id's call.
+func (w *waiters) noticeDueFor(id string, c *call, grace time.Duration) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.m[id] == c && w.dueLocked(c, grace)
 }
 
 // dueLocked is noticeDue's rule for c (nil: none). w.mu is held.

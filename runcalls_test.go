@@ -147,3 +147,58 @@ func TestNewRunDoesNotJoinACallWaitingForAnEarlierRun(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return p.waiters.len() == 0 }, 5*time.Second, 10*time.Millisecond, "calls left")
 }
+
+// discardOpts are a consumer's options that keep no result (DiscardResults).
+func discardOpts(t *testing.T) *ConsumerOptions {
+	o := fastOpts(t, "w", 10*time.Second)
+	o.DiscardResults = true
+	return o
+}
+
+// TestStoredDoneMarkerLeavesTheResultToTheNotice: with DiscardResults, a
+// caller of p waits for its request's notice (p's listener lags behind)
+// when a later call of p reads the done marker (code 2, "N"). The result is
+// in the notice, on its way: both callers get it. (Before, the later call
+// resolved the shared call with the marker: ErrNoResult for the first
+// caller too, as a record check did before noticeDue.)
+func TestStoredDoneMarkerLeavesTheResultToTheNotice(t *testing.T) {
+	client := realRedis(t)
+	p, _, ks, release := lagRig(t, client, discardOpts(t))
+	defer release()
+	ctx := context.Background()
+	first, err := p.Produce(ctx, "a", "x")
+	require.NoError(t, err)
+	completed(t, client, ks, "a")
+	later, err := p.Produce(ctx, "a", "y")
+	require.NoError(t, err)
+	require.Equal(t, DedupStored, later.Deduplicated())
+	release()
+	got, err := first.Wait(waitCtx(t, 10*time.Second))
+	require.NoError(t, err, "the first caller gets the result its notice carries")
+	require.Equal(t, "r-x", got)
+	got, err = later.Wait(waitCtx(t, 10*time.Second))
+	require.NoError(t, err, "the later caller gets the result its notice carries")
+	require.Equal(t, "r-x", got)
+}
+
+// TestStoredDoneMarkerWhoseNoticeIsLostResolves: as above, but the notice
+// never reaches the listener. The later caller is answered within the grace
+// (BackstopInterval, at most 1 s) with ErrNoResult, and so is the first.
+func TestStoredDoneMarkerWhoseNoticeIsLostResolves(t *testing.T) {
+	client := realRedis(t)
+	p, _, ks, release := lagRig(t, client, discardOpts(t))
+	defer release()
+	ctx := context.Background()
+	first, err := p.Produce(ctx, "a", "x")
+	require.NoError(t, err)
+	completed(t, client, ks, "a")
+	start := time.Now()
+	later, err := p.Produce(ctx, "a", "y")
+	require.NoError(t, err)
+	_, err = later.Wait(waitCtx(t, 10*time.Second))
+	require.ErrorIs(t, err, ErrNoResult)
+	// The grace is 1 s; the rest absorbs a loaded machine.
+	require.Less(t, time.Since(start), 5*time.Second, "the later caller waited past the grace")
+	_, err = first.Wait(waitCtx(t, 10*time.Second))
+	require.ErrorIs(t, err, ErrNoResult)
+}
