@@ -381,10 +381,11 @@ func (w *waiters) handOver(items []*produceItem, i int, record string, grace tim
 }
 
 // newRun gives a caller that joined c (join) and whose request was appended
-// as a new run (produce.lua's code 0: the id had no record) a call of its
-// own, and returns it: c waits for the outcome of an earlier run, which is
-// not this one's. c waits for the id's next notice, for grace, then gets
-// ErrRecordLost (its record was gone: a check would have said so). When c
+// as a new run (produce.lua's code 0: the id had no record, or a stored
+// failure that RetryFailed replaced) a call of its own, and returns it: c
+// waits for the outcome of an earlier run, which is not this one's. c waits
+// for the id's next notice, for grace, then gets ErrRecordLost (its record
+// was gone: a check would have said so). When c
 // is no longer the id's call (resolved, and another registered), the caller
 // stays on c.
 func (w *waiters) newRun(id string, c *call, grace, inflightTTL time.Duration) *call {
@@ -404,9 +405,9 @@ func (w *waiters) newRun(id string, c *call, grace, inflightTTL time.Duration) *
 	}
 	if current && c.refs > 0 && !isDone(c) {
 		age := time.Since(c.appendedAt).Round(time.Millisecond)
-		w.retire(id, c, grace, "", fmt.Errorf("%w (request %q, recorded %v ago: its record was gone when a later call of this producer "+
-			"appended a new run of the id, and its completion notice did not reach this producer within %v; most likely its outcome "+
-			"expired (ResultTTL) before this producer saw it; InflightTTL %v)", ErrRecordLost, id, age, grace, inflightTTL))
+		w.retire(id, c, grace, "", fmt.Errorf("%w (request %q, recorded %v ago: a later call of this producer appended a new run "+
+			"of the id, its record being gone (most likely its outcome expired, ResultTTL) or a failure that RetryFailed replaced, "+
+			"and its completion notice did not reach this producer within %v; InflightTTL %v)", ErrRecordLost, id, age, grace, inflightTTL))
 	}
 	late := w.heard != 0
 	w.mu.Unlock()
