@@ -341,6 +341,16 @@ func (w *waiters) handOver(items []*produceItem, i int, record string, grace tim
 		return // every call is resolved with the close error
 	}
 	waiting := old != nil && items[i].call == old && items[i].joined
+	// The new run's notice may have been handled before this reply was
+	// read: it resolved the call the caller registered before the append
+	// (not joined: only a notice resolves such a call before its reply).
+	// The new call takes that outcome (the new run's, or an earlier run's
+	// from a notice handled late) instead of waiting for the id's next
+	// notice, which would be a later run's.
+	var heard *call
+	if c := items[i].call; c != nil && !items[i].joined && isDone(c) && c.err == nil {
+		heard = c
+	}
 	// The new run's call is made when the reply is read, which may be after
 	// the listener handled the run's notice: it is never left to a notice
 	// (heard 0, see noticeDue).
@@ -372,7 +382,9 @@ func (w *waiters) handOver(items []*produceItem, i int, record string, grace tim
 		old = nil
 	}
 	w.mu.Unlock()
-	if late {
+	if heard != nil {
+		w.resolve(id, nc, heard.record, nil)
+	} else if late {
 		w.recheck()
 	}
 	if old != nil {
@@ -387,10 +399,12 @@ func (w *waiters) handOver(items []*produceItem, i int, record string, grace tim
 // for the id's next notice, for grace, then gets ErrRecordLost (its record
 // was gone: a check would have said so). When c
 // is no longer the id's call (resolved, and another registered), the caller
-// stays on c.
+// stays on c, and so when c is resolved already: by a notice handled
+// before this reply was read, this run's or an earlier one's (a later
+// call would wait for the id's next notice, a later run's).
 func (w *waiters) newRun(id string, c *call, grace, inflightTTL time.Duration) *call {
 	w.mu.Lock()
-	if w.closed != nil || (w.m[id] != c && w.m[id] != nil) {
+	if w.closed != nil || isDone(c) || (w.m[id] != c && w.m[id] != nil) {
 		w.mu.Unlock()
 		return c
 	}

@@ -202,3 +202,50 @@ func TestStoredDoneMarkerWhoseNoticeIsLostResolves(t *testing.T) {
 	_, err = first.Wait(waitCtx(t, 10*time.Second))
 	require.ErrorIs(t, err, ErrNoResult)
 }
+
+// TestNewRunsNoticeHandledBeforeTheReply: a call whose reply says it opened
+// a new run (code 3, handOver; code 0 after an earlier caller's, newRun)
+// gets a new call when the reply is read. The new run's notice may have
+// been handled before that (a fast consumer, a reply read late): it
+// resolved the call the caller registered before the append. The new call
+// then takes that outcome, instead of waiting for the id's next notice,
+// which is a later run's: a run produced after the call returned. (Before,
+// the caller got the later run's outcome, another way to
+// TestDedupModesThrottleSteadyStream's rare failure.)
+func TestNewRunsNoticeHandledBeforeTheReply(t *testing.T) {
+	t.Run("replaced", func(t *testing.T) {
+		w := newWaiters()
+		w.hear()
+		c := w.acquire("x") // registered before the append
+		items := []*produceItem{{id: "x", call: c}}
+		w.resolveID("x", "Rnew")                // the new run's notice, handled first
+		w.handOver(items, 0, "Rold", time.Hour) // the reply, read late
+		w.resolveID("x", "Rlater")              // the next run's notice, produced later
+		requireResolved(t, items[0].call, "Rnew")
+	})
+	t.Run("new after a gone record", func(t *testing.T) {
+		w := newWaiters()
+		w.hear()
+		first := w.acquire("x")
+		w.markAppended(first) // an earlier caller returned, waiting
+		c, joined := w.join("x")
+		require.True(t, joined)
+		w.resolveID("x", "Rnew")                      // the new run's notice (the earlier run's was lost)
+		got := w.newRun("x", c, time.Hour, time.Hour) // the reply, read late: code 0
+		w.markAppended(got)
+		w.resolveID("x", "Rlater")
+		requireResolved(t, got, "Rnew")
+	})
+}
+
+// requireResolved checks that c is resolved with record.
+func requireResolved(t *testing.T, c *call, record string) {
+	t.Helper()
+	select {
+	case <-c.done:
+	default:
+		t.Fatal("the call is not resolved")
+	}
+	require.NoError(t, c.err)
+	require.Equal(t, record, c.record, "resolved with a later run's outcome")
+}
