@@ -585,7 +585,7 @@ func (p *Producer[Req, Resp]) produceReply(shard int, items []*produceItem, res 
 			if !ok {
 				return nil, fmt.Errorf("streamq: append to %s: malformed reply %q", k.Stream, data)
 			}
-			p.waiters.handOver(items, i, record, p.noticeGrace())
+			p.waiters.handOver(items, i, record)
 			code, data = outcomeAppended, eid
 		}
 		outs[i] = produceOutcome{code: code, data: data}

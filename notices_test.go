@@ -299,7 +299,7 @@ func TestHandedOverCallIsNotLeftToANotice(t *testing.T) {
 	// before the producer read the script's reply.
 	require.NoError(t, client.Set(ctx, ks[0].Record("x"), "N", time.Hour).Err())
 	p.waiters.resolveID("x", "Rnew")
-	p.waiters.handOver(items, 0, "Eold", time.Second) // the reply, read late
+	p.waiters.handOver(items, 0, "Eold") // the reply, read late
 	require.NoError(t, p.checkWaiting(ctx))
 	select {
 	case <-items[0].call.done:

@@ -430,7 +430,7 @@ func (p *Producer[Req, Resp]) settle(id string, c *call, out produceOutcome, joi
 		if out.code == outcomeInflight {
 			pr.dedup = DedupInflight
 		} else if joined {
-			c = p.waiters.newRun(id, c, p.noticeGrace(), p.opts.InflightTTL)
+			c = p.waiters.newRun(id, c, p.opts.InflightTTL)
 			pr.c = c
 		}
 		pr.entryID = out.data

@@ -207,9 +207,18 @@ type call struct {
 	// call registered under the current one will hear its notice (see
 	// noticeDue). Guarded by waiters.mu.
 	heard uint64
+	// atReply says the call was made when a reply was read (a new run's:
+	// handOver, newRun), which may be after the listener handled the run's
+	// notice: it is never left to a notice (noticeDue). Guarded by
+	// waiters.mu.
+	atReply bool
 	// markerAt is when a record check first left the call's done marker to
 	// its notice (noticeDue). Guarded by waiters.mu.
 	markerAt time.Time
+	// fallbackRecord and fallbackErr answer a retired call whose notice
+	// does not come (retire). Guarded by waiters.mu.
+	fallbackRecord string
+	fallbackErr    error
 	// prog is the request's progress, made by the first Promise.Progress
 	// (nil until then: a request nobody asks about pays nothing). Guarded
 	// by waiters.mu; its fields by its own mutex.
@@ -253,7 +262,18 @@ func newWaiters() *waiters {
 func (w *waiters) hear() {
 	w.mu.Lock()
 	w.heard++
+	var retired []*call
+	var ids []string
+	for id, o := range w.old {
+		for _, c := range o {
+			retired, ids = append(retired, c), append(ids, id)
+		}
+	}
 	w.mu.Unlock()
+	// Their notices may have gone to nobody: they get their fallbacks.
+	for j, c := range retired {
+		w.resolveFallback(ids[j], c)
+	}
 }
 
 // acquire takes a reference on id's call, registering one when there is none.
@@ -330,9 +350,9 @@ func (w *waiters) markAppended(c *call) {
 // while it waited for an earlier run (join), record may be the outcome of a
 // run produced after that earlier caller's Produce returned (another
 // producer's, while this producer's listener lags behind): the call then
-// waits for the id's next notice instead, for grace, and gets record only
-// after it (retire).
-func (w *waiters) handOver(items []*produceItem, i int, record string, grace time.Duration) {
+// waits for the id's next notice instead, and gets record only when that
+// does not come (retire).
+func (w *waiters) handOver(items []*produceItem, i int, record string) {
 	id := items[i].id
 	w.mu.Lock()
 	old := w.m[id]
@@ -353,8 +373,11 @@ func (w *waiters) handOver(items []*produceItem, i int, record string, grace tim
 	}
 	// The new run's call is made when the reply is read, which may be after
 	// the listener handled the run's notice: it is never left to a notice
-	// (heard 0, see noticeDue).
-	nc := &call{done: make(chan struct{}), appended: true, appendedAt: time.Now()}
+	// (atReply, see noticeDue). It is registered under the current
+	// confirmation: a later caller that joins it and opens a run is not
+	// late (a check then would answer the calls still waiting for their
+	// notices from records that may be later runs').
+	nc := &call{done: make(chan struct{}), appended: true, appendedAt: time.Now(), heard: w.heard, atReply: true}
 	late := false // as in markAppended: the new run's notice may have gone to nobody
 	for _, it := range items[i:] {
 		if it.id != id || it.call == nil {
@@ -378,7 +401,7 @@ func (w *waiters) handOver(items []*produceItem, i int, record string, grace tim
 		delete(w.m, id)
 	}
 	if waiting && old.refs > 0 && !isDone(old) {
-		w.retire(id, old, grace, record, nil)
+		w.retire(id, old, record, nil)
 		old = nil
 	}
 	w.mu.Unlock()
@@ -396,21 +419,21 @@ func (w *waiters) handOver(items []*produceItem, i int, record string, grace tim
 // as a new run (produce.lua's code 0: the id had no record, or a stored
 // failure that RetryFailed replaced) a call of its own, and returns it: c
 // waits for the outcome of an earlier run, which is not this one's. c waits
-// for the id's next notice, for grace, then gets ErrRecordLost (its record
-// was gone: a check would have said so). When c
+// for the id's next notice, or gets ErrRecordLost when that does not come
+// (retire; its record was gone: a check would have said so). When c
 // is no longer the id's call (resolved, and another registered), the caller
 // stays on c, and so when c is resolved already: by a notice handled
 // before this reply was read, this run's or an earlier one's (a later
 // call would wait for the id's next notice, a later run's).
-func (w *waiters) newRun(id string, c *call, grace, inflightTTL time.Duration) *call {
+func (w *waiters) newRun(id string, c *call, inflightTTL time.Duration) *call {
 	w.mu.Lock()
 	if w.closed != nil || isDone(c) || (w.m[id] != c && w.m[id] != nil) {
 		w.mu.Unlock()
 		return c
 	}
-	// As handOver's: never left to a notice, which may have been handled
-	// already (by c); a check reads its record soon.
-	nc := &call{done: make(chan struct{}), refs: 1, appended: true, appendedAt: time.Now()}
+	// As handOver's: never left to a notice, and registered under the
+	// current confirmation.
+	nc := &call{done: make(chan struct{}), refs: 1, appended: true, appendedAt: time.Now(), heard: w.heard, atReply: true}
 	current := w.m[id] == c // else retired already, or resolved
 	w.m[id] = nc
 	c.refs--
@@ -419,11 +442,11 @@ func (w *waiters) newRun(id string, c *call, grace, inflightTTL time.Duration) *
 	}
 	if current && c.refs > 0 && !isDone(c) {
 		age := time.Since(c.appendedAt).Round(time.Millisecond)
-		w.retire(id, c, grace, "", fmt.Errorf("%w (request %q, recorded %v ago: a later call of this producer appended a new run "+
+		w.retire(id, c, "", fmt.Errorf("%w (request %q, recorded %v ago: a later call of this producer appended a new run "+
 			"of the id, its record being gone (most likely its outcome expired, ResultTTL) or a failure that RetryFailed replaced, "+
-			"and its completion notice did not reach this producer within %v; InflightTTL %v)", ErrRecordLost, id, age, grace, inflightTTL))
+			"and its completion notice did not reach this producer; InflightTTL %v)", ErrRecordLost, id, age, inflightTTL))
 	}
-	late := w.heard != 0
+	late := c.heard != w.heard // as in markAppended
 	w.mu.Unlock()
 	if late {
 		w.recheck()
@@ -470,12 +493,30 @@ func isDone(c *call) bool {
 	}
 }
 
+// retiredBound is how long a retired call waits for its notice: go-redis
+// drops the messages of a listener that long behind (its channel's send
+// timeout). A listener merely behind delivers the notice, however late:
+// answering the call from a record instead may give it a later run's
+// outcome. A confirmation of the subscription after a reconnect (hear)
+// ends the wait too: the notice may have gone to nobody.
+const retiredBound = time.Minute
+
 // retire moves c, no longer id's call in m, to the calls waiting for the
-// id's next notice (old), and resolves it with record or err after grace
-// unless a notice did first. w.mu is held.
-func (w *waiters) retire(id string, c *call, grace time.Duration, record string, err error) {
+// id's next notice (old), and resolves it with record or err (its
+// fallback) after retiredBound, or at the next confirmation of the
+// subscription, unless a notice did first. w.mu is held.
+func (w *waiters) retire(id string, c *call, record string, err error) {
 	w.old[id] = append(w.old[id], c)
-	time.AfterFunc(grace, func() { w.resolve(id, c, record, err) })
+	c.fallbackRecord, c.fallbackErr = record, err
+	time.AfterFunc(retiredBound, func() { w.resolveFallback(id, c) })
+}
+
+// resolveFallback resolves a retired call with its fallback.
+func (w *waiters) resolveFallback(id string, c *call) {
+	w.mu.Lock()
+	record, err := c.fallbackRecord, c.fallbackErr
+	w.mu.Unlock()
+	w.resolve(id, c, record, err)
 }
 
 // unretire removes c from id's retired calls. w.mu is held.
@@ -598,7 +639,7 @@ func (w *waiters) noticeDueFor(id string, c *call, grace time.Duration) bool {
 
 // dueLocked is noticeDue's rule for c (nil: none). w.mu is held.
 func (w *waiters) dueLocked(c *call, grace time.Duration) bool {
-	if c == nil || c.heard == 0 || c.heard != w.heard {
+	if c == nil || c.atReply || c.heard == 0 || c.heard != w.heard {
 		return false
 	}
 	if c.markerAt.IsZero() {

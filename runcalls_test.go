@@ -2,6 +2,7 @@ package streamq
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -218,9 +219,9 @@ func TestNewRunsNoticeHandledBeforeTheReply(t *testing.T) {
 		w.hear()
 		c := w.acquire("x") // registered before the append
 		items := []*produceItem{{id: "x", call: c}}
-		w.resolveID("x", "Rnew")                // the new run's notice, handled first
-		w.handOver(items, 0, "Rold", time.Hour) // the reply, read late
-		w.resolveID("x", "Rlater")              // the next run's notice, produced later
+		w.resolveID("x", "Rnew")     // the new run's notice, handled first
+		w.handOver(items, 0, "Rold") // the reply, read late
+		w.resolveID("x", "Rlater")   // the next run's notice, produced later
 		requireResolved(t, items[0].call, "Rnew")
 	})
 	t.Run("new after a gone record", func(t *testing.T) {
@@ -230,8 +231,8 @@ func TestNewRunsNoticeHandledBeforeTheReply(t *testing.T) {
 		w.markAppended(first) // an earlier caller returned, waiting
 		c, joined := w.join("x")
 		require.True(t, joined)
-		w.resolveID("x", "Rnew")                      // the new run's notice (the earlier run's was lost)
-		got := w.newRun("x", c, time.Hour, time.Hour) // the reply, read late: code 0
+		w.resolveID("x", "Rnew")           // the new run's notice (the earlier run's was lost)
+		got := w.newRun("x", c, time.Hour) // the reply, read late: code 0
 		w.markAppended(got)
 		w.resolveID("x", "Rlater")
 		requireResolved(t, got, "Rnew")
@@ -248,4 +249,40 @@ func requireResolved(t *testing.T, c *call, record string) {
 	}
 	require.NoError(t, c.err)
 	require.Equal(t, record, c.record, "resolved with a later run's outcome")
+}
+
+// TestRetiredCallWaitsForItsNoticeUntilAReconnect: a call retired by a new
+// run (handOver, its caller joined while it waited) is answered by the id's
+// next notice however late, not from the replaced outcome (which may be a
+// later window's); a confirmation of the subscription after a reconnect,
+// whose notice may have gone to nobody, resolves it with that outcome.
+func TestRetiredCallWaitsForItsNoticeUntilAReconnect(t *testing.T) {
+	for _, reconnect := range []bool{false, true} {
+		t.Run(fmt.Sprintf("reconnect=%v", reconnect), func(t *testing.T) {
+			w := newWaiters()
+			w.hear()
+			first := w.acquire("x")
+			w.markAppended(first) // its caller returned, waiting
+			c, joined := w.join("x")
+			require.True(t, joined)
+			items := []*produceItem{{id: "x", call: c, joined: joined}}
+			w.handOver(items, 0, "Rreplaced") // code 3: a new run
+			require.NotSame(t, first, items[0].call)
+			select {
+			case <-first.done:
+				t.Fatal("the retired call was answered without its notice")
+			default:
+			}
+			if reconnect {
+				w.hear()
+				requireResolved(t, first, "Rreplaced")
+				return
+			}
+			w.resolveID("x", "Rfirst") // its notice, late
+			w.resolveID("x", "Rnew")   // the new run's
+			requireResolved(t, first, "Rfirst")
+			requireResolved(t, items[0].call, "Rnew")
+			require.Zero(t, w.len())
+		})
+	}
 }
