@@ -169,8 +169,9 @@ func (p *Producer[Req, Resp]) produceBatch(ctx context.Context, jobs []Job[Req],
 		return nil, err
 	}
 	calls := make([]*call, len(items))
+	joined := make([]bool, len(items))
 	for i, it := range items {
-		calls[i] = p.waiters.acquire(it.id)
+		calls[i], joined[i] = p.waiters.join(it.id)
 	}
 	r, err := p.awaitBatch(ctx, items)
 	if err != nil {
@@ -188,7 +189,7 @@ func (p *Producer[Req, Resp]) produceBatch(ctx context.Context, jobs []Job[Req],
 			continue
 		}
 		var err error
-		promises[i], err = p.settle(it.id, calls[i], r.outs[i])
+		promises[i], err = p.settle(it.id, calls[i], r.outs[i], joined[i])
 		failed = cmp.Or(failed, err)
 	}
 	if failed != nil {
@@ -382,6 +383,9 @@ type produceItem struct {
 	// Send, batches, flows); runProduce moves it to a new run's call when a
 	// mode's new run replaced the id's stored outcome.
 	call *call
+	// joined says call was marked appended when its caller took it
+	// (waiters.join): an earlier caller waits on it for an earlier run.
+	joined bool
 	// headerBytes is the size of the encoded headers, counted against
 	// MaxPayloadBytes with the payload.
 	headerBytes int

@@ -299,7 +299,7 @@ func (p *Producer[Req, Resp]) produceFlow(ctx context.Context, id string, req Re
 	if err := p.startBatch(); err != nil {
 		return nil, err
 	}
-	c := p.waiters.acquire(id)
+	c, joined := p.waiters.join(id)
 	done := make(chan produceOutcome, 1)
 	go func() {
 		defer p.batches.Done()
@@ -327,7 +327,7 @@ func (p *Producer[Req, Resp]) produceFlow(ctx context.Context, id string, req Re
 		p.waiters.drop(id, c)
 		return nil, out.err
 	}
-	return p.settle(id, c, out)
+	return p.settle(id, c, out, joined)
 }
 
 // flowDue is the item's due time as flow.lua reads it: "0" (none), Unix

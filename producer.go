@@ -187,17 +187,18 @@ func (p *Producer[Req, Resp]) produce(ctx context.Context, id string, req Req, o
 	if err := p.listen(ctx); err != nil {
 		return nil, err
 	}
-	c := p.waiters.acquire(id)
-	it.call = c
+	c, joined := p.waiters.join(id)
+	it.call, it.joined = c, joined
 	out, err := p.submit(ctx, it)
 	if err != nil {
 		p.waiters.drop(id, c)
 		return nil, err
 	}
-	if it.mode != modeNone {
-		c = it.call // moved to a new run's call by runProduce (after the reply: no race)
+	if it.mode != modeNone && it.call != c {
+		// Moved to a new run's call by runProduce (after the reply: no race).
+		c, joined = it.call, false
 	}
-	return p.settle(id, c, out)
+	return p.settle(id, c, out, joined)
 }
 
 // Enqueue submits a request without waiting for its result: fire-and-forget.
@@ -416,25 +417,42 @@ func (p *Producer[Req, Resp]) hand(ctx context.Context, it *produceItem) error {
 }
 
 // settle turns a produce outcome into a promise, which takes over the
-// reference on c.
-func (p *Producer[Req, Resp]) settle(id string, c *call, out produceOutcome) (*Promise[Resp], error) {
+// reference on c. joined says c was marked appended when this caller took
+// it (waiters.join): earlier callers of the id in this producer wait on it
+// for the outcome of an earlier run, which a new run (code 0) or a stored
+// outcome read now (code 2, 4) may not be, so neither answers them or joins
+// them (newRun, stored): each caller is answered by a run recorded before
+// its Produce returned.
+func (p *Producer[Req, Resp]) settle(id string, c *call, out produceOutcome, joined bool) (*Promise[Resp], error) {
 	pr := &Promise[Resp]{id: id, c: c, codec: p.opts.Codec, w: p.waiters, src: p, released: make(chan struct{})}
 	switch out.code {
 	case outcomeAppended, outcomeInflight:
 		if out.code == outcomeInflight {
 			pr.dedup = DedupInflight
+		} else if joined {
+			c = p.waiters.newRun(id, c, p.opts.InflightTTL)
+			pr.c = c
 		}
 		pr.entryID = out.data
 		p.waiters.markAppended(c)
 		return pr, nil
 	case outcomeDone:
 		pr.dedup = DedupStored
-		p.waiters.resolve(id, c, out.data, nil)
+		if joined {
+			pr.c = p.waiters.stored(id, c, out.data, p.noticeGrace())
+		} else {
+			p.waiters.resolve(id, c, out.data, nil)
+		}
 		return pr, nil
 	case outcomeExpired:
 		pr.dedup = DedupStored
-		p.waiters.resolve(id, c, "", fmt.Errorf("%w: request %q ran in its Throttle window and its outcome has expired "+
-			"(keep the consumers' ResultTTL at least the window)", ErrRecordLost, id))
+		err := fmt.Errorf("%w: request %q ran in its Throttle window and its outcome has expired "+
+			"(keep the consumers' ResultTTL at least the window)", ErrRecordLost, id)
+		if joined {
+			pr.c = p.waiters.answered(id, c, "", err)
+		} else {
+			p.waiters.resolve(id, c, "", err)
+		}
 		return pr, nil
 	case outcomeRefused:
 		p.waiters.drop(id, c)

@@ -318,7 +318,7 @@ func (p *Producer[Req, Resp]) checkRecords(ctx context.Context, k keys.Keys, ids
 					time.AfterFunc(p.noticeGrace(), p.kickBackstop)
 				}
 			case len(s) > 0 && s[0] != keys.RecordInflight:
-				p.waiters.resolveID(part[i], s)
+				p.waiters.resolveChecked(part[i], s)
 			}
 		}
 	}

@@ -51,7 +51,11 @@ const (
 	// this call's payload and options were not used.
 	DedupInflight
 	// DedupStored: the id's outcome was stored (ResultTTL): the promise is
-	// resolved with it at once, and this call's payload was not used.
+	// resolved with it at once, and this call's payload was not used. With
+	// DiscardResults the stored outcome is a done marker; while an earlier
+	// promise of the id in this producer waits for the notice that carries
+	// the result, this one gets that result too, within a second
+	// (BackstopInterval if shorter), else ErrNoResult.
 	DedupStored
 )
 
@@ -203,9 +207,18 @@ type call struct {
 	// call registered under the current one will hear its notice (see
 	// noticeDue). Guarded by waiters.mu.
 	heard uint64
+	// atReply says the call was made when a reply was read (a new run's:
+	// handOver, newRun), which may be after the listener handled the run's
+	// notice: it is never left to a notice (noticeDue). Guarded by
+	// waiters.mu.
+	atReply bool
 	// markerAt is when a record check first left the call's done marker to
 	// its notice (noticeDue). Guarded by waiters.mu.
 	markerAt time.Time
+	// fallbackRecord and fallbackErr answer a retired call whose notice
+	// does not come (retire). Guarded by waiters.mu.
+	fallbackRecord string
+	fallbackErr    error
 	// prog is the request's progress, made by the first Promise.Progress
 	// (nil until then: a request nobody asks about pays nothing). Guarded
 	// by waiters.mu; its fields by its own mutex.
@@ -229,12 +242,19 @@ type waiters struct {
 	m      map[string]*call
 	closed error  // set by failAll: calls acquired later are resolved with it at once
 	heard  uint64 // subscriptions confirmed so far (hear): 0 before the first
+	// old holds, per id, the calls moved off m while they wait for the
+	// notice of an earlier run than the id's current call's (retire), oldest
+	// first: the id's next notice answers the first (notices of one id come
+	// in the order of its runs).
+	old map[string][]*call
 	// recheck asks for a check of every appended call's record (the
 	// producer's backstop, at once); set before the first call is acquired.
 	recheck func()
 }
 
-func newWaiters() *waiters { return &waiters{m: make(map[string]*call), recheck: func() {}} }
+func newWaiters() *waiters {
+	return &waiters{m: make(map[string]*call), old: make(map[string][]*call), recheck: func() {}}
+}
 
 // hear records that notices published from now on reach the producer. The
 // caller then asks for a check of the records of the calls appended before
@@ -242,27 +262,51 @@ func newWaiters() *waiters { return &waiters{m: make(map[string]*call), recheck:
 func (w *waiters) hear() {
 	w.mu.Lock()
 	w.heard++
+	var retired []*call
+	var ids []string
+	for id, o := range w.old {
+		for _, c := range o {
+			retired, ids = append(retired, c), append(ids, id)
+		}
+	}
 	w.mu.Unlock()
+	// Their notices may have gone to nobody: they get their fallbacks.
+	for j, c := range retired {
+		w.resolveFallback(ids[j], c)
+	}
 }
 
 // acquire takes a reference on id's call, registering one when there is none.
 // After failAll, it returns a call already resolved with failAll's error, so a
 // promise settled after Close never waits.
 func (w *waiters) acquire(id string) *call {
+	c, _ := w.join(id)
+	return c
+}
+
+// join is acquire, and reports whether the call was marked appended
+// already: an earlier caller of the id in this producer returned holding
+// it, waiting for the outcome of a run recorded before this caller's
+// request reaches Redis. A reply that tells of a later run (a new one, or
+// an outcome that may be a later run's) then must not answer that caller
+// (see settle).
+func (w *waiters) join(id string) (c *call, joined bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed != nil {
 		c := &call{done: make(chan struct{}), err: w.closed, refs: 1}
 		close(c.done)
-		return c
+		return c, false
 	}
-	c := w.m[id]
+	c = w.m[id]
 	if c == nil {
 		c = &call{done: make(chan struct{}), heard: w.heard}
 		w.m[id] = c
+	} else {
+		joined = c.appended
 	}
 	c.refs++
-	return c
+	return c, joined
 }
 
 // drop gives back a reference taken by acquire: a Produce whose request was not
@@ -271,8 +315,12 @@ func (w *waiters) drop(id string, c *call) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	c.refs--
-	if c.refs <= 0 && w.m[id] == c {
-		delete(w.m, id)
+	if c.refs <= 0 {
+		if w.m[id] == c {
+			delete(w.m, id)
+		} else {
+			w.unretire(id, c)
+		}
 	}
 }
 
@@ -298,7 +346,12 @@ func (w *waiters) markAppended(c *call) {
 // handOver answers the callers of items[i].id's call with record, the
 // stored outcome a new run replaced (produce.lua's code 3), after moving the
 // references of items[i] and of the id's later items to a new call, which
-// the new run's notice resolves.
+// the new run's notice resolves. When items[i]'s caller joined that call
+// while it waited for an earlier run (join), record may be the outcome of a
+// run produced after that earlier caller's Produce returned (another
+// producer's, while this producer's listener lags behind): the call then
+// waits for the id's next notice instead, and gets record only when that
+// does not come (retire).
 func (w *waiters) handOver(items []*produceItem, i int, record string) {
 	id := items[i].id
 	w.mu.Lock()
@@ -307,10 +360,24 @@ func (w *waiters) handOver(items []*produceItem, i int, record string) {
 		w.mu.Unlock()
 		return // every call is resolved with the close error
 	}
+	waiting := old != nil && items[i].call == old && items[i].joined
+	// The new run's notice may have been handled before this reply was
+	// read: it resolved the call the caller registered before the append
+	// (not joined: only a notice resolves such a call before its reply).
+	// The new call takes that outcome (the new run's, or an earlier run's
+	// from a notice handled late) instead of waiting for the id's next
+	// notice, which would be a later run's.
+	var heard *call
+	if c := items[i].call; c != nil && !items[i].joined && isDone(c) && c.err == nil {
+		heard = c
+	}
 	// The new run's call is made when the reply is read, which may be after
 	// the listener handled the run's notice: it is never left to a notice
-	// (heard 0, see noticeDue).
-	nc := &call{done: make(chan struct{}), appended: true, appendedAt: time.Now()}
+	// (atReply, see noticeDue). It is registered under the current
+	// confirmation: a later caller that joins it and opens a run is not
+	// late (a check then would answer the calls still waiting for their
+	// notices from records that may be later runs').
+	nc := &call{done: make(chan struct{}), appended: true, appendedAt: time.Now(), heard: w.heard, atReply: true}
 	late := false // as in markAppended: the new run's notice may have gone to nobody
 	for _, it := range items[i:] {
 		if it.id != id || it.call == nil {
@@ -333,8 +400,14 @@ func (w *waiters) handOver(items []*produceItem, i int, record string) {
 	} else if old != nil {
 		delete(w.m, id)
 	}
+	if waiting && old.refs > 0 && !isDone(old) {
+		w.retire(id, old, record, nil)
+		old = nil
+	}
 	w.mu.Unlock()
-	if late {
+	if heard != nil {
+		w.resolve(id, nc, heard.record, nil)
+	} else if late {
 		w.recheck()
 	}
 	if old != nil {
@@ -342,14 +415,154 @@ func (w *waiters) handOver(items []*produceItem, i int, record string) {
 	}
 }
 
+// newRun gives a caller that joined c (join) and whose request was appended
+// as a new run (produce.lua's code 0: the id had no record, or a stored
+// failure that RetryFailed replaced) a call of its own, and returns it: c
+// waits for the outcome of an earlier run, which is not this one's. c waits
+// for the id's next notice, or gets ErrRecordLost when that does not come
+// (retire; its record was gone: a check would have said so). When c
+// is no longer the id's call (resolved, and another registered), the caller
+// stays on c, and so when c is resolved already: by a notice handled
+// before this reply was read, this run's or an earlier one's (a later
+// call would wait for the id's next notice, a later run's).
+func (w *waiters) newRun(id string, c *call, inflightTTL time.Duration) *call {
+	w.mu.Lock()
+	if w.closed != nil || isDone(c) || (w.m[id] != c && w.m[id] != nil) {
+		w.mu.Unlock()
+		return c
+	}
+	// As handOver's: never left to a notice, and registered under the
+	// current confirmation.
+	nc := &call{done: make(chan struct{}), refs: 1, appended: true, appendedAt: time.Now(), heard: w.heard, atReply: true}
+	current := w.m[id] == c // else retired already, or resolved
+	w.m[id] = nc
+	c.refs--
+	if c.refs <= 0 && !current {
+		w.unretire(id, c)
+	}
+	if current && c.refs > 0 && !isDone(c) {
+		age := time.Since(c.appendedAt).Round(time.Millisecond)
+		w.retire(id, c, "", fmt.Errorf("%w (request %q, recorded %v ago: a later call of this producer appended a new run "+
+			"of the id, its record being gone (most likely its outcome expired, ResultTTL) or a failure that RetryFailed replaced, "+
+			"and its completion notice did not reach this producer; InflightTTL %v)", ErrRecordLost, id, age, inflightTTL))
+	}
+	late := c.heard != w.heard // as in markAppended
+	w.mu.Unlock()
+	if late {
+		w.recheck()
+	}
+	return nc
+}
+
+// stored answers a caller that joined c (join) with record, the stored
+// outcome produce.lua answered (code 2): it may be the outcome of a run
+// produced after c's earlier callers returned, so it does not answer them.
+// The caller gets a call of its own answered with record (c, already
+// answered, when it was: an outcome of a run produced before this call).
+// But a done marker without its result (DiscardResults) while c's notice is
+// due, by noticeDue's rule, leaves the caller on c, whose notice carries the
+// result, for noticeDue's grace; c is then resolved with the marker, as a
+// check after the grace does.
+func (w *waiters) stored(id string, c *call, record string, grace time.Duration) *call {
+	if isDone(c) {
+		return c
+	}
+	if record == string(keys.RecordNoResult) && w.noticeDueFor(id, c, grace) {
+		time.AfterFunc(grace, func() { w.resolve(id, c, record, nil) })
+		return c
+	}
+	return w.answered(id, c, record, nil)
+}
+
+// answered moves a caller's reference from c to a call of its own, resolved
+// with record or err, and returns it.
+func (w *waiters) answered(id string, c *call, record string, err error) *call {
+	w.drop(id, c)
+	own := &call{done: make(chan struct{}), record: record, err: err, refs: 1}
+	close(own.done)
+	return own
+}
+
+// isDone reports whether c is resolved.
+func isDone(c *call) bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// retiredBound is how long a retired call waits for its notice: go-redis
+// drops the messages of a listener that long behind (its channel's send
+// timeout). A listener merely behind delivers the notice, however late:
+// answering the call from a record instead may give it a later run's
+// outcome. A confirmation of the subscription after a reconnect (hear)
+// ends the wait too: the notice may have gone to nobody.
+const retiredBound = time.Minute
+
+// retire moves c, no longer id's call in m, to the calls waiting for the
+// id's next notice (old), and resolves it with record or err (its
+// fallback) after retiredBound, or at the next confirmation of the
+// subscription, unless a notice did first. w.mu is held.
+func (w *waiters) retire(id string, c *call, record string, err error) {
+	w.old[id] = append(w.old[id], c)
+	c.fallbackRecord, c.fallbackErr = record, err
+	time.AfterFunc(retiredBound, func() { w.resolveFallback(id, c) })
+}
+
+// resolveFallback resolves a retired call with its fallback.
+func (w *waiters) resolveFallback(id string, c *call) {
+	w.mu.Lock()
+	record, err := c.fallbackRecord, c.fallbackErr
+	w.mu.Unlock()
+	w.resolve(id, c, record, err)
+}
+
+// unretire removes c from id's retired calls. w.mu is held.
+func (w *waiters) unretire(id string, c *call) {
+	o := w.old[id]
+	for j, x := range o {
+		if x == c {
+			o = append(o[:j:j], o[j+1:]...)
+			break
+		}
+	}
+	if len(o) == 0 {
+		delete(w.old, id)
+	} else {
+		w.old[id] = o
+	}
+}
+
 // len returns the number of registered calls.
 func (w *waiters) len() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return len(w.m)
+	n := len(w.m)
+	for _, o := range w.old {
+		n += len(o)
+	}
+	return n
 }
 
+// resolveID resolves id's call with a notice's record: the oldest of its
+// retired calls (retire) when there is one, else its call.
 func (w *waiters) resolveID(id, record string) {
+	w.mu.Lock()
+	c := w.m[id]
+	if o := w.old[id]; len(o) > 0 {
+		c = o[0]
+	}
+	w.mu.Unlock()
+	if c != nil {
+		w.resolve(id, c, record, nil)
+	}
+}
+
+// resolveChecked resolves id's call with the record a check read: never a
+// retired call, whose run the record no longer tells of.
+func (w *waiters) resolveChecked(id, record string) {
 	w.mu.Lock()
 	c := w.m[id]
 	w.mu.Unlock()
@@ -388,6 +601,8 @@ func (w *waiters) resolve(id string, c *call, record string, err error) {
 	defer w.mu.Unlock()
 	if w.m[id] == c {
 		delete(w.m, id)
+	} else if len(w.old[id]) > 0 {
+		w.unretire(id, c)
 	}
 	select {
 	case <-c.done:
@@ -412,8 +627,19 @@ func (w *waiters) resolve(id string, c *call, record string, err error) {
 func (w *waiters) noticeDue(id string, grace time.Duration) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	c := w.m[id]
-	if c == nil || c.heard == 0 || c.heard != w.heard {
+	return w.dueLocked(w.m[id], grace)
+}
+
+// noticeDueFor is noticeDue for c, which must be id's call.
+func (w *waiters) noticeDueFor(id string, c *call, grace time.Duration) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.m[id] == c && w.dueLocked(c, grace)
+}
+
+// dueLocked is noticeDue's rule for c (nil: none). w.mu is held.
+func (w *waiters) dueLocked(c *call, grace time.Duration) bool {
+	if c == nil || c.atReply || c.heard == 0 || c.heard != w.heard {
 		return false
 	}
 	if c.markerAt.IsZero() {
@@ -438,11 +664,16 @@ func (w *waiters) appendedIDs() []string {
 // failAll resolves every call with err, and every call acquired later too.
 func (w *waiters) failAll(err error) {
 	w.mu.Lock()
-	calls := w.m
-	w.m = make(map[string]*call)
+	calls, old := w.m, w.old
+	w.m, w.old = make(map[string]*call), make(map[string][]*call)
 	w.closed = err
 	w.mu.Unlock()
 	for id, c := range calls {
 		w.resolve(id, c, "", err)
+	}
+	for id, o := range old {
+		for _, c := range o {
+			w.resolve(id, c, "", err)
+		}
 	}
 }
