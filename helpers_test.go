@@ -67,11 +67,11 @@ func realRedis(t testing.TB) *redis.Client {
 	return c
 }
 
-// privateRedis starts a redis-server of the test's own (so INFO
-// commandstats counts only what the test does) and returns a client of it;
-// both end with the test. Without redis-server the test is skipped, except
-// under CI.
-func privateRedis(t *testing.T) *redis.Client {
+// privateRedis starts a redis-server of the test's (or benchmark's) own, so
+// that INFO commandstats counts only what it does and no key left by
+// another weighs on it, and returns a client of it; both end with the test.
+// Without redis-server the test is skipped, except under CI.
+func privateRedis(t testing.TB) *redis.Client {
 	t.Helper()
 	realRedis(t) // skips without redis-server
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

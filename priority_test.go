@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamq/streamq/internal/crashtest"
+	"github.com/streamq/streamq/internal/keys"
 )
 
 // levelStreams returns the streams of queue q's levels (one shard): default,
@@ -960,7 +961,36 @@ func TestPriorityWeightedShares(t *testing.T) {
 	}, opts)
 	require.NoError(t, err)
 	runConsumer(t, c)
-	eventually(t, 25*time.Second, func() bool { return counted.Load() >= sample }, "too few starts")
+	// Counting ends when a level's backlog runs out (high's first, at weight
+	// 6), and on a loaded machine many starts may go uncounted before that
+	// (a feeder lagging). Then every level gets another backlog, a few
+	// times at most.
+	ks, err := keys.New(q)
+	require.NoError(t, err)
+	levelStreams := []string{ks.Stream, ks.LevelStream(levelNames[levelHigh]), ks.LevelStream(levelNames[levelLow])}
+	rounds := 1
+	state := lazyString(func() string {
+		lens := make([]int64, len(levelStreams))
+		for i, s := range levelStreams {
+			lens[i] = client.XLen(context.Background(), s).Val()
+		}
+		return fmt.Sprintf("%d started, %d counted, %d backlogs produced, entries left (normal, high, low) %v", starts.Load(), counted.Load(), rounds, lens)
+	})
+	eventually(t, 60*time.Second, func() bool {
+		if counted.Load() >= sample {
+			return true
+		}
+		for _, s := range levelStreams {
+			if rounds < 4 && client.XLen(context.Background(), s).Val() == 0 {
+				for _, lvl := range []PriorityLevel{PriorityLow, PriorityNormal, PriorityHigh} {
+					produceLevel(t, p, fmt.Sprintf("%s%d", levelPrefix[lvl], rounds), 3500, lvl)
+				}
+				rounds++
+				break
+			}
+		}
+		return false
+	}, "too few starts: %v", state)
 	mu.Lock()
 	defer mu.Unlock()
 	w := DefaultPriorityWeights
