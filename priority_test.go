@@ -441,18 +441,50 @@ func TestPriorityLowNotStarved(t *testing.T) {
 			produceLevel(t, p, "low", 1000, PriorityLow)
 			produceLevel(t, p, "high", 6000, PriorityHigh)
 			const sample = 2000
-			var starts, low atomic.Int64
+			var starts, counted, low atomic.Int64
 			opts := fastOpts(t, "starve", 10*time.Second)
 			opts.Workers, opts.StrictPriority = 2, strict
+			var c *Consumer[string, string]
+			// The weights share the takes while both levels have entries in
+			// the ring; a level whose feeder lags on a loaded machine leaves
+			// the takes to the other meanwhile (a low share of 0.183 against
+			// 0.143 +- 0.036 once in a full run when every start counted). So
+			// a start counts only when the other level still had entries in
+			// the ring as it began.
+			otherQueued := func(own PriorityLevel) bool {
+				r := c.lastRun.Load()
+				other := PriorityHigh
+				if own == PriorityHigh {
+					other = PriorityLow
+				}
+				return r != nil && r.ring.classQueued(classOf(0, levelOf[other])) > 0
+			}
 			c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
-				if n := starts.Add(1); n > 200 && n <= 200+sample && strings.HasPrefix(m.ID, "low") {
-					low.Add(1) // after the start-up, while the high backlog lasts
+				isLow := strings.HasPrefix(m.ID, "low")
+				if strict {
+					if n := starts.Add(1); n > 200 && n <= 200+sample && isLow {
+						low.Add(1) // after the start-up, while the high backlog lasts
+					}
+					return "", nil
+				}
+				own := PriorityHigh
+				if isLow {
+					own = PriorityLow
+				}
+				if starts.Add(1) > 200 && otherQueued(own) && counted.Add(1) <= sample && isLow {
+					low.Add(1)
 				}
 				return "", nil
 			}, opts)
 			require.NoError(t, err)
 			runConsumer(t, c)
-			eventually(t, 25*time.Second, func() bool { return starts.Load() >= 200+sample }, "too few starts")
+			if strict {
+				eventually(t, 25*time.Second, func() bool { return starts.Load() >= 200+sample }, "too few starts")
+			} else {
+				eventually(t, 25*time.Second, func() bool { return counted.Load() >= sample }, "too few starts: %v", lazyString(func() string {
+					return fmt.Sprintf("%d started, %d counted", starts.Load(), counted.Load())
+				}))
+			}
 			share := float64(low.Load()) / sample
 			w := DefaultPriorityWeights
 			want := float64(w[2]) / float64(w[0]+w[2])
