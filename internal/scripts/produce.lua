@@ -105,6 +105,29 @@
 -- writes nothing, so it is answered under maxmemory too; otherwise its first
 -- write is a new id's XADD or record SET, which Redis refuses under maxmemory
 -- before anything is written.
+-- readRecords returns the stored records of the n items (KEYS[2] ..
+-- KEYS[n+1]), read before any write: false for none, or for a key of
+-- another type (SET NX GET then fails on it). GET for one item (cheaper than
+-- MGET of one key; it fails on another type: the same false), else MGET in
+-- chunks of 1000 (unpack's limit).
+local function readRecords(n)
+  if n == 1 then
+    local v = redis.pcall("GET", KEYS[2])
+    return {type(v) ~= "table" and v}
+  elseif n <= 1000 then
+    return redis.call("MGET", unpack(KEYS, 2, n + 1))
+  end
+  local prevs = {}
+  for s = 1, n, 1000 do
+    local e = math.min(s + 999, n)
+    local vals = redis.call("MGET", unpack(KEYS, s + 1, e + 1))
+    for j = s, e do
+      prevs[j] = vals[j - s + 1]
+    end
+  end
+  return prevs
+end
+
 -- Plain calls (the producer's ARGV[2] "0P" or "1P", see the header): the
 -- same steps as the general path below, without its set-up and without the
 -- branches of what a plain item cannot be.
@@ -112,22 +135,7 @@ if string.byte(ARGV[2], 2) == 80 then -- "P"
   local ttl, stream, n = ARGV[1], KEYS[1], #KEYS - 1
   local atomic = string.byte(ARGV[2], 1) == 49 -- "1"
   local created = atomic and redis.call("EXISTS", stream) == 0
-  local prevs -- false: none, or a key of another type (SET NX GET then fails)
-  if n == 1 then
-    local v = redis.pcall("GET", KEYS[2]) -- cheaper than MGET of one key
-    prevs = {type(v) ~= "table" and v}
-  elseif n <= 1000 then
-    prevs = redis.call("MGET", unpack(KEYS, 2, n + 1))
-  else
-    prevs = {}
-    for s = 1, n, 1000 do
-      local e = math.min(s + 999, n)
-      local vals = redis.call("MGET", unpack(KEYS, s + 1, e + 1))
-      for j = s, e do
-        prevs[j] = vals[j - s + 1]
-      end
-    end
-  end
+  local prevs = readRecords(n) -- false: none, or a key of another type
   local out, written = {}, {}
   local a = 3 -- the current item's first argument
   for i = 1, n do
@@ -333,23 +341,7 @@ end
 
 -- The stored records, read before any write (false: none, or a key of
 -- another type).
-local prevs
-if n == 1 then
-  -- GET (cheaper than MGET of one key) fails on another type: the same false.
-  local v = redis.pcall("GET", KEYS[2])
-  prevs = {type(v) ~= "table" and v}
-elseif n <= 1000 then
-  prevs = redis.call("MGET", unpack(KEYS, 2, n + 1)) -- used as it is
-else
-  prevs = {}
-  for s = 1, n, 1000 do
-    local e = math.min(s + 999, n)
-    local vals = redis.call("MGET", unpack(KEYS, s + 1, e + 1))
-    for j = s, e do
-      prevs[j] = vals[j - s + 1]
-    end
-  end
-end
+local prevs = readRecords(n)
 
 -- modesLib makes the functions of flow-control modes and returns
 -- flowControl: only a call with "M" calls it, so that the other calls of
