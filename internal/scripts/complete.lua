@@ -548,8 +548,8 @@ end
 local ids = {}
 local firstAck = {}
 for i = 1, n do
-  local _, eid, _, code = item(i)
-  if fanout and code == "L" then
+  local eid = ARGV[4 + 6 * i] -- item(i)'s, read in place: no call per item
+  if fanout and ARGV[6 + 6 * i] == "L" then
     firstAck[i] = redis.call("XACK", KEYS[1], group, eid) == 1
   else
     ids[#ids + 1] = eid
@@ -716,7 +716,8 @@ end
 local notice = {}
 local kept = keep and {} -- the members of the completed list (step 6)
 for i = 1, n do
-  local _, eid, rid, code, value = item(i)
+  local b = 4 + 6 * i -- item(i)'s fields, read in place
+  local eid, rid, code, value = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   if fanout then
     if code == "L" and firstAck[i] then
       deadLetter(i)
@@ -744,7 +745,7 @@ for i = 1, n do
         -- One command in the common case; the rare duplicate puts the first
         -- outcome back.
         prev = redis.pcall("SET", key, rec, "GET", "PX", ttl)
-        if isWrongType(prev) then
+        if type(prev) == "table" and isWrongType(prev) then
           redis.call("SET", key, rec, "PX", ttl) -- another program's key
           prev = false
         end
@@ -758,7 +759,7 @@ for i = 1, n do
         end
         followUp(key, string.sub(prev, #eid + 3))
       else
-        if prev and string.sub(prev, 1, 1) ~= "P" then
+        if prev and string.byte(prev, 1) ~= 80 then -- not "P"
           outcome = prev
           first = false
         end

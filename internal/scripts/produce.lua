@@ -136,12 +136,17 @@ if string.byte(ARGV[2], 2) == 80 then -- "P"
   local atomic = string.byte(ARGV[2], 1) == 49 -- "1"
   local created = atomic and redis.call("EXISTS", stream) == 0
   local prevs = readRecords(n) -- false: none, or a key of another type
-  local out, written = {}, {}
+  -- written: the ids appended by this call (a repeated id attaches to its
+  -- first item), needed only with more than one item. One item's reply table
+  -- is made at its size (growing a table from empty costs Redis a resize per
+  -- step on every call).
+  local out, written = n == 1 and {false, false} or {}, n > 1 and {}
   local a = 3 -- the current item's first argument
   for i = 1, n do
     local key, id, payload, flags = KEYS[1 + i], ARGV[a], ARGV[a + 1], ARGV[a + 2]
     local fa = a + 4
-    local fz = a + 3 + tonumber(ARGV[a + 3])
+    local f = ARGV[a + 3]
+    local fz = f == "0" and a + 3 or a + 3 + tonumber(f)
     a = fz + 1
     local prev, o = prevs[i], 2 * i - 1
     local replaced = false
@@ -151,7 +156,7 @@ if string.byte(ARGV[2], 2) == 80 then -- "P"
       local c = string.byte(prev, 1)
       replaced = (c == 69 or c == 76) and string.find(flags, "f", 1, true) ~= nil -- "E", "L"
     end
-    if written[key] then
+    if written and written[key] then
       out[o], out[o + 1] = 1, written[key] -- the same id earlier in this call
     elseif prev and not replaced then
       -- A known id: completed, or in flight ("P<entry>", or "P@", "P&" and
@@ -196,7 +201,9 @@ if string.byte(ARGV[2], 2) == 80 then -- "P"
         end
         out[o], out[o + 1] = -1, "key " .. key .. " holds a value that is not a streamq record"
       else
-        written[key] = eid
+        if written then
+          written[key] = eid
+        end
         out[o], out[o + 1] = 0, eid
       end
     end
