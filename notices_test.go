@@ -307,3 +307,38 @@ func TestHandedOverCallIsNotLeftToANotice(t *testing.T) {
 		t.Fatal("the new run's call was left to a notice that was already handled")
 	}
 }
+
+// TestNoticeCarriesZeroBytes: a notice is the only place a result is with
+// DiscardResults, so its length-prefixed text must carry ids and results
+// byte for byte, zero bytes included (Lua's string.format "%s" would stop
+// at the first one; complete.lua formats only the lengths).
+func TestNoticeCarriesZeroBytes(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		ctx := context.Background()
+		q := queueName(t)
+		p, err := NewProducer[[]byte, []byte](client, q, &ProducerOptions{BackstopInterval: time.Hour, Logger: testLogger(t)})
+		require.NoError(t, err)
+		defer p.Close()
+		opts := fastOpts(t, "w", 10*time.Second)
+		opts.DiscardResults = true
+		c, err := NewConsumer(client, q, func(_ context.Context, m *Message[[]byte]) ([]byte, error) {
+			return append([]byte("echo\x00:"), m.Payload...), nil
+		}, opts)
+		require.NoError(t, err)
+		runConsumer(t, c)
+		ids := []string{"z\x00a", "z\x00b\x00", "plain"}
+		var prs []*Promise[[]byte]
+		for _, id := range ids {
+			pr, err := p.Produce(ctx, id, []byte(id+"\x00\xff"))
+			require.NoError(t, err)
+			prs = append(prs, pr)
+		}
+		for i, pr := range prs {
+			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			got, err := pr.Wait(wctx)
+			cancel()
+			require.NoError(t, err, "id %q", ids[i])
+			require.Equal(t, []byte("echo\x00:"+ids[i]+"\x00\xff"), got, "id %q", ids[i])
+		}
+	})
+}

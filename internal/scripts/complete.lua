@@ -785,7 +785,10 @@ for i = 1, n do
             release(KEYS[fk + 1], KEYS[fk + 2], KEYS[fk + 3])
           end
         end
-        notice[#notice + 1] = #rid .. ":" .. rid .. #outcome .. ":" .. outcome
+        -- string.format's "%d" writes a length faster than the ".." of a
+        -- number, which formats it as "%.14g" (the strings themselves go by
+        -- "..": string.format's "%s" stops at a zero byte).
+        notice[#notice + 1] = string.format("%d:", #rid) .. rid .. string.format("%d:", #outcome) .. outcome
         if kept and first then
           kept[#kept + 1] = code .. "i" .. rid
         end
