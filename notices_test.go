@@ -334,9 +334,7 @@ func TestNoticeCarriesZeroBytes(t *testing.T) {
 			prs = append(prs, pr)
 		}
 		for i, pr := range prs {
-			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			got, err := pr.Wait(wctx)
-			cancel()
+			got, err := waitFor(t, pr)
 			require.NoError(t, err, "id %q", ids[i])
 			require.Equal(t, []byte("echo\x00:"+ids[i]+"\x00\xff"), got, "id %q", ids[i])
 		}
