@@ -452,12 +452,11 @@ func TestPriorityLowNotStarved(t *testing.T) {
 			// a start counts only when the other level still had entries in
 			// the ring as it began.
 			otherQueued := func(own PriorityLevel) bool {
-				r := c.lastRun.Load()
 				other := PriorityHigh
 				if own == PriorityHigh {
 					other = PriorityLow
 				}
-				return r != nil && r.ring.classQueued(classOf(0, levelOf[other])) > 0
+				return levelsQueued(c, levelOf[other])
 			}
 			c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
 				isLow := strings.HasPrefix(m.ID, "low")
@@ -972,13 +971,13 @@ func TestPriorityWeightedShares(t *testing.T) {
 	opts.Workers = 4
 	var c *Consumer[string, string]
 	othersQueued := func(own PriorityLevel) bool {
-		r := c.lastRun.Load()
+		var others []int
 		for l := range numLevels {
-			if r == nil || (l != levelOf[own] && r.ring.classQueued(classOf(0, l)) == 0) {
-				return false
+			if l != levelOf[own] {
+				others = append(others, l)
 			}
 		}
-		return true
+		return levelsQueued(c, others...)
 	}
 	c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
 		if starts.Add(1) > skip && othersQueued(m.Priority) {
@@ -1177,4 +1176,20 @@ func collidingPair(t *testing.T, client *redis.Client, np, hp string) (string, *
 			return q, p, prs[0], prs[1]
 		}
 	}
+}
+
+// levelsQueued reports whether every one of levels has entries in the ring
+// of c's latest run (queue 0): the priority tests count a start only while
+// the levels it competes with were there to take instead.
+func levelsQueued(c *Consumer[string, string], levels ...int) bool {
+	r := c.lastRun.Load()
+	if r == nil {
+		return false
+	}
+	for _, l := range levels {
+		if r.ring.classQueued(classOf(0, l)) == 0 {
+			return false
+		}
+	}
+	return true
 }
