@@ -630,6 +630,34 @@ func (p *Process) logTail(from int64) string {
 
 // freePort returns a loopback TCP port that was free a moment ago.
 func freePort() (int, error) {
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for range 100 {
+		port, err := kernelPort()
+		if err != nil {
+			return 0, err
+		}
+		if !portsGiven[port] {
+			portsGiven[port] = true
+			return port, nil
+		}
+	}
+	return 0, errors.New("find a free port: the kernel kept offering ports already given to a server of this process")
+}
+
+// portsGiven holds every port freePort gave out in this process, never
+// handed out again: a server stopped for a restart keeps its port, and the
+// kernel, which sees it free, once offered it to another test's server
+// started meanwhile, so the restart found it taken for good
+// (TestShutdownAppendOnlyKeepsData, Valkey pass).
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
+
+// kernelPort asks the kernel for a free loopback port (a variable, so that
+// a test can offer a port twice).
+var kernelPort = func() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, fmt.Errorf("find a free port: %w", err)

@@ -414,3 +414,23 @@ func requireRefused(t *testing.T, addr string) {
 	require.Error(t, err, "something still listens on %s", addr)
 	require.True(t, errors.Is(err, syscall.ECONNREFUSED) || strings.Contains(err.Error(), "refused"), "dial %s: %v", addr, err)
 }
+
+// TestFreePortNeverGivesAPortTwice: a port given to one server (which may be
+// stopped for a restart) is never given to another, even when the kernel
+// offers it again.
+func TestFreePortNeverGivesAPortTwice(t *testing.T) {
+	offers := []int{61001, 61001, 61002}
+	saved := kernelPort
+	kernelPort = func() (int, error) {
+		p := offers[0]
+		offers = offers[1:]
+		return p, nil
+	}
+	t.Cleanup(func() { kernelPort = saved })
+	first, err := freePort()
+	require.NoError(t, err)
+	second, err := freePort()
+	require.NoError(t, err)
+	require.Equal(t, 61001, first)
+	require.Equal(t, 61002, second, "the port offered again was given twice")
+}
