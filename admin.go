@@ -547,7 +547,10 @@ type QueueKeys struct {
 	Stream string
 	// DeadLetter is the dead-letter stream.
 	DeadLetter string
-	// Channel is the pub/sub channel of completion notices.
+	// Channel is the pub/sub channel of completion notices: the outcomes
+	// of requests produced by Produce, ProduceBatch and ProduceFlow (or
+	// attached to by one of them); Enqueue, EnqueueBatch and Send announce
+	// none, since nobody waits for them.
 	Channel string
 	// RecordPattern is a SCAN pattern matching the per-request record keys.
 	RecordPattern string

@@ -173,6 +173,16 @@ func (p *Producer[Req, Resp]) produceBatch(ctx context.Context, jobs []Job[Req],
 	for i, it := range items {
 		calls[i], joined[i] = p.waiters.join(it.id)
 	}
+	// A producer that does not listen yet appends quiet requests: their
+	// completions announce nothing (nobody would hear it), and when it
+	// listens, its check of the waiting records makes those still in flight
+	// announced (hear.lua). See the kick below.
+	quiet := !p.subscribed.Load()
+	if quiet {
+		for _, it := range items {
+			it.hush()
+		}
+	}
 	r, err := p.awaitBatch(ctx, items)
 	if err != nil {
 		for i, it := range items {
@@ -191,6 +201,13 @@ func (p *Producer[Req, Resp]) produceBatch(ctx context.Context, jobs []Job[Req],
 		var err error
 		promises[i], err = p.settle(it.id, calls[i], r.outs[i], joined[i])
 		failed = cmp.Or(failed, err)
+	}
+	if quiet && p.subscribed.Load() {
+		// The subscription was confirmed meanwhile, and its check may have
+		// run before these calls were marked appended (settle): check
+		// again, so their quiet records are announced. (Otherwise the check
+		// that follows the confirmation comes after the marks.)
+		p.kickBackstop()
 	}
 	if failed != nil {
 		if len(p.shards) > 1 {
@@ -251,6 +268,9 @@ func (p *Producer[Req, Resp]) enqueueBatch(ctx context.Context, jobs []Job[Req],
 	items, err := p.batchItems(ctx, jobs, outs)
 	if err != nil {
 		return nil, err
+	}
+	for _, it := range items {
+		it.hush()
 	}
 	if err := p.ensureMeta(ctx); err != nil {
 		return nil, err
@@ -402,6 +422,12 @@ func (it *produceItem) deliver(out produceOutcome) {
 		return
 	}
 	it.out <- out
+}
+
+// hush marks an item whose caller does not wait for its outcome (Enqueue,
+// EnqueueBatch, Send): see flagQuiet.
+func (it *produceItem) hush() {
+	it.flags += flagQuiet // no allocation when it has no other flag
 }
 
 // apply copies what a call's options set into the item.
@@ -610,12 +636,12 @@ func (p *Producer[Req, Resp]) produceReply(shard int, items []*produceItem, res 
 
 // plainItems reports whether items may go in a plain call (produce.lua's
 // shorter form): every one due now, with no mode, and in an atomic call
-// without flags (RetryFailed replaces a stored failure, which an atomic
-// call's undo would have to put back). The caller has checked that none has
-// a level or a key.
+// without flags other than flagQuiet (RetryFailed replaces a stored failure,
+// which an atomic call's undo would have to put back). The caller has
+// checked that none has a level or a key.
 func plainItems(items []*produceItem, atomic bool) bool {
 	for _, it := range items {
-		if it.due != 0 || it.mode != modeNone || (atomic && it.flags != "") {
+		if it.due != 0 || it.mode != modeNone || (atomic && it.flags != "" && it.flags != flagQuiet) {
 			return false
 		}
 	}

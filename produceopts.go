@@ -194,6 +194,11 @@ func (s produceSettings) modeArgs() (byte, int64, int64, error) {
 // flagRetryFailed marks an item produced with RetryFailed (produce.lua).
 const flagRetryFailed = "f"
 
+// flagQuiet marks an item whose caller does not wait for its outcome
+// (Enqueue, EnqueueBatch, Send): produce.lua records it as quiet, and its
+// completion publishes no notice unless a caller that waits attaches first.
+const flagQuiet = "q"
+
 // At delays the request until t: it is recorded (and deduplicated) at once,
 // kept in the queue's schedule, and appended to the stream when Redis's clock
 // reaches t, so that no handler starts it before t. A t that is not in the

@@ -228,6 +228,7 @@ func (p *Producer[Req, Resp]) enqueue(ctx context.Context, id string, req Req, o
 	if err != nil {
 		return "", err
 	}
+	it.hush()
 	if err := p.ensureMeta(ctx); err != nil {
 		return "", err
 	}

@@ -15,10 +15,12 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/streamq/streamq/internal/keys"
+	"github.com/streamq/streamq/internal/scripts"
 )
 
 // listen subscribes to the completion notices of every shard once, and
@@ -292,6 +294,7 @@ func (p *Producer[Req, Resp]) checkWaiting(ctx context.Context) error {
 func (p *Producer[Req, Resp]) checkRecords(ctx context.Context, k keys.Keys, ids []string) error {
 	const chunk = 256
 	leftToNotice := false
+	stillQuiet := false
 	for len(ids) > 0 {
 		n := min(chunk, len(ids))
 		part := ids[:n]
@@ -303,6 +306,36 @@ func (p *Producer[Req, Resp]) checkRecords(ctx context.Context, k keys.Keys, ids
 		vals, err := p.client.MGet(ctx, names...).Result()
 		if err != nil {
 			return err
+		}
+		// Quiet records (produced while this producer did not listen) are
+		// announced from now on, once it listens: read again by the
+		// script that changes them.
+		var quiet []int
+		if p.subscribed.Load() {
+			for i, v := range vals {
+				if s, ok := v.(string); ok && quietRecord(s) {
+					quiet = append(quiet, i)
+				}
+			}
+		}
+		if len(quiet) > 0 {
+			qnames := make([]string, len(quiet))
+			for j, i := range quiet {
+				qnames[j] = names[i]
+			}
+			heard, err := scripts.Hear.Run(ctx, p.client, qnames).Slice()
+			if err != nil {
+				return err
+			}
+			if len(heard) != len(quiet) {
+				return fmt.Errorf("streamq: hear.lua answered %d records for %d keys", len(heard), len(quiet))
+			}
+			for j, i := range quiet {
+				vals[i] = heard[j]
+				if s, ok := heard[j].(string); ok && quietRecord(s) {
+					stillQuiet = true // refused: Redis is at maxmemory
+				}
+			}
 		}
 		for i, v := range vals {
 			s, ok := v.(string)
@@ -322,7 +355,19 @@ func (p *Producer[Req, Resp]) checkRecords(ctx context.Context, k keys.Keys, ids
 			}
 		}
 	}
+	if stillQuiet && !leftToNotice {
+		// Redis refused to make them announced (maxmemory): their outcomes
+		// come only from checks, so check again after the grace, not a
+		// BackstopInterval later.
+		time.AfterFunc(p.noticeGrace(), p.kickBackstop)
+	}
 	return nil
+}
+
+// quietRecord reports whether rec is a quiet record, "P<entry id>+", whose
+// outcome will not be announced (see produce.lua).
+func quietRecord(rec string) bool {
+	return len(rec) > 2 && rec[0] == keys.RecordInflight && strings.IndexByte(rec, '+') == len(rec)-1
 }
 
 // noticeGrace is how long record checks leave a done marker without its

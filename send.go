@@ -41,6 +41,7 @@ func (p *Producer[Req, Resp]) send(ctx context.Context, id string, req Req, opts
 	if err != nil {
 		return err
 	}
+	it.hush()
 	if err := p.ensureMeta(ctx); err != nil {
 		return err
 	}

@@ -785,10 +785,15 @@ for i = 1, n do
             release(KEYS[fk + 1], KEYS[fk + 2], KEYS[fk + 3])
           end
         end
-        -- string.format's "%d" writes a length faster than the ".." of a
-        -- number, which formats it as "%.14g" (the strings themselves go by
-        -- "..": string.format's "%s" stops at a zero byte).
-        notice[#notice + 1] = string.format("%d:", #rid) .. rid .. string.format("%d:", #outcome) .. outcome
+        -- A quiet record ("P<entry id>+": produced by Enqueue, EnqueueBatch
+        -- or Send, and no caller that waits attached since; see produce.lua)
+        -- is not announced: nobody listens for it.
+        if not (first and prev and #prev == #eid + 2 and string.byte(prev, -1) == 43) then
+          -- string.format's "%d" writes a length faster than the ".." of a
+          -- number, which formats it as "%.14g" (the strings themselves go
+          -- by "..": string.format's "%s" stops at a zero byte).
+          notice[#notice + 1] = string.format("%d:", #rid) .. rid .. string.format("%d:", #outcome) .. outcome
+        end
         if kept and first then
           kept[#kept + 1] = code .. "i" .. rid
         end

@@ -128,6 +128,25 @@ local function readRecords(n)
   return prevs
 end
 
+-- Quiet records. An item with flag "q" (Enqueue, EnqueueBatch, Send: its
+-- caller does not wait for the outcome) appended at once is recorded as
+-- "P<entry id>+", an empty follow-up: every reader takes the entry id before
+-- "+" as for "P<entry id>", and complete.lua announces no outcome for it (a
+-- notice nobody listens for costs Redis the notice's making on every
+-- completion). An item without "q" that attaches to such a record (a caller
+-- that waits) makes it "P<entry id>" again, in the same step, so its outcome
+-- is announced. Any other rewrite of the record drops the mark: a record
+-- that lost it only costs a notice.
+-- heard makes a quiet record (prev, as read) announced again. Under
+-- maxmemory Redis refuses that write, and the item is still answered (a
+-- duplicate writes nothing else): its caller then gets the outcome from its
+-- producer's record checks instead of a notice.
+local function heard(key, prev)
+  if string.byte(prev, -1) == 43 and string.find(prev, "+", 2, true) == #prev then -- "+"
+    redis.pcall("SET", key, string.sub(prev, 1, -2), "KEEPTTL")
+  end
+end
+
 -- Plain calls (the producer's ARGV[2] "0P" or "1P", see the header): the
 -- same steps as the general path below, without its set-up and without the
 -- branches of what a plain item cannot be.
@@ -141,6 +160,7 @@ if string.byte(ARGV[2], 2) == 80 then -- "P"
   -- is made at its size (growing a table from empty costs Redis a resize per
   -- step on every call).
   local out, written = n == 1 and {false, false} or {}, n > 1 and {}
+  local hushed -- the keys of quiet records written by this call (n > 1)
   local a = 3 -- the current item's first argument
   for i = 1, n do
     local key, id, payload, flags = KEYS[1 + i], ARGV[a], ARGV[a + 1], ARGV[a + 2]
@@ -149,6 +169,7 @@ if string.byte(ARGV[2], 2) == 80 then -- "P"
     local fz = f == "0" and a + 3 or a + 3 + tonumber(f)
     a = fz + 1
     local prev, o = prevs[i], 2 * i - 1
+    local quiet = flags == "q" or (flags ~= "" and string.find(flags, "q", 1, true) ~= nil)
     local replaced = false
     if prev and flags ~= "" then
       -- A stored failure with flag "f" (RetryFailed; never in an atomic
@@ -158,6 +179,10 @@ if string.byte(ARGV[2], 2) == 80 then -- "P"
     end
     if written and written[key] then
       out[o], out[o + 1] = 1, written[key] -- the same id earlier in this call
+      if hushed and hushed[key] and not quiet then
+        redis.pcall("SET", key, "P" .. written[key], "KEEPTTL")
+        hushed[key] = nil
+      end
     elseif prev and not replaced then
       -- A known id: completed, or in flight ("P<entry>", or "P@", "P&" and
       -- "P%" with no entry yet).
@@ -166,6 +191,9 @@ if string.byte(ARGV[2], 2) == 80 then -- "P"
       else
         local c = string.sub(prev, 2, 2)
         out[o], out[o + 1] = 1, (c == "@" or c == "&" or c == "%") and "" or string.match(prev, "^P([^+]*)")
+        if not quiet then
+          heard(key, prev)
+        end
       end
     else
       local eid
@@ -176,9 +204,9 @@ if string.byte(ARGV[2], 2) == 80 then -- "P"
       end
       local r
       if replaced then
-        r = redis.call("SET", key, "P" .. eid, "PX", ttl)
+        r = redis.call("SET", key, quiet and "P" .. eid .. "+" or "P" .. eid, "PX", ttl)
       else
-        r = redis.pcall("SET", key, "P" .. eid, "NX", "GET", "PX", ttl)
+        r = redis.pcall("SET", key, quiet and "P" .. eid .. "+" or "P" .. eid, "NX", "GET", "PX", ttl)
       end
       if type(r) == "table" and r.err then
         -- A key of another type (MGET read it as missing).
@@ -203,6 +231,10 @@ if string.byte(ARGV[2], 2) == 80 then -- "P"
       else
         if written then
           written[key] = eid
+          if quiet then
+            hushed = hushed or {}
+            hushed[key] = true
+          end
         end
         out[o], out[o + 1] = 0, eid
       end
@@ -248,6 +280,11 @@ local function streamOf(flags)
     end
   end
   return stream
+end
+
+-- quietFlag says an item's flags hold "q" (see heard).
+local function quietFlag(flags)
+  return flags ~= "" and string.find(flags, "q", 1, true) ~= nil
 end
 
 -- The server's clock, read only when an item has a due time.
@@ -598,6 +635,9 @@ local function flowControl(i, key, id, payload, flags, fa, fz, mode, ma, mb, due
   local c = cur and string.sub(cur, 1, 1)
   if mode == "t" then
     if c == "P" then
+      if not quietFlag(flags) then
+        heard(key, cur)
+      end
       c = string.sub(cur, 2, 2)
       return 1, (c == "@" or c == "&" or c == "%") and "" or string.match(cur, "^P([^+]*)")
     end
@@ -642,6 +682,9 @@ local function flowControl(i, key, id, payload, flags, fa, fz, mode, ma, mb, due
         return 1, ""
       end
     end
+    if not quietFlag(flags) then
+      heard(key, cur)
+    end
     c = string.sub(cur, 2, 2)
     return 1, (c == "@" or c == "&" or c == "%") and "" or string.match(cur, "^P([^+]*)")
   end
@@ -668,6 +711,7 @@ local flowControl = moded and modesLib()
 
 local o = 0
 local written = {}
+local hushed = {} -- the keys of quiet records written by this call
 local a = 3 -- the current item's first argument
 for i = 1, n do
   local key = KEYS[1 + i]
@@ -694,6 +738,10 @@ for i = 1, n do
   elseif written[key] then
     -- The same id appeared earlier in this call.
     out[o + 1], out[o + 2] = 1, written[key]
+    if hushed[key] and not quietFlag(flags) then
+      redis.pcall("SET", key, "P" .. written[key], "KEEPTTL")
+      hushed[key] = nil
+    end
   elseif prev and not (string.find(flags, "f", 1, true) and (string.sub(prev, 1, 1) == "E" or string.sub(prev, 1, 1) == "L")) then
     -- A known id, whatever its due time: in flight, or completed (a stored
     -- failure is replaced instead with flag "f", RetryFailed).
@@ -702,6 +750,9 @@ for i = 1, n do
       -- "P%" waiting for its key's turn: no entry yet.
       local c = string.sub(prev, 2, 2)
       out[o + 1], out[o + 2] = 1, (c == "@" or c == "&" or c == "%") and "" or string.match(prev, "^P([^+]*)")
+      if not quietFlag(flags) then
+        heard(key, prev)
+      end
     else
       out[o + 1], out[o + 2] = 2, prev
     end
@@ -774,12 +825,13 @@ for i = 1, n do
             newLevels[#newLevels + 1] = to == KEYS[n + 4] and "+high" or "+low"
           end
         end
+        local quiet = quietFlag(flags) and not fk -- a keyed job's record is rewritten by fair.lua
         if prev then
-          err = claimRecord(key, prev, "P" .. eid, ttl)
+          err = claimRecord(key, prev, quiet and "P" .. eid .. "+" or "P" .. eid, ttl)
         else
           -- claimRecord's SET NX GET, inline: the common case (ARGV[1] is
           -- the TTL as sent, as a string)
-          err = redis.pcall("SET", key, "P" .. eid, "NX", "GET", "PX", ARGV[1])
+          err = redis.pcall("SET", key, quiet and "P" .. eid .. "+" or "P" .. eid, "NX", "GET", "PX", ARGV[1])
           if type(err) ~= "table" or not err.err then
             err = nil
           end
@@ -804,6 +856,7 @@ for i = 1, n do
             fairTake(fairShard, fk, eid, to, undo)
           end
           written[key] = eid
+          hushed[key] = quiet or nil
           out[o + 1], out[o + 2] = 0, eid
         end
       end

@@ -57,6 +57,8 @@ var (
 	flowSrc string
 	//go:embed progress.lua
 	progressSrc string
+	//go:embed hear.lua
+	hearSrc string
 	//go:embed payload.lua
 	payloadSrc string
 	//go:embed cancelretry.lua
@@ -98,6 +100,8 @@ var (
 	Flow = redis.NewScript(fairSrc + flowReleaseSrc + flowSrc)
 	// Progress stores and announces a handler's progress value.
 	Progress = redis.NewScript(progressSrc)
+	// Hear makes quiet records announced, for a producer that listens now.
+	Hear = redis.NewScript(hearSrc)
 	// EntryPayload reads the start of one entry's payload.
 	EntryPayload = redis.NewScript(payloadSrc)
 	// CancelRetry cancels a fan-out group's waiting retry.
