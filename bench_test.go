@@ -260,13 +260,22 @@ func BenchmarkParseNotice(b *testing.B) {
 // count it (server-us/call and server-us/item; the client's time per op is
 // not the point). Each op first appends, reads and charges its entries in
 // a separate pipeline, as a consumer would, and the script's figures are
-// read around its call only.
+// read around its call only. The ",quiet" cases complete requests recorded
+// quiet (produced by Enqueue: no notice is made).
 func BenchmarkCompleteScript(b *testing.B) {
 	benchRedis(b)             // skips without redis-server
 	client := privateRedis(b) // no other benchmark's keys on it
 	ctx := context.Background()
-	for _, n := range []int{1, 4, 16} {
-		b.Run(fmt.Sprintf("items=%d", n), func(b *testing.B) {
+	type shape struct {
+		n     int
+		quiet bool
+	}
+	for _, sh := range []shape{{1, false}, {4, false}, {16, false}, {1, true}, {4, true}, {16, true}} {
+		n, mark, name := sh.n, "", fmt.Sprintf("items=%d", sh.n)
+		if sh.quiet {
+			mark, name = "+", name+",quiet"
+		}
+		b.Run(name, func(b *testing.B) {
 			q := queueName(b)
 			k, err := keys.New(q)
 			require.NoError(b, err)
@@ -288,7 +297,7 @@ func BenchmarkCompleteScript(b *testing.B) {
 				starts := make([]any, 0, 2*n)
 				for j, add := range adds {
 					id, eid := fmt.Sprintf("%d-%d", i, j), add.Val()
-					pipe.Set(ctx, k.Record(id), "P"+eid, time.Minute)
+					pipe.Set(ctx, k.Record(id), "P"+eid+mark, time.Minute)
 					starts = append(starts, eid, 1)
 					keyList = append(keyList, k.Record(id))
 					args = append(args, eid, id, "R", `{"ok":true}`, "", 1)
