@@ -555,7 +555,7 @@ func (p *Producer[Req, Resp]) produceArgs(shard int, items []*produceItem, atomi
 		}
 		args = append(args, p.inflightTTL, plain)
 		for _, it := range items {
-			args = append(args, it.id, it.payload, it.flags, len(it.fields))
+			args = append(args, it.id, it.payload, boxedFlags(it.flags), len(it.fields))
 			for _, f := range it.fields {
 				args = append(args, f)
 			}
@@ -585,7 +585,7 @@ func (p *Producer[Req, Resp]) produceArgs(shard int, items []*produceItem, atomi
 	}
 	args = append(args, p.inflightTTL, boxedCall(call))
 	for _, it := range items {
-		args = append(args, it.id, it.payload, it.due, it.flags, len(it.fields))
+		args = append(args, it.id, it.payload, it.due, boxedFlags(it.flags), len(it.fields))
 		for _, f := range it.fields {
 			args = append(args, f)
 		}
@@ -658,6 +658,18 @@ func boxedCall(call string) any {
 		return "1"
 	}
 	return call
+}
+
+// boxedFlags returns an item's flags as an argument list value: the common
+// ones (none, flagQuiet) box without allocating.
+func boxedFlags(flags string) any {
+	switch flags {
+	case "":
+		return ""
+	case flagQuiet:
+		return flagQuiet
+	}
+	return flags
 }
 
 // cutLengthPrefixed splits "<len>:<s>rest" into s and rest.
