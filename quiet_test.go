@@ -278,3 +278,63 @@ func TestBatchProducedBeforeListeningIsAnnouncedOnceWaited(t *testing.T) {
 		}
 	})
 }
+
+// TestEnqueuedProgressIsNotAnnounced: the progress a handler reports for a
+// request nobody waits for is stored but not published; a request produced
+// by Produce, reported after it, is announced. The notices come in publish
+// order, so the quiet one's would have come first.
+func TestEnqueuedProgressIsNotAnnounced(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		q := queueName(t)
+		ctx := context.Background()
+		ks, err := keys.Shards(q, 1)
+		require.NoError(t, err)
+		ps := client.Subscribe(ctx, ks[0].Channel)
+		t.Cleanup(func() { _ = ps.Close() })
+		_, err = ps.Receive(ctx)
+		require.NoError(t, err)
+		msgs := ps.Channel()
+
+		p, err := NewProducer[string, string](client, q, &ProducerOptions{Logger: testLogger(t)})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = p.Close() })
+		var reported atomic.Int64
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+			if err := m.Progress(ctx, []byte("half")); err != nil {
+				return "", err
+			}
+			reported.Add(1)
+			return "done", nil
+		}, fastOpts(t, "w", 10*time.Second))
+		require.NoError(t, err)
+		runConsumer(t, c)
+
+		require.NoError(t, p.Enqueue(ctx, "quiet", "x"))
+		eventually(t, 20*time.Second, func() bool { return reported.Load() == 1 }, "the handler did not report")
+		v, err := client.Get(ctx, ks[0].Progress("quiet")).Result()
+		require.NoError(t, err)
+		require.Equal(t, "1:half", v, "the quiet request's progress is not stored")
+
+		pr, err := p.Produce(ctx, "heard", "y")
+		require.NoError(t, err)
+		_, err = waitFor(t, pr)
+		require.NoError(t, err)
+		timeout := time.After(20 * time.Second)
+		for {
+			select {
+			case m := <-msgs:
+				if !strings.HasPrefix(m.Payload, "~") {
+					continue
+				}
+				id, _, _, err := parseProgressNotice(m.Payload[1:])
+				require.NoError(t, err)
+				require.NotEqual(t, "quiet", id, "the progress of a request nobody waits for was announced")
+				if id == "heard" {
+					return
+				}
+			case <-timeout:
+				t.Fatal("no progress notice of the request produced by Produce")
+			}
+		}
+	})
+}

@@ -27,7 +27,9 @@
 -- ARGV[5]  "PUBLISH" or "SPUBLISH"
 -- ARGV[6]  the request id
 --
--- Returns the value's sequence number, or 0 when nothing was stored.
+-- Returns the value's sequence number, or 0 when nothing was stored. A
+-- quiet request ("P<entry id>+": nobody waits for it) stores its value and
+-- announces nothing.
 -- "P<entry id>", or with a follow-up run kept behind it ("+...", Replace).
 local rec = redis.call("GET", KEYS[1])
 if not rec or string.match(rec, "^P([^+]*)") ~= ARGV[1] then
@@ -40,6 +42,11 @@ if type(cur) == "string" then
 end
 local ttl = math.max(redis.call("PTTL", KEYS[1]), tonumber(ARGV[3]))
 redis.call("SET", KEYS[2], seq .. ":" .. ARGV[2], "PX", ttl)
+if #rec == #ARGV[1] + 2 and string.byte(rec, -1) == 43 then
+  -- A quiet request (see produce.lua): nobody listens. A producer that
+  -- starts listening reads the stored value.
+  return seq
+end
 local s = tostring(seq)
 redis.call(ARGV[5], ARGV[4], "~" .. #ARGV[6] .. ":" .. ARGV[6] .. #s .. ":" .. s .. #ARGV[2] .. ":" .. ARGV[2])
 return seq
