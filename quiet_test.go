@@ -74,19 +74,9 @@ func record(t *testing.T, client *redis.Client, q, id string) string {
 // notice, had there been one, has arrived.
 func TestEnqueuedRequestsAreNotAnnounced(t *testing.T) {
 	backends(t, func(t *testing.T, client *redis.Client) {
-		q := queueName(t)
+		p, q, runs := noticeRig(t, client)
 		ctx := context.Background()
 		watch := noticeWatch(t, client, q)
-		p, err := NewProducer[string, string](client, q, &ProducerOptions{Logger: testLogger(t)})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = p.Close() })
-		var runs atomic.Int64
-		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
-			runs.Add(1)
-			return "r-" + m.Payload, nil
-		}, fastOpts(t, "w", 10*time.Second))
-		require.NoError(t, err)
-		runConsumer(t, c)
 
 		quiet := []string{"e1", "e2", "b1", "b2", "s1"}
 		require.NoError(t, p.Enqueue(ctx, "e1", "x"))
