@@ -287,7 +287,8 @@ func (a *Admin) requeueEntry(ctx context.Context, k keys.Keys, t deadTarget, dea
 // id's record rec says the request is in flight again.
 func requeueInFlightError(deadLetterID, id, queue, rec string) error {
 	where := "is in flight as entry " + recordEntryID(rec) + " (queued or running)"
-	if due, ok := strings.CutPrefix(rec, "P@"); ok {
+	if strings.HasPrefix(rec, "P@") { // "P@<due>", or "P@<due>+" (quiet)
+		due := recordEntryID(rec)[1:]
 		where = "waits in the schedule"
 		if ms, err := strconv.ParseInt(due, 10, 64); err == nil {
 			where += " until " + time.UnixMilli(ms).UTC().Format(time.RFC3339)

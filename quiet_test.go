@@ -2,6 +2,7 @@ package streamq
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -326,5 +327,53 @@ func TestEnqueuedProgressIsNotAnnounced(t *testing.T) {
 				t.Fatal("no progress notice of the request produced by Produce")
 			}
 		}
+	})
+}
+
+// TestDelayedAndRetriedEnqueuesStayQuiet: a request produced by Enqueue stays
+// quiet while it waits in the schedule, delayed (After) or retried after a
+// failure: its record says so ("P@<due>+"), its outcome is not announced, and
+// a caller that waits and attaches to it while it waits makes it announced.
+func TestDelayedAndRetriedEnqueuesStayQuiet(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		q := queueName(t)
+		ctx := context.Background()
+		watch := noticeWatch(t, client, q)
+		p, err := NewProducer[string, string](client, q, &ProducerOptions{Logger: testLogger(t)})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = p.Close() })
+
+		require.NoError(t, p.Enqueue(ctx, "later", "x", After(time.Hour)))
+		rec := record(t, client, q, "later")
+		require.True(t, strings.HasPrefix(rec, "P@") && strings.HasSuffix(rec, "+"), "record %q of a delayed Enqueue is not quiet", rec)
+		require.NoError(t, p.Enqueue(ctx, "held", "x", After(time.Hour)))
+		pr, err := p.Produce(ctx, "held", "again")
+		require.NoError(t, err)
+		pr.Release()
+		rec = record(t, client, q, "held")
+		require.True(t, strings.HasPrefix(rec, "P@") && !strings.HasSuffix(rec, "+"), "record %q still says nobody waits", rec)
+
+		var failedOnce atomic.Bool
+		c, err := NewConsumer(client, q, func(ctx context.Context, m *Message[string]) (string, error) {
+			if m.ID == "retried" && failedOnce.CompareAndSwap(false, true) {
+				return "", errors.New("the first attempt fails")
+			}
+			return "r-" + m.Payload, nil
+		}, fastOpts(t, "w", 10*time.Second))
+		require.NoError(t, err)
+		runConsumer(t, c)
+		require.NoError(t, p.Enqueue(ctx, "delayed", "x", After(100*time.Millisecond)))
+		require.NoError(t, p.Enqueue(ctx, "retried", "x"))
+		for _, id := range []string{"delayed", "retried"} {
+			eventually(t, 20*time.Second, func() bool { return strings.HasPrefix(record(t, client, q, id), "R") },
+				"request %s has no outcome", id)
+		}
+		require.True(t, failedOnce.Load(), "the first attempt did not run")
+
+		w, err := p.Produce(ctx, "fence", "y")
+		require.NoError(t, err)
+		_, err = waitFor(t, w)
+		require.NoError(t, err)
+		require.Empty(t, noticesUntil(t, watch, "fence"), "delayed or retried requests nobody waits for were announced")
 	})
 }

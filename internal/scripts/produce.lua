@@ -130,7 +130,8 @@ end
 
 -- Quiet records. An item with flag "q" (Enqueue, EnqueueBatch, Send: its
 -- caller does not wait for the outcome) appended at once is recorded as
--- "P<entry id>+", an empty follow-up: every reader takes the entry id before
+-- "P<entry id>+", an empty follow-up (a delayed one "P@<due>+", which
+-- promote.lua and retry.lua carry over): every reader takes the entry id before
 -- "+" as for "P<entry id>", and complete.lua announces no outcome for it (a
 -- notice nobody listens for costs Redis the notice's making on every
 -- completion). An item without "q" that attaches to such a record (a caller
@@ -762,7 +763,8 @@ for i = 1, n do
     end
     local err
     if due > 0 and due > serverNow() then
-      err = claimRecord(key, prev, "P@" .. due, ttl + due - serverNow())
+      -- A quiet item stays quiet through its wait: "P@<due>+" (promote.lua).
+      err = claimRecord(key, prev, quietFlag(flags) and "P@" .. due .. "+" or "P@" .. due, ttl + due - serverNow())
       if err then
         notWrongType(err)
       else

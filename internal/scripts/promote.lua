@@ -148,7 +148,8 @@ local function promote(member, set)
         end
       end
       if cur and string.sub(cur, 1, 2) == "P@" then
-        redis.call("SET", rec, "P" .. eid, "KEEPTTL")
+        -- "P@<due>+": a quiet request (nobody waits; see produce.lua) stays quiet.
+        redis.call("SET", rec, string.byte(cur, -1) == 43 and "P" .. eid .. "+" or "P" .. eid, "KEEPTTL")
       end
       if count > 0 and starts ~= "" then
         redis.call("HSET", starts, eid, count)

@@ -156,6 +156,8 @@ for i = 1, n do
         out[i] = 0
       elseif type(cur) == "string" and #cur > #it.eid + 2 and string.sub(cur, 1, #it.eid + 2) == "P" .. it.eid .. "+" then
         it.follow = string.sub(cur, #it.eid + 3) -- a Replace's follow-up run (produce.lua)
+      elseif cur == "P" .. it.eid .. "+" then
+        it.quiet = true -- nobody waits (produce.lua): the retry stays quiet
       end
     end
   end
@@ -233,7 +235,7 @@ for i = 1, n do
       if it.key ~= stream then
         rec = it.key
         local ttl = redis.call("PTTL", it.key)
-        redis.call("SET", it.key, "P@" .. due, "PX", math.max(ttl, inflight) + it.delay)
+        redis.call("SET", it.key, it.quiet and "P@" .. due .. "+" or "P@" .. due, "PX", math.max(ttl, inflight) + it.delay)
         local errs = keepErrors and KEYS[5 + n + i]
         if errs and errs ~= stream then
           redis.call("LPUSH", errs, now .. " " .. it.count .. " " .. it.err)
