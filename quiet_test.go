@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamq/streamq/internal/keys"
@@ -375,5 +376,57 @@ func TestDelayedAndRetriedEnqueuesStayQuiet(t *testing.T) {
 		_, err = waitFor(t, w)
 		require.NoError(t, err)
 		require.Empty(t, noticesUntil(t, watch, "fence"), "delayed or retried requests nobody waits for were announced")
+	})
+}
+
+// TestWaiterAttachingToDelayedEnqueueIsAnnounced: a caller that waits and
+// attaches to a quiet request waiting in the schedule ("P@<due>+") makes it
+// announced, by every path that attaches there: Produce, Replace, a
+// ProduceFlow root, and a Produce in the same produce.lua call as the
+// delayed Enqueue.
+func TestWaiterAttachingToDelayedEnqueueIsAnnounced(t *testing.T) {
+	backends(t, func(t *testing.T, client *redis.Client) {
+		q := queueName(t)
+		ctx := context.Background()
+		p, err := NewProducer[string, string](client, q, &ProducerOptions{Logger: testLogger(t)})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = p.Close() })
+		require.NoError(t, p.ensureMeta(ctx))
+		attach := map[string]func(id string) (*Promise[string], error){
+			"Produce": func(id string) (*Promise[string], error) { return p.Produce(ctx, id, "again") },
+			"Replace": func(id string) (*Promise[string], error) { return p.Produce(ctx, id, "again", Replace()) },
+			"ProduceFlow": func(id string) (*Promise[string], error) {
+				return p.ProduceFlow(ctx, id, "again", []Child{ChildOf(NewQueue[string, string](q), id+"-child", "c")}, nil)
+			},
+		}
+		for name, fn := range attach {
+			id := "later-" + name
+			require.NoError(t, p.Enqueue(ctx, id, "x", After(time.Hour)))
+			require.True(t, strings.HasSuffix(record(t, client, q, id), "+"), "%s: the delayed Enqueue is not quiet", name)
+			pr, err := fn(id)
+			require.NoError(t, err, name)
+			pr.Release()
+			rec := record(t, client, q, id)
+			assert.True(t, strings.HasPrefix(rec, "P@") && !strings.HasSuffix(rec, "+"), "%s: record %q still says nobody waits", name, rec)
+		}
+
+		// One call: the delayed Enqueue, then a Produce of the same id.
+		items := make([]*produceItem, 2)
+		for i := range items {
+			var opts []ProduceOption
+			if i == 0 {
+				opts = []ProduceOption{After(time.Hour)}
+			}
+			it, err := p.newItem(ctx, "one-call", "x", opts, nil, false)
+			require.NoError(t, err)
+			items[i] = it
+		}
+		items[0].hush()
+		outs, err := p.runProduce(ctx, client, 0, items, false)
+		require.NoError(t, err)
+		require.EqualValues(t, outcomeAppended, outs[0].code)
+		require.EqualValues(t, outcomeInflight, outs[1].code)
+		rec := record(t, client, q, "one-call")
+		require.True(t, strings.HasPrefix(rec, "P@") && !strings.HasSuffix(rec, "+"), "record %q still says nobody waits", rec)
 	})
 }

@@ -81,13 +81,14 @@ if err then
 end
 if pv then
   if string.sub(pv, 1, 1) == "P" then
+    if string.byte(pv, -1) == 43 and string.find(pv, "+", 2, true) == #pv then
+      -- A quiet record, "P<entry id>+" or "P@<due>+" (see produce.lua's
+      -- heard): this caller waits.
+      redis.pcall("SET", KEYS[2], string.sub(pv, 1, -2), "KEEPTTL")
+    end
     local c = string.sub(pv, 2, 2)
     if c == "@" or c == "&" or c == "%" then
       return {1, ""}
-    end
-    if string.byte(pv, -1) == 43 and string.find(pv, "+", 2, true) == #pv then
-      -- A quiet record (see produce.lua's heard): this caller waits.
-      redis.pcall("SET", KEYS[2], string.sub(pv, 1, -2), "KEEPTTL")
     end
     return {1, string.match(pv, "^P([^+]*)")} -- without a Replace's follow-up
   end

@@ -518,6 +518,9 @@ local function replace(key, cur, id, payload, due, flags, fa, fz)
         end
         redis.call("HSET", scheduleData, member, enc(d))
       end
+      if not quietFlag(flags) then
+        heard(key, cur) -- "P@<due>+": a quiet request waiting in the schedule
+      end
       return 1, ""
     end
     -- Its entry: the one with this id and this request id (entry ids are
@@ -740,7 +743,11 @@ for i = 1, n do
     -- The same id appeared earlier in this call.
     out[o + 1], out[o + 2] = 1, written[key]
     if hushed[key] and not quietFlag(flags) then
-      redis.pcall("SET", key, "P" .. written[key], "KEEPTTL")
+      -- Written quiet by this call: "P<entry id>+", or "P@<due>+".
+      local cur = redis.pcall("GET", key)
+      if type(cur) == "string" then
+        heard(key, cur)
+      end
       hushed[key] = nil
     end
   elseif prev and not (string.find(flags, "f", 1, true) and (string.sub(prev, 1, 1) == "E" or string.sub(prev, 1, 1) == "L")) then
@@ -795,6 +802,7 @@ for i = 1, n do
           wakeAt = due
         end
         written[key] = ""
+        hushed[key] = quietFlag(flags) or nil
         out[o + 1], out[o + 2] = 0, ""
       end
     else
