@@ -167,6 +167,17 @@ func TestWaiterAttachingToEnqueuedRequestIsAnnounced(t *testing.T) {
 	}
 }
 
+// readyProducer returns a producer of queue q whose queue metadata is
+// written, so that its script calls can be made directly (runProduce).
+func readyProducer(t *testing.T, client *redis.Client, q string) *Producer[string, string] {
+	t.Helper()
+	p, err := NewProducer[string, string](client, q, &ProducerOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	require.NoError(t, p.ensureMeta(context.Background()))
+	return p
+}
+
 // TestQuietAndWaitingItemsOfOneCall: when one produce.lua call carries a
 // request twice, first from Enqueue and then from a caller that waits (the
 // coalescer joins the calls of one producer), the second makes the record
@@ -175,10 +186,7 @@ func TestQuietAndWaitingItemsOfOneCall(t *testing.T) {
 	backends(t, func(t *testing.T, client *redis.Client) {
 		q := queueName(t)
 		ctx := context.Background()
-		p, err := NewProducer[string, string](client, q, &ProducerOptions{Logger: testLogger(t)})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = p.Close() })
-		require.NoError(t, p.ensureMeta(ctx))
+		p := readyProducer(t, client, q)
 		for _, order := range []string{"quiet first", "waiting first"} {
 			id := strings.ReplaceAll(order, " ", "-")
 			items := make([]*produceItem, 2)
@@ -388,10 +396,7 @@ func TestWaiterAttachingToDelayedEnqueueIsAnnounced(t *testing.T) {
 	backends(t, func(t *testing.T, client *redis.Client) {
 		q := queueName(t)
 		ctx := context.Background()
-		p, err := NewProducer[string, string](client, q, &ProducerOptions{Logger: testLogger(t)})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = p.Close() })
-		require.NoError(t, p.ensureMeta(ctx))
+		p := readyProducer(t, client, q)
 		attach := map[string]func(id string) (*Promise[string], error){
 			"Produce": func(id string) (*Promise[string], error) { return p.Produce(ctx, id, "again") },
 			"Replace": func(id string) (*Promise[string], error) { return p.Produce(ctx, id, "again", Replace()) },
