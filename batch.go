@@ -424,8 +424,8 @@ func (it *produceItem) deliver(out produceOutcome) {
 	it.out <- out
 }
 
-// hush marks an item whose caller does not wait for its outcome (Enqueue,
-// EnqueueBatch, Send): see flagQuiet.
+// hush marks an item whose outcome nobody waits for (Enqueue, EnqueueBatch,
+// Send, and ProduceBatch while its producer does not listen): see flagQuiet.
 func (it *produceItem) hush() {
 	it.flags += flagQuiet // no allocation when it has no other flag
 }

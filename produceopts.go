@@ -194,8 +194,9 @@ func (s produceSettings) modeArgs() (byte, int64, int64, error) {
 // flagRetryFailed marks an item produced with RetryFailed (produce.lua).
 const flagRetryFailed = "f"
 
-// flagQuiet marks an item whose caller does not wait for its outcome
-// (Enqueue, EnqueueBatch, Send): produce.lua records it as quiet, and its
+// flagQuiet marks an item whose outcome nobody waits for (Enqueue,
+// EnqueueBatch, Send, and ProduceBatch while its producer does not listen):
+// produce.lua records it as quiet, and its
 // completion publishes no notice unless a caller that waits attaches first.
 const flagQuiet = "q"
 
